@@ -1,0 +1,198 @@
+//! Work-completion status and opcode names, and the typed error a failed
+//! completion becomes. Pure Rust: the numbers are the stable verbs ABI
+//! (`enum ibv_wc_status`, `enum ibv_wc_opcode` in `<infiniband/verbs.h>`).
+
+use std::fmt;
+
+/// `enum ibv_wc_status`, in ABI order.
+const STATUS: &[(&str, &str)] = &[
+    ("SUCCESS", "success"),
+    ("LOC_LEN_ERR", "local length error"),
+    ("LOC_QP_OP_ERR", "local QP operation error"),
+    ("LOC_EEC_OP_ERR", "local EE context operation error"),
+    ("LOC_PROT_ERR", "local protection error"),
+    ("WR_FLUSH_ERR", "Work Request Flushed Error"),
+    ("MW_BIND_ERR", "memory management operation error"),
+    ("BAD_RESP_ERR", "bad response error"),
+    ("LOC_ACCESS_ERR", "local access error"),
+    ("REM_INV_REQ_ERR", "remote invalid request error"),
+    ("REM_ACCESS_ERR", "remote access error"),
+    ("REM_OP_ERR", "remote operation error"),
+    ("RETRY_EXC_ERR", "transport retry counter exceeded"),
+    ("RNR_RETRY_EXC_ERR", "RNR retry counter exceeded"),
+    ("LOC_RDD_VIOL_ERR", "local RDD violation error"),
+    ("REM_INV_RD_REQ_ERR", "remote invalid RD request"),
+    ("REM_ABORT_ERR", "aborted error"),
+    ("INV_EECN_ERR", "invalid EE context number"),
+    ("INV_EEC_STATE_ERR", "invalid EE context state"),
+    ("FATAL_ERR", "fatal error"),
+    ("RESP_TIMEOUT_ERR", "response timeout error"),
+    ("GENERAL_ERR", "general error"),
+    ("TM_ERR", "TM error"),
+    ("TM_RNDV_INCOMPLETE", "TM software rendezvous"),
+];
+
+/// A work completion's status (`enum ibv_wc_status`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WcStatus(pub u32);
+
+impl WcStatus {
+    pub const SUCCESS: WcStatus = WcStatus(0);
+    pub const LOC_LEN_ERR: WcStatus = WcStatus(1);
+    pub const LOC_PROT_ERR: WcStatus = WcStatus(4);
+    pub const WR_FLUSH_ERR: WcStatus = WcStatus(5);
+    pub const REM_INV_REQ_ERR: WcStatus = WcStatus(9);
+    pub const REM_ACCESS_ERR: WcStatus = WcStatus(10);
+    pub const REM_OP_ERR: WcStatus = WcStatus(11);
+    pub const RETRY_EXC_ERR: WcStatus = WcStatus(12);
+    pub const RNR_RETRY_EXC_ERR: WcStatus = WcStatus(13);
+
+    /// The verbs name, e.g. `REM_ACCESS_ERR`.
+    pub fn name(self) -> &'static str {
+        STATUS.get(self.0 as usize).map_or("UNKNOWN", |s| s.0)
+    }
+
+    /// The human text `ibv_wc_status_str` gives.
+    pub fn text(self) -> &'static str {
+        STATUS.get(self.0 as usize).map_or("unknown status", |s| s.1)
+    }
+
+    /// What usually causes this status and what to do about it.
+    pub fn hint(self) -> &'static str {
+        match self.0 {
+            0 => "",
+            1 => "a receive buffer is smaller than the message sent into it: post larger receive buffers",
+            2 => "the work request is invalid for this QP (too many SGEs or inline bytes, or wrong opcode)",
+            4 => "the local buffer is not inside the memory region named by the lkey, or the region was deregistered",
+            5 => "the queue pair went to the error state earlier; this work request was flushed, see the first error",
+            8 => "the local memory region lacks LOCAL_WRITE access for an incoming write or read response",
+            9 => "the peer rejected the request: message longer than its receive buffer or an opcode it does not allow",
+            10 => "the peer's memory region does not allow this access (check its access flags), the rkey is wrong or stale, or the address range lies outside the peer's region",
+            11 => "the peer could not complete the operation (its receive queue or QP failed)",
+            12 => "the peer did not acknowledge in time: it is gone, the link is down, or the QP timeout/retry count is too small for the path",
+            13 => "the peer had no receive posted for too long: post receives ahead (credits), or raise the RNR retry count/timer",
+            19 => "the device reported a fatal error: reset the device or its driver",
+            _ => "see ibv_poll_cq(3) for this status",
+        }
+    }
+
+    pub fn is_success(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl fmt::Debug for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}({})", self.name(), self.0)
+    }
+}
+
+impl fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.name(), self.text())
+    }
+}
+
+/// A work completion's opcode (`enum ibv_wc_opcode`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WcOpcode(pub u32);
+
+impl WcOpcode {
+    pub const SEND: WcOpcode = WcOpcode(0);
+    pub const RDMA_WRITE: WcOpcode = WcOpcode(1);
+    pub const RDMA_READ: WcOpcode = WcOpcode(2);
+    pub const RECV: WcOpcode = WcOpcode(128);
+    pub const RECV_RDMA_WITH_IMM: WcOpcode = WcOpcode(129);
+
+    pub fn name(self) -> &'static str {
+        match self.0 {
+            0 => "SEND",
+            1 => "RDMA_WRITE",
+            2 => "RDMA_READ",
+            3 => "COMP_SWAP",
+            4 => "FETCH_ADD",
+            5 => "BIND_MW",
+            6 => "LOCAL_INV",
+            7 => "TSO",
+            128 => "RECV",
+            129 => "RECV_RDMA_WITH_IMM",
+            _ => "UNKNOWN",
+        }
+    }
+}
+
+impl fmt::Debug for WcOpcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl fmt::Display for WcOpcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A work request that completed with an error status.
+///
+/// The opcode of an error completion is undefined by the verbs spec (only
+/// `wr_id`, `status`, `vendor_err` and `qp_num` are valid), so `opcode` is
+/// the one the engine posted, when the engine knows it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("work request {wr_id} ({}) failed: {status}{}", opcode.map_or("opcode unknown", WcOpcode::name), hint_suffix(*status))]
+pub struct WcError {
+    pub wr_id: u64,
+    pub opcode: Option<WcOpcode>,
+    pub status: WcStatus,
+    pub vendor_err: u32,
+}
+
+fn hint_suffix(status: WcStatus) -> String {
+    match status.hint() {
+        "" => String::new(),
+        hint => format!("; hint: {hint}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_names_follow_the_verbs_abi() {
+        assert_eq!(WcStatus(10).name(), "REM_ACCESS_ERR");
+        assert_eq!(WcStatus(12).name(), "RETRY_EXC_ERR");
+        assert_eq!(WcStatus(13).name(), "RNR_RETRY_EXC_ERR");
+        assert_eq!(WcStatus(21).name(), "GENERAL_ERR");
+        assert_eq!(WcStatus(500).name(), "UNKNOWN");
+        assert!(WcStatus::SUCCESS.is_success());
+        assert!(!WcStatus::WR_FLUSH_ERR.is_success());
+    }
+
+    #[test]
+    fn an_error_completion_names_request_status_and_fix() {
+        let err = WcError {
+            wr_id: 42,
+            opcode: Some(WcOpcode::RDMA_WRITE),
+            status: WcStatus::REM_ACCESS_ERR,
+            vendor_err: 0,
+        };
+        let text = err.to_string();
+        assert!(text.starts_with("work request 42 (RDMA_WRITE) failed: REM_ACCESS_ERR (remote access error)"), "{text}");
+        assert!(text.contains("access flags"), "{text}");
+        assert!(text.contains("outside the peer's region"), "{text}");
+    }
+}
+
+#[cfg(test)]
+mod abi_tests {
+    use super::WcStatus;
+
+    /// Our table must say what libibverbs itself says for every status.
+    #[test]
+    fn status_texts_match_libibverbs() {
+        for code in 0..=23u32 {
+            assert_eq!(WcStatus(code).text(), crate::sys::wc_status_str(code), "status {code}");
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! Connecting through librdmacm: address and route resolution, listen and
+//! accept, private data, and disconnect — each wait bounded by the
+//! configuration's connect timeout.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::QpConfig;
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Result};
+use crate::sys::cm::{event, CmEvent, CmId, ConnParam, EventChannel};
+
+/// Waits for event `expected` on `id`'s channel; anything else is an error
+/// that names what came instead and why that usually happens.
+fn expect(id: &CmId, op: &'static str, expected: u32, deadline: Instant) -> Result<CmEvent> {
+    let ev = id.channel().next_event(op, deadline)?;
+    if ev.kind == expected {
+        return Ok(ev);
+    }
+    if ev.kind == event::REJECTED {
+        let reason = String::from_utf8(ev.private_data.iter().copied().take_while(|b| *b != 0).collect())
+            .ok()
+            .filter(|s| !s.is_empty());
+        return Err(Error::Rejected {
+            reason: reason.or_else(|| Some(format!("status {}; is a server listening on that address and port?", ev.status))),
+        });
+    }
+    Err(Error::CmEvent {
+        op,
+        expected: crate::sys::cm_event_str(expected),
+        got: ev.name().to_owned(),
+        status: ev.status,
+        hint: match ev.kind {
+            event::ADDR_ERROR => "the address is not reachable through an RDMA device: use an address of the RDMA netdev (rxe cannot route 127.0.0.0/8; use a link-local one)",
+            event::ROUTE_ERROR => "no route to the peer over the RDMA netdev",
+            event::UNREACHABLE => "the peer did not answer: no host at that address, or it is down",
+            event::CONNECT_ERROR => "the connection failed while being established",
+            event::DEVICE_REMOVAL => "the RDMA device was removed",
+            event::DISCONNECTED => "the peer disconnected",
+            _ => "unexpected event",
+        },
+    })
+}
+
+fn ms(d: Duration) -> i32 {
+    d.as_millis().clamp(1, i32::MAX as u128) as i32
+}
+
+/// A listening CM id.
+pub struct Listener {
+    id: Arc<CmId>,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener").field("addr", &self.local_addr()).finish()
+    }
+}
+
+impl Listener {
+    /// Binds `addr` (port 0 picks a free port) and listens.
+    pub fn bind(addr: SocketAddr) -> Result<Listener> {
+        let channel = EventChannel::new()?;
+        let id = CmId::new(&channel)?;
+        id.bind(addr)?;
+        id.listen(64)?;
+        Ok(Listener { id })
+    }
+
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.id.local_addr()
+    }
+
+    /// Waits for the next connect request and builds its endpoint. A
+    /// request whose resources cannot be created is rejected.
+    pub fn next_request(&self, cfg: &QpConfig, timeout: Duration) -> Result<Request> {
+        let deadline = Instant::now() + timeout;
+        let ev = loop {
+            let ev = self.id.channel().next_event("a connect request", deadline)?;
+            if ev.kind == event::CONNECT_REQUEST {
+                break ev;
+            }
+            tracing::debug!(event = ev.name(), "ignoring listener event");
+        };
+        let id = CmId::from_request(&ev, &EventChannel::new()?)?;
+        let built = id
+            .context()
+            .ok_or(Error::Cm { op: "connect request without a device", source: std::io::Error::from_raw_os_error(libc::ENODEV) })
+            .and_then(|ctx| Endpoint::create(&ctx, Some(Arc::clone(&id)), cfg));
+        match built {
+            Ok(endpoint) => Ok(Request { endpoint, id, event: ev, cfg: cfg.clone() }),
+            Err(err) => {
+                let _ = id.reject(b"server could not create the connection's resources\0");
+                Err(err)
+            }
+        }
+    }
+}
+
+/// An incoming connection, not yet accepted.
+#[derive(Debug)]
+pub struct Request {
+    endpoint: Endpoint,
+    id: Arc<CmId>,
+    event: CmEvent,
+    cfg: QpConfig,
+}
+
+impl Request {
+    /// The private data the client sent (rdma_cm pads it with zeros).
+    pub fn private_data(&self) -> &[u8] {
+        &self.event.private_data
+    }
+
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.id.peer_addr()
+    }
+
+    /// Register memory and post receives here before accepting.
+    pub fn endpoint(&mut self) -> &mut Endpoint {
+        &mut self.endpoint
+    }
+
+    pub fn accept(mut self, private_data: &[u8]) -> Result<Endpoint> {
+        self.id.set_ack_timeout(self.cfg.timeout)?;
+        let ours = self.cfg.max_rd_atomic;
+        let param = ConnParam {
+            private_data,
+            responder_resources: self.event.initiator_depth.min(ours),
+            initiator_depth: self.event.responder_resources.min(ours),
+            retry_count: self.cfg.retry_count,
+            rnr_retry_count: self.cfg.rnr_retry,
+        };
+        self.id.accept(&param)?;
+        expect(&self.id, "rdma_accept", event::ESTABLISHED, Instant::now() + self.cfg.connect_timeout)?;
+        let data = std::mem::take(&mut self.event.private_data);
+        self.endpoint.mark_connected(data, None);
+        Ok(self.endpoint)
+    }
+
+    /// Refuses the connection; the client sees `Error::Rejected` with this
+    /// text (up to 148 bytes; end it with NUL to be safe).
+    pub fn reject(self, private_data: &[u8]) -> Result<()> {
+        self.id.reject(private_data)
+    }
+}
+
+/// A client id with address and route resolved and its endpoint built.
+#[derive(Debug)]
+pub struct Connector {
+    endpoint: Endpoint,
+    id: Arc<CmId>,
+    cfg: QpConfig,
+}
+
+impl Connector {
+    pub fn resolve(dst: SocketAddr, cfg: &QpConfig) -> Result<Connector> {
+        cfg.validate()?;
+        let deadline = Instant::now() + cfg.connect_timeout;
+        let channel = EventChannel::new()?;
+        let id = CmId::new(&channel)?;
+        id.resolve_addr(dst, ms(cfg.connect_timeout))?;
+        expect(&id, "rdma_resolve_addr", event::ADDR_RESOLVED, deadline)?;
+        id.resolve_route(ms(deadline.saturating_duration_since(Instant::now())))?;
+        expect(&id, "rdma_resolve_route", event::ROUTE_RESOLVED, deadline)?;
+        let ctx = id.context().ok_or(Error::Cm {
+            op: "address resolution bound no device",
+            source: std::io::Error::from_raw_os_error(libc::ENODEV),
+        })?;
+        let endpoint = Endpoint::create(&ctx, Some(Arc::clone(&id)), cfg)?;
+        Ok(Connector { endpoint, id, cfg: cfg.clone() })
+    }
+
+    /// Register memory and post receives here before connecting.
+    pub fn endpoint(&mut self) -> &mut Endpoint {
+        &mut self.endpoint
+    }
+
+    /// Connects, sending `private_data` (at most 56 bytes for RC).
+    pub fn connect(mut self, private_data: &[u8]) -> Result<Endpoint> {
+        if private_data.len() > 56 {
+            return Err(Error::Config(format!("{} bytes of private data; an RC connect request carries at most 56", private_data.len())));
+        }
+        self.id.set_ack_timeout(self.cfg.timeout)?;
+        let depth = self.cfg.max_rd_atomic;
+        let param = ConnParam {
+            private_data,
+            responder_resources: depth,
+            initiator_depth: depth,
+            retry_count: self.cfg.retry_count,
+            rnr_retry_count: self.cfg.rnr_retry,
+        };
+        self.id.connect(&param)?;
+        let ev = expect(&self.id, "rdma_connect", event::ESTABLISHED, Instant::now() + self.cfg.connect_timeout)?;
+        self.endpoint.mark_connected(ev.private_data, None);
+        Ok(self.endpoint)
+    }
+}

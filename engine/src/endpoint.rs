@@ -1,0 +1,199 @@
+//! A queue pair with its completion queues, and bounded waits on them.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::completion::WcOpcode;
+use crate::config::QpConfig;
+use crate::error::{Error, Result};
+use crate::sys::cm::CmId;
+use crate::sys::cq::{CompletionQueue, WorkCompletion};
+use crate::sys::device::{Context, PortAttr};
+use crate::sys::mem::{Buffer, PageSize};
+use crate::sys::mr::{Access, MemoryRegion, RemoteSlice};
+use crate::sys::pd::ProtectionDomain;
+use crate::sys::qp::{QpState, QueuePair};
+
+/// How many polls between two reads of the clock in a bounded wait: the
+/// clock (a vDSO call) costs more than an empty poll.
+const SPINS_PER_CLOCK_CHECK: u32 = 64;
+
+/// A successful completion, copied out of the CQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    pub wr_id: u64,
+    pub opcode: WcOpcode,
+    pub byte_len: u32,
+    pub imm: Option<u32>,
+}
+
+/// A reliable-connected queue pair, its send and receive CQs, and its PD.
+///
+/// Built unconnected by [`crate::connect::cm`] or [`crate::connect::oob`],
+/// so memory can be registered and receives posted before the peer can send.
+pub struct Endpoint {
+    // Field order is drop order: the QP goes before its CQs, PD and CM id.
+    qp: QueuePair,
+    send_cq: Arc<CompletionQueue>,
+    recv_cq: Arc<CompletionQueue>,
+    pd: Arc<ProtectionDomain>,
+    cm_id: Option<Arc<CmId>>,
+    port: u8,
+    port_attr: PortAttr,
+    peer_private_data: Vec<u8>,
+    remote_region: Option<RemoteSlice>,
+    connected: bool,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("device", &self.pd.context().name())
+            .field("qp_num", &self.qp.qp_num())
+            .field("connected", &self.connected)
+            .finish()
+    }
+}
+
+impl Endpoint {
+    pub(crate) fn create(ctx: &Arc<Context>, cm_id: Option<Arc<CmId>>, cfg: &QpConfig) -> Result<Endpoint> {
+        cfg.validate()?;
+        let port = cm_id.as_ref().map(|id| id.port_num()).filter(|p| *p != 0).unwrap_or(cfg.port);
+        let port_attr = ctx.query_port(port)?;
+        if !port_attr.is_active() {
+            return Err(Error::PortNotActive { device: ctx.name().to_owned(), port, state: port_attr.state_name() });
+        }
+        let pd = ProtectionDomain::new(ctx)?;
+        let send_cq = CompletionQueue::new(ctx, cfg.cq_depth)?;
+        let recv_cq = CompletionQueue::new(ctx, cfg.cq_depth)?;
+        let qp = match &cm_id {
+            Some(id) => QueuePair::with_cm_id(id, &pd, &send_cq, &recv_cq, cfg)?,
+            None => QueuePair::new(&pd, &send_cq, &recv_cq, cfg)?,
+        };
+        Ok(Endpoint {
+            qp,
+            send_cq,
+            recv_cq,
+            pd,
+            cm_id,
+            port,
+            port_attr,
+            peer_private_data: Vec::new(),
+            remote_region: None,
+            connected: false,
+        })
+    }
+
+    pub(crate) fn mark_connected(&mut self, peer_private_data: Vec<u8>, remote_region: Option<RemoteSlice>) {
+        self.peer_private_data = peer_private_data;
+        self.remote_region = remote_region;
+        self.connected = true;
+    }
+
+    pub fn qp(&mut self) -> &mut QueuePair {
+        &mut self.qp
+    }
+
+    pub fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
+    }
+
+    pub fn device_name(&self) -> &str {
+        self.pd.context().name()
+    }
+
+    pub fn port(&self) -> u8 {
+        self.port
+    }
+
+    pub fn port_attr(&self) -> &PortAttr {
+        &self.port_attr
+    }
+
+    pub fn state(&self) -> Result<QpState> {
+        self.qp.state()
+    }
+
+    /// Maps `len` bytes and registers them on this endpoint's PD.
+    pub fn register(&self, len: usize, page: PageSize, access: Access) -> Result<MemoryRegion> {
+        MemoryRegion::register(&self.pd, Buffer::new(len, page)?, access)
+    }
+
+    /// The private data the peer sent in the rdma_cm handshake.
+    pub fn peer_private_data(&self) -> &[u8] {
+        &self.peer_private_data
+    }
+
+    /// The region the peer exposed (out-of-band record), if any.
+    pub fn remote_region(&self) -> Option<RemoteSlice> {
+        self.remote_region
+    }
+
+    pub fn poll_send<'a>(&self, out: &'a mut [WorkCompletion]) -> Result<&'a [WorkCompletion]> {
+        self.send_cq.poll(out)
+    }
+
+    pub fn poll_recv<'a>(&self, out: &'a mut [WorkCompletion]) -> Result<&'a [WorkCompletion]> {
+        self.recv_cq.poll(out)
+    }
+
+    /// Busy-polls the send CQ for one completion until `timeout` passes.
+    /// An error completion becomes [`Error::Completion`].
+    pub fn wait_send(&self, timeout: Duration) -> Result<Completion> {
+        wait_one(&self.send_cq, Instant::now() + timeout, "a send-queue completion")
+    }
+
+    /// Busy-polls the receive CQ for one completion until `timeout` passes.
+    pub fn wait_recv(&self, timeout: Duration) -> Result<Completion> {
+        wait_one(&self.recv_cq, Instant::now() + timeout, "a receive completion")
+    }
+
+    /// Disconnects (rdma_cm) or moves the QP to ERR (out-of-band), so the
+    /// peer and every posted request learn the connection is over.
+    pub fn disconnect(&mut self) -> Result<()> {
+        if !std::mem::take(&mut self.connected) {
+            return Ok(());
+        }
+        match &self.cm_id {
+            Some(id) => {
+                id.disconnect()?;
+                // The DISCONNECTED event confirms; bounded, and best effort:
+                // a peer that vanished never answers.
+                let _ = id.channel().next_event("DISCONNECTED", Instant::now() + Duration::from_secs(2));
+                Ok(())
+            }
+            None => self.qp.to_error(),
+        }
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        if self.connected {
+            if let Some(id) = &self.cm_id {
+                // Tell the peer at once rather than letting it time out.
+                let _ = id.disconnect();
+            }
+        }
+    }
+}
+
+fn wait_one(cq: &CompletionQueue, deadline: Instant, what: &'static str) -> Result<Completion> {
+    let start = Instant::now();
+    let mut wc = [WorkCompletion::zeroed()];
+    let mut spins = 0u32;
+    loop {
+        if let Some(c) = cq.poll(&mut wc)?.first() {
+            c.result(None)?;
+            return Ok(Completion { wr_id: c.wr_id(), opcode: c.opcode(), byte_len: c.byte_len(), imm: c.imm() });
+        }
+        spins += 1;
+        if spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout { what, waited: now - start });
+            }
+        }
+        std::hint::spin_loop();
+    }
+}

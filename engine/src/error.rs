@@ -1,0 +1,98 @@
+//! One error type for the whole engine: one variant per failing verb, each
+//! carrying the `io::Error` the verb reported, plus a hint where the cause is
+//! usually not the code but the machine (memlock, a missing device, ...).
+
+use std::io;
+use std::time::Duration;
+
+use crate::completion::WcError;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How to get an RDMA device on a machine that has none.
+pub const HOW_TO_GET_A_DEVICE: &str = "load SoftRoCE with `scripts/softroce.sh up` \
+(needs a kernel with rdma_rxe) or run inside the test guest with `scripts/softroce-vm -- COMMAND`";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no RDMA device found; {HOW_TO_GET_A_DEVICE}")]
+    NoDevice,
+    #[error("RDMA device {name:?} not found (available: {available})")]
+    DeviceNotFound { name: String, available: String },
+    #[error("no RDMA device has an active port; check `ibv_devinfo` and the link of the netdev under the device")]
+    NoActivePort,
+    #[error("ibv_get_device_list failed; is the ib_uverbs module loaded? {HOW_TO_GET_A_DEVICE}")]
+    GetDeviceList(#[source] io::Error),
+    #[error("ibv_open_device({device}) failed")]
+    OpenDevice { device: String, source: io::Error },
+    #[error("ibv_query_device failed")]
+    QueryDevice(#[source] io::Error),
+    #[error("ibv_query_port(port {port}) failed")]
+    QueryPort { port: u8, source: io::Error },
+    #[error("port {port} of {device} is {state}, not ACTIVE; check the link of its netdev (`ip link`) and `ibv_devinfo`")]
+    PortNotActive { device: String, port: u8, state: &'static str },
+    #[error("ibv_query_gid(port {port}, index {index}) failed")]
+    QueryGid { port: u8, index: u32, source: io::Error },
+    #[error("no usable GID on port {port}; give the netdev an address (e.g. an IPv6 link-local one) so the RoCE GID table fills")]
+    NoGid { port: u8 },
+    #[error("ibv_alloc_pd failed")]
+    AllocPd(#[source] io::Error),
+    #[error("ibv_create_cq({depth} entries) failed")]
+    CreateCq { depth: u32, source: io::Error },
+    #[error("creating the queue pair failed (send {max_send_wr} WRs, recv {max_recv_wr} WRs, inline {max_inline} B); the device may not support that many work requests or that much inline data")]
+    CreateQp { max_send_wr: u32, max_recv_wr: u32, max_inline: u32, source: io::Error },
+    #[error("ibv_modify_qp {from}->{to} failed (attribute mask {mask:#x}); {hint}")]
+    ModifyQp { from: &'static str, to: &'static str, mask: u32, hint: &'static str, source: io::Error },
+    #[error("ibv_reg_mr({len} bytes, access {access}) failed; {hint}")]
+    RegMr { len: usize, access: String, hint: String, source: io::Error },
+    #[error("mapping {len} bytes of memory failed; {hint}")]
+    Map { len: usize, hint: String, source: io::Error },
+    #[error("ibv_post_send failed (wr_id {wr_id}); the send queue may be full or the queue pair not in RTS")]
+    PostSend { wr_id: u64, source: io::Error },
+    #[error("ibv_post_recv failed (wr_id {wr_id}); the receive queue may be full")]
+    PostRecv { wr_id: u64, source: io::Error },
+    #[error("ibv_poll_cq failed")]
+    PollCq(#[source] io::Error),
+    #[error("{0}")]
+    Completion(#[from] WcError),
+    #[error("{range} is outside the memory region of {len} bytes")]
+    OutOfRegion { range: String, len: usize },
+    #[error("rdma_cm: {op} failed")]
+    Cm { op: &'static str, source: io::Error },
+    #[error("rdma_cm: {op} failed: got event {got} (status {status}) instead of {expected}; {hint}")]
+    CmEvent { op: &'static str, expected: &'static str, got: String, status: i32, hint: &'static str },
+    #[error("connection rejected by the peer{}", reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default())]
+    Rejected { reason: Option<String> },
+    #[error("the peer disconnected")]
+    Disconnected,
+    #[error("timed out after {waited:?} waiting for {what}")]
+    Timeout { what: &'static str, waited: Duration },
+    #[error("out-of-band connection exchange: {op} failed")]
+    Exchange { op: &'static str, source: io::Error },
+    #[error("bad connection record from the peer: {0}")]
+    BadRecord(String),
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("{what} is not a valid socket address: {detail}")]
+    Address { what: String, detail: String },
+}
+
+impl Error {
+    /// The work completion behind this error, if it is one.
+    pub fn completion(&self) -> Option<&WcError> {
+        match self {
+            Error::Completion(wc) => Some(wc),
+            _ => None,
+        }
+    }
+}
+
+/// The calling thread's last OS error: verbs report failure through `errno`.
+pub(crate) fn last_os_error() -> io::Error {
+    io::Error::last_os_error()
+}
+
+/// Verbs that return a positive errno value instead of setting `errno`.
+pub(crate) fn errno(code: i32) -> io::Error {
+    io::Error::from_raw_os_error(code.abs())
+}

@@ -1,0 +1,281 @@
+//! Devices, device contexts, and device/port/GID queries.
+
+use std::ffi::CStr;
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::sync::Arc;
+
+use super::ffi;
+use crate::error::{last_os_error, Error, Result};
+
+/// The name and kernel index of one RDMA device, as `ibv_devices` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub name: String,
+    pub guid: u64,
+}
+
+/// Every RDMA device the kernel exposes through uverbs.
+pub fn list_devices() -> Result<Vec<DeviceInfo>> {
+    let list = DeviceList::get()?;
+    Ok(list.iter().map(|dev| DeviceInfo { name: device_name(dev), guid: device_guid(dev) }).collect())
+}
+
+/// The list from `ibv_get_device_list`, freed on drop.
+struct DeviceList {
+    ptr: *mut *mut ffi::ibv_device,
+    len: usize,
+}
+
+impl DeviceList {
+    fn get() -> Result<Self> {
+        let mut n = 0;
+        // SAFETY: n is a valid out-pointer; the returned array is owned by us
+        // until ibv_free_device_list.
+        let ptr = unsafe { ffi::ibv_get_device_list(&mut n) };
+        if ptr.is_null() {
+            let err = last_os_error();
+            // ENOSYS: no uverbs in the kernel at all; that is "no device" too.
+            return match err.raw_os_error() {
+                Some(libc::ENOSYS) => Err(Error::NoDevice),
+                _ => Err(Error::GetDeviceList(err)),
+            };
+        }
+        Ok(DeviceList { ptr, len: n.max(0) as usize })
+    }
+
+    fn iter(&self) -> impl Iterator<Item = *mut ffi::ibv_device> + '_ {
+        // SAFETY: the array holds `len` valid device pointers while self lives.
+        (0..self.len).map(move |i| unsafe { *self.ptr.add(i) })
+    }
+}
+
+impl Drop for DeviceList {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from ibv_get_device_list and is freed exactly once.
+        unsafe { ffi::ibv_free_device_list(self.ptr) };
+    }
+}
+
+fn device_name(dev: *mut ffi::ibv_device) -> String {
+    // SAFETY: dev is a live entry of a device list; its name is a
+    // NUL-terminated string inside the device struct.
+    unsafe { CStr::from_ptr(ffi::ibv_get_device_name(dev)) }.to_string_lossy().into_owned()
+}
+
+fn device_guid(dev: *mut ffi::ibv_device) -> u64 {
+    // SAFETY: dev is a live entry of a device list.
+    u64::from_be(unsafe { ffi::ibv_get_device_guid(dev) })
+}
+
+/// An open device context (`ibv_context`).
+///
+/// Contexts opened here are closed on drop. Contexts that belong to
+/// librdmacm (an `rdma_cm_id`'s `verbs`) are borrowed: they live as long as
+/// the CM id that `keepalive` holds.
+pub struct Context {
+    ptr: *mut ffi::ibv_context,
+    name: String,
+    owned: bool,
+    _keepalive: Option<Arc<dyn Send + Sync>>,
+}
+
+// SAFETY: an ibv_context may be used from any thread; libibverbs serialises
+// the calls that need it.
+unsafe impl Send for Context {}
+// SAFETY: as above; all methods take &self and the verbs behind them are
+// thread-safe per ibv_open_device(3).
+unsafe impl Sync for Context {}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context").field("device", &self.name).finish()
+    }
+}
+
+impl Context {
+    /// Opens the device called `name`, or the first device with an active
+    /// port when `name` is `None`.
+    pub fn open(name: Option<&str>) -> Result<Arc<Context>> {
+        let list = DeviceList::get()?;
+        if list.len == 0 {
+            return Err(Error::NoDevice);
+        }
+        match name {
+            Some(wanted) => {
+                let dev = list.iter().find(|d| device_name(*d) == wanted).ok_or_else(|| Error::DeviceNotFound {
+                    name: wanted.to_owned(),
+                    available: list.iter().map(device_name).collect::<Vec<_>>().join(", "),
+                })?;
+                Self::open_device(dev)
+            }
+            None => {
+                for dev in list.iter() {
+                    let ctx = Self::open_device(dev)?;
+                    if ctx.query_port(1).map(|p| p.is_active()).unwrap_or(false) {
+                        return Ok(ctx);
+                    }
+                }
+                Err(Error::NoActivePort)
+            }
+        }
+    }
+
+    fn open_device(dev: *mut ffi::ibv_device) -> Result<Arc<Context>> {
+        let name = device_name(dev);
+        // SAFETY: dev is a live entry of the device list, which is still
+        // alive; the context stays valid after the list is freed.
+        let ptr = unsafe { ffi::ibv_open_device(dev) };
+        if ptr.is_null() {
+            return Err(Error::OpenDevice { device: name, source: last_os_error() });
+        }
+        Ok(Arc::new(Context { ptr, name, owned: true, _keepalive: None }))
+    }
+
+    /// Wraps a context that librdmacm owns, keeping its owner alive.
+    pub(crate) fn borrowed(ptr: *mut ffi::ibv_context, keepalive: Arc<dyn Send + Sync>) -> Arc<Context> {
+        // SAFETY: ptr is the live verbs context of a CM id that `keepalive`
+        // keeps alive; its device pointer and name are valid meanwhile.
+        let name = unsafe { CStr::from_ptr(ffi::ibv_get_device_name((*ptr).device)) }
+            .to_string_lossy()
+            .into_owned();
+        Arc::new(Context { ptr, name, owned: false, _keepalive: Some(keepalive) })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_context {
+        self.ptr
+    }
+
+    pub fn query_device(&self) -> Result<DeviceAttr> {
+        let mut attr = MaybeUninit::<ffi::ibv_device_attr>::zeroed();
+        // SAFETY: ptr is a live context and attr a valid out-pointer.
+        let rc = unsafe { ffi::ibv_query_device(self.ptr, attr.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(Error::QueryDevice(crate::error::errno(rc)));
+        }
+        // SAFETY: ibv_query_device filled the struct; zeroed is also valid.
+        let a = unsafe { attr.assume_init() };
+        Ok(DeviceAttr {
+            max_qp_wr: a.max_qp_wr.max(0) as u32,
+            max_sge: a.max_sge.max(0) as u32,
+            max_cqe: a.max_cqe.max(0) as u32,
+            max_mr_size: a.max_mr_size,
+            max_qp_rd_atom: a.max_qp_rd_atom.max(0) as u32,
+            max_qp_init_rd_atom: a.max_qp_init_rd_atom.max(0) as u32,
+            phys_port_cnt: a.phys_port_cnt,
+            vendor_id: a.vendor_id,
+            vendor_part_id: a.vendor_part_id,
+        })
+    }
+
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        let mut attr = MaybeUninit::<ffi::ibv_port_attr>::zeroed();
+        // SAFETY: ptr is a live context and attr a valid out-pointer of the
+        // full struct; ___ibv_query_port falls back to the compat entry
+        // point, which fills a prefix of it (the rest stays zeroed).
+        let rc = unsafe { ffi::___ibv_query_port(self.ptr, port, attr.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(Error::QueryPort { port, source: crate::error::errno(rc) });
+        }
+        // SAFETY: filled by the query or zero, both valid for this POD struct.
+        let a = unsafe { attr.assume_init() };
+        Ok(PortAttr {
+            state: a.state,
+            active_mtu: a.active_mtu,
+            max_mtu: a.max_mtu,
+            lid: a.lid,
+            gid_tbl_len: a.gid_tbl_len.max(0) as u32,
+            link_layer: a.link_layer,
+            max_msg_sz: a.max_msg_sz,
+        })
+    }
+
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<[u8; 16]> {
+        let mut gid = MaybeUninit::<ffi::ibv_gid>::zeroed();
+        // SAFETY: ptr is a live context and gid a valid out-pointer.
+        let rc = unsafe { ffi::ibv_query_gid(self.ptr, port, index as i32, gid.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(Error::QueryGid { port, index, source: last_os_error() });
+        }
+        // SAFETY: every bit pattern of the union is a valid [u8; 16].
+        Ok(unsafe { gid.assume_init().raw })
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        if self.owned {
+            // SAFETY: we opened this context and every child (PD, CQ, ...)
+            // holds an Arc of it, so none is alive any more.
+            let rc = unsafe { ffi::ibv_close_device(self.ptr) };
+            if rc != 0 {
+                tracing::warn!(device = %self.name, error = %last_os_error(), "ibv_close_device failed");
+            }
+        }
+    }
+}
+
+/// The device limits pinpoll checks its configuration against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceAttr {
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_cqe: u32,
+    pub max_mr_size: u64,
+    pub max_qp_rd_atom: u32,
+    pub max_qp_init_rd_atom: u32,
+    pub phys_port_cnt: u8,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+}
+
+/// What `ibv_query_port` says about one port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortAttr {
+    pub state: u32,
+    /// `enum ibv_mtu`: 1 = 256 B ... 5 = 4096 B.
+    pub active_mtu: u32,
+    pub max_mtu: u32,
+    pub lid: u16,
+    pub gid_tbl_len: u32,
+    /// 1 = InfiniBand, 2 = Ethernet (RoCE); 0 = unspecified (treated as IB).
+    pub link_layer: u8,
+    pub max_msg_sz: u32,
+}
+
+impl PortAttr {
+    pub fn is_active(&self) -> bool {
+        self.state == ffi::ibv_port_state::IBV_PORT_ACTIVE
+    }
+
+    pub fn is_ethernet(&self) -> bool {
+        self.link_layer == LINK_LAYER_ETHERNET
+    }
+
+    pub fn state_name(&self) -> &'static str {
+        match self.state {
+            0 => "NOP",
+            1 => "DOWN",
+            2 => "INIT",
+            3 => "ARMED",
+            4 => "ACTIVE",
+            5 => "ACTIVE_DEFER",
+            _ => "UNKNOWN",
+        }
+    }
+}
+
+/// Bytes of an `enum ibv_mtu` value.
+pub fn mtu_bytes(mtu: u32) -> u32 {
+    match mtu {
+        1..=5 => 128 << mtu,
+        _ => 0,
+    }
+}
+
+/// `IBV_LINK_LAYER_ETHERNET` (an anonymous enum bindgen does not export).
+const LINK_LAYER_ETHERNET: u8 = 2;

@@ -1,0 +1,158 @@
+//! Page-aligned memory for registration: anonymous pages, or 2 MiB / 1 GiB
+//! huge pages, mapped and pre-faulted up front so the data path never takes
+//! a page fault.
+
+use std::ptr::NonNull;
+
+use crate::error::{Error, Result};
+
+/// The page size backing a [`Buffer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageSize {
+    /// The system's base page (4 KiB on x86-64).
+    Base,
+    /// 2 MiB huge pages (hugetlbfs, `vm.nr_hugepages`).
+    Huge2M,
+    /// 1 GiB huge pages (reserved at boot: `hugepagesz=1G hugepages=N`).
+    Huge1G,
+}
+
+impl PageSize {
+    pub fn bytes(self) -> usize {
+        match self {
+            PageSize::Base => base_page_size(),
+            PageSize::Huge2M => 2 << 20,
+            PageSize::Huge1G => 1 << 30,
+        }
+    }
+
+    fn sysfs_dir(self) -> Option<&'static str> {
+        match self {
+            PageSize::Base => None,
+            PageSize::Huge2M => Some("/sys/kernel/mm/hugepages/hugepages-2048kB"),
+            PageSize::Huge1G => Some("/sys/kernel/mm/hugepages/hugepages-1048576kB"),
+        }
+    }
+}
+
+fn base_page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n > 0 {
+        n as usize
+    } else {
+        4096
+    }
+}
+
+/// An owned, page-aligned, pre-faulted mapping.
+#[derive(Debug)]
+pub struct Buffer {
+    ptr: NonNull<u8>,
+    len: usize,
+    mapped: usize,
+    page: PageSize,
+}
+
+// SAFETY: the buffer is plain memory owned by this value.
+unsafe impl Send for Buffer {}
+// SAFETY: shared access only hands out &[u8].
+unsafe impl Sync for Buffer {}
+
+impl Buffer {
+    /// Maps `len` bytes (rounded up to whole pages) of zeroed memory.
+    ///
+    /// Huge pages are never a silent fallback: when they were asked for and
+    /// none are free, this fails and says how to reserve them.
+    pub fn new(len: usize, page: PageSize) -> Result<Buffer> {
+        let page_bytes = page.bytes();
+        let mapped = len.max(1).div_ceil(page_bytes) * page_bytes;
+        let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE;
+        match page {
+            PageSize::Base => {}
+            PageSize::Huge2M => flags |= libc::MAP_HUGETLB | libc::MAP_HUGE_2MB,
+            PageSize::Huge1G => flags |= libc::MAP_HUGETLB | libc::MAP_HUGE_1GB,
+        }
+        // SAFETY: an anonymous private mapping at a kernel-chosen address
+        // aliases nothing; the result is checked before use.
+        let ptr = unsafe {
+            libc::mmap(std::ptr::null_mut(), mapped, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0)
+        };
+        if ptr == libc::MAP_FAILED {
+            let source = std::io::Error::last_os_error();
+            return Err(Error::Map { len: mapped, hint: map_hint(page, mapped), source });
+        }
+        let ptr = NonNull::new(ptr.cast::<u8>()).expect("mmap returned NULL without MAP_FIXED");
+        Ok(Buffer { ptr, len, mapped, page })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn page_size(&self) -> PageSize {
+        self.page
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr is a live mapping of at least len bytes, initialised
+        // (zero-filled by the kernel) and owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in as_slice, and &mut self makes this the only view.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // SAFETY: the mapping is ours, of exactly `mapped` bytes, unmapped once.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped) };
+    }
+}
+
+fn map_hint(page: PageSize, mapped: usize) -> String {
+    let Some(dir) = page.sysfs_dir() else {
+        return "the machine is out of memory or the address space is exhausted".into();
+    };
+    let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).ok().map(|s| s.trim().to_owned());
+    let need = mapped / page.bytes();
+    match (read("nr_hugepages"), read("free_hugepages")) {
+        (Some(total), Some(free)) => format!(
+            "{need} huge page(s) of {} needed, {free} free of {total} reserved; reserve more with \
+             `echo N | sudo tee {dir}/nr_hugepages` (2 MiB pages: also /proc/sys/vm/nr_hugepages)",
+            human(page.bytes())
+        ),
+        _ => format!("this kernel has no {} huge pages (no {dir})", human(page.bytes())),
+    }
+}
+
+fn human(bytes: usize) -> String {
+    if bytes >= 1 << 30 {
+        format!("{} GiB", bytes >> 30)
+    } else {
+        format!("{} MiB", bytes >> 20)
+    }
+}
+
+/// The soft `RLIMIT_MEMLOCK` in bytes (`None` = unlimited).
+pub fn memlock_limit() -> Option<u64> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: lim is a valid out-pointer.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) };
+    if rc != 0 || lim.rlim_cur == libc::RLIM_INFINITY {
+        None
+    } else {
+        Some(lim.rlim_cur)
+    }
+}

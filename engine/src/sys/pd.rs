@@ -1,0 +1,49 @@
+//! Protection domains.
+
+use std::sync::Arc;
+
+use super::device::Context;
+use super::ffi;
+use crate::error::{last_os_error, Error, Result};
+
+/// An `ibv_pd`; holds its device context alive.
+#[derive(Debug)]
+pub struct ProtectionDomain {
+    ptr: *mut ffi::ibv_pd,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: a PD is a handle the kernel validates; verbs on it are thread-safe.
+unsafe impl Send for ProtectionDomain {}
+// SAFETY: as above; no method mutates Rust-side state.
+unsafe impl Sync for ProtectionDomain {}
+
+impl ProtectionDomain {
+    pub fn new(ctx: &Arc<Context>) -> Result<Arc<Self>> {
+        // SAFETY: ctx is a live context.
+        let ptr = unsafe { ffi::ibv_alloc_pd(ctx.as_ptr()) };
+        if ptr.is_null() {
+            return Err(Error::AllocPd(last_os_error()));
+        }
+        Ok(Arc::new(ProtectionDomain { ptr, ctx: Arc::clone(ctx) }))
+    }
+
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_pd {
+        self.ptr
+    }
+}
+
+impl Drop for ProtectionDomain {
+    fn drop(&mut self) {
+        // SAFETY: every QP and MR of this PD holds an Arc of it, so none is
+        // alive; the PD is freed exactly once.
+        let rc = unsafe { ffi::ibv_dealloc_pd(self.ptr) };
+        if rc != 0 {
+            tracing::warn!(error = %crate::error::errno(rc), "ibv_dealloc_pd failed");
+        }
+    }
+}
