@@ -54,7 +54,9 @@ impl WcStatus {
 
     /// The human text `ibv_wc_status_str` gives.
     pub fn text(self) -> &'static str {
-        STATUS.get(self.0 as usize).map_or("unknown status", |s| s.1)
+        STATUS
+            .get(self.0 as usize)
+            .map_or("unknown status", |s| s.1)
     }
 
     /// What usually causes this status and what to do about it.
@@ -178,7 +180,12 @@ mod tests {
             vendor_err: 0,
         };
         let text = err.to_string();
-        assert!(text.starts_with("work request 42 (RDMA_WRITE) failed: REM_ACCESS_ERR (remote access error)"), "{text}");
+        assert!(
+            text.starts_with(
+                "work request 42 (RDMA_WRITE) failed: REM_ACCESS_ERR (remote access error)"
+            ),
+            "{text}"
+        );
         assert!(text.contains("access flags"), "{text}");
         assert!(text.contains("outside the peer's region"), "{text}");
     }
@@ -192,7 +199,11 @@ mod abi_tests {
     #[test]
     fn status_texts_match_libibverbs() {
         for code in 0..=23u32 {
-            assert_eq!(WcStatus(code).text(), crate::sys::wc_status_str(code), "status {code}");
+            assert_eq!(
+                WcStatus(code).text(),
+                crate::sys::wc_status_str(code),
+                "status {code}"
+            );
         }
     }
 }

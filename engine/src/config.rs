@@ -69,7 +69,9 @@ impl QpConfig {
             if (lo..=hi).contains(&value) {
                 Ok(())
             } else {
-                Err(Error::Config(format!("{name} = {value} is out of range {lo}..={hi}")))
+                Err(Error::Config(format!(
+                    "{name} = {value} is out of range {lo}..={hi}"
+                )))
             }
         }
         range("max_send_wr", self.max_send_wr.into(), 1, 1 << 16)?;
@@ -119,14 +121,20 @@ mod tests {
             (|c| c.timeout = 0, "timeout = 0 disables retransmission"),
             (|c| c.timeout = 32, "timeout = 32 is out of range 1..=31"),
             (|c| c.rnr_retry = 7, "rnr_retry = 7 means retry forever"),
-            (|c| c.retry_count = 8, "retry_count = 8 is out of range 0..=7"),
+            (
+                |c| c.retry_count = 8,
+                "retry_count = 8 is out of range 0..=7",
+            ),
             (|c| c.max_send_wr = 0, "max_send_wr = 0 is out of range"),
         ];
         for (mutate, expected) in cases {
             let mut cfg = QpConfig::default();
             mutate(&mut cfg);
             let err = cfg.validate().unwrap_err().to_string();
-            assert!(err.contains(expected), "{err:?} should contain {expected:?}");
+            assert!(
+                err.contains(expected),
+                "{err:?} should contain {expected:?}"
+            );
         }
     }
 }

@@ -56,12 +56,24 @@ impl std::fmt::Debug for Endpoint {
 }
 
 impl Endpoint {
-    pub(crate) fn create(ctx: &Arc<Context>, cm_id: Option<Arc<CmId>>, cfg: &QpConfig) -> Result<Endpoint> {
+    pub(crate) fn create(
+        ctx: &Arc<Context>,
+        cm_id: Option<Arc<CmId>>,
+        cfg: &QpConfig,
+    ) -> Result<Endpoint> {
         cfg.validate()?;
-        let port = cm_id.as_ref().map(|id| id.port_num()).filter(|p| *p != 0).unwrap_or(cfg.port);
+        let port = cm_id
+            .as_ref()
+            .map(|id| id.port_num())
+            .filter(|p| *p != 0)
+            .unwrap_or(cfg.port);
         let port_attr = ctx.query_port(port)?;
         if !port_attr.is_active() {
-            return Err(Error::PortNotActive { device: ctx.name().to_owned(), port, state: port_attr.state_name() });
+            return Err(Error::PortNotActive {
+                device: ctx.name().to_owned(),
+                port,
+                state: port_attr.state_name(),
+            });
         }
         let pd = ProtectionDomain::new(ctx)?;
         let send_cq = CompletionQueue::new(ctx, cfg.cq_depth)?;
@@ -84,7 +96,11 @@ impl Endpoint {
         })
     }
 
-    pub(crate) fn mark_connected(&mut self, peer_private_data: Vec<u8>, remote_region: Option<RemoteSlice>) {
+    pub(crate) fn mark_connected(
+        &mut self,
+        peer_private_data: Vec<u8>,
+        remote_region: Option<RemoteSlice>,
+    ) {
         self.peer_private_data = peer_private_data;
         self.remote_region = remote_region;
         self.connected = true;
@@ -140,12 +156,20 @@ impl Endpoint {
     /// Busy-polls the send CQ for one completion until `timeout` passes.
     /// An error completion becomes [`Error::Completion`].
     pub fn wait_send(&self, timeout: Duration) -> Result<Completion> {
-        wait_one(&self.send_cq, Instant::now() + timeout, "a send-queue completion")
+        wait_one(
+            &self.send_cq,
+            Instant::now() + timeout,
+            "a send-queue completion",
+        )
     }
 
     /// Busy-polls the receive CQ for one completion until `timeout` passes.
     pub fn wait_recv(&self, timeout: Duration) -> Result<Completion> {
-        wait_one(&self.recv_cq, Instant::now() + timeout, "a receive completion")
+        wait_one(
+            &self.recv_cq,
+            Instant::now() + timeout,
+            "a receive completion",
+        )
     }
 
     /// Disconnects (rdma_cm) or moves the QP to ERR (out-of-band), so the
@@ -159,7 +183,9 @@ impl Endpoint {
                 id.disconnect()?;
                 // The DISCONNECTED event confirms; bounded, and best effort:
                 // a peer that vanished never answers.
-                let _ = id.channel().next_event("DISCONNECTED", Instant::now() + Duration::from_secs(2));
+                let _ = id
+                    .channel()
+                    .next_event("DISCONNECTED", Instant::now() + Duration::from_secs(2));
                 Ok(())
             }
             None => self.qp.to_error(),
@@ -185,13 +211,21 @@ fn wait_one(cq: &CompletionQueue, deadline: Instant, what: &'static str) -> Resu
     loop {
         if let Some(c) = cq.poll(&mut wc)?.first() {
             c.result(None)?;
-            return Ok(Completion { wr_id: c.wr_id(), opcode: c.opcode(), byte_len: c.byte_len(), imm: c.imm() });
+            return Ok(Completion {
+                wr_id: c.wr_id(),
+                opcode: c.opcode(),
+                byte_len: c.byte_len(),
+                imm: c.imm(),
+            });
         }
         spins += 1;
         if spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) {
             let now = Instant::now();
             if now >= deadline {
-                return Err(Error::Timeout { what, waited: now - start });
+                return Err(Error::Timeout {
+                    what,
+                    waited: now - start,
+                });
             }
         }
         std::hint::spin_loop();

@@ -30,9 +30,17 @@ pub enum Error {
     #[error("ibv_query_port(port {port}) failed")]
     QueryPort { port: u8, source: io::Error },
     #[error("port {port} of {device} is {state}, not ACTIVE; check the link of its netdev (`ip link`) and `ibv_devinfo`")]
-    PortNotActive { device: String, port: u8, state: &'static str },
+    PortNotActive {
+        device: String,
+        port: u8,
+        state: &'static str,
+    },
     #[error("ibv_query_gid(port {port}, index {index}) failed")]
-    QueryGid { port: u8, index: u32, source: io::Error },
+    QueryGid {
+        port: u8,
+        index: u32,
+        source: io::Error,
+    },
     #[error("no usable GID on port {port}; give the netdev an address (e.g. an IPv6 link-local one) so the RoCE GID table fills")]
     NoGid { port: u8 },
     #[error("ibv_alloc_pd failed")]
@@ -40,13 +48,33 @@ pub enum Error {
     #[error("ibv_create_cq({depth} entries) failed")]
     CreateCq { depth: u32, source: io::Error },
     #[error("creating the queue pair failed (send {max_send_wr} WRs, recv {max_recv_wr} WRs, inline {max_inline} B); the device may not support that many work requests or that much inline data")]
-    CreateQp { max_send_wr: u32, max_recv_wr: u32, max_inline: u32, source: io::Error },
+    CreateQp {
+        max_send_wr: u32,
+        max_recv_wr: u32,
+        max_inline: u32,
+        source: io::Error,
+    },
     #[error("ibv_modify_qp {from}->{to} failed (attribute mask {mask:#x}); {hint}")]
-    ModifyQp { from: &'static str, to: &'static str, mask: u32, hint: &'static str, source: io::Error },
+    ModifyQp {
+        from: &'static str,
+        to: &'static str,
+        mask: u32,
+        hint: &'static str,
+        source: io::Error,
+    },
     #[error("ibv_reg_mr({len} bytes, access {access}) failed; {hint}")]
-    RegMr { len: usize, access: String, hint: String, source: io::Error },
+    RegMr {
+        len: usize,
+        access: String,
+        hint: String,
+        source: io::Error,
+    },
     #[error("mapping {len} bytes of memory failed; {hint}")]
-    Map { len: usize, hint: String, source: io::Error },
+    Map {
+        len: usize,
+        hint: String,
+        source: io::Error,
+    },
     #[error("ibv_post_send failed (wr_id {wr_id}); the send queue may be full or the queue pair not in RTS")]
     PostSend { wr_id: u64, source: io::Error },
     #[error("ibv_post_recv failed (wr_id {wr_id}); the receive queue may be full")]
@@ -59,14 +87,25 @@ pub enum Error {
     OutOfRegion { range: String, len: usize },
     #[error("rdma_cm: {op} failed")]
     Cm { op: &'static str, source: io::Error },
-    #[error("rdma_cm: {op} failed: got event {got} (status {status}) instead of {expected}; {hint}")]
-    CmEvent { op: &'static str, expected: &'static str, got: String, status: i32, hint: &'static str },
+    #[error(
+        "rdma_cm: {op} failed: got event {got} (status {status}) instead of {expected}; {hint}"
+    )]
+    CmEvent {
+        op: &'static str,
+        expected: &'static str,
+        got: String,
+        status: i32,
+        hint: &'static str,
+    },
     #[error("connection rejected by the peer{}", reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default())]
     Rejected { reason: Option<String> },
     #[error("the peer disconnected")]
     Disconnected,
     #[error("timed out after {waited:?} waiting for {what}")]
-    Timeout { what: &'static str, waited: Duration },
+    Timeout {
+        what: &'static str,
+        waited: Duration,
+    },
     #[error("out-of-band connection exchange: {op} failed")]
     Exchange { op: &'static str, source: io::Error },
     #[error("bad connection record from the peer: {0}")]

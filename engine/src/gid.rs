@@ -39,8 +39,15 @@ pub const SYSFS_INFINIBAND: &str = "/sys/class/infiniband";
 
 /// The type of GID `index` on `port` of `device`, read under `root`.
 pub fn gid_kind(root: &Path, device: &str, port: u8, index: u32) -> String {
-    let path: PathBuf = root.join(device).join("ports").join(port.to_string()).join("gid_attrs/types").join(index.to_string());
-    std::fs::read_to_string(path).map(|s| s.trim().to_owned()).unwrap_or_default()
+    let path: PathBuf = root
+        .join(device)
+        .join("ports")
+        .join(port.to_string())
+        .join("gid_attrs/types")
+        .join(index.to_string());
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
 }
 
 /// Every non-zero GID of the port, with its type.
@@ -52,7 +59,11 @@ pub fn gid_table(ctx: &Context, port: u8, table_len: u32, root: &Path) -> Result
             // Unpopulated RoCE entries can fail to query; skip them.
             Err(_) => continue,
         };
-        let entry = GidEntry { index, gid, kind: gid_kind(root, ctx.name(), port, index) };
+        let entry = GidEntry {
+            index,
+            gid,
+            kind: gid_kind(root, ctx.name(), port, index),
+        };
         if !entry.is_zero() {
             out.push(entry);
         }
@@ -65,14 +76,27 @@ pub fn gid_table(ctx: &Context, port: u8, table_len: u32, root: &Path) -> Result
 /// the first non-zero entry.
 pub fn select(table: &[GidEntry], wanted: Option<u32>, port: u8) -> Result<GidEntry> {
     if let Some(index) = wanted {
-        return table.iter().find(|e| e.index == index).cloned().ok_or_else(|| {
-            Error::Config(format!(
-                "gid_index = {index} is not a populated GID on port {port} (populated: {})",
-                table.iter().map(|e| e.index.to_string()).collect::<Vec<_>>().join(", ")
-            ))
-        });
+        return table
+            .iter()
+            .find(|e| e.index == index)
+            .cloned()
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "gid_index = {index} is not a populated GID on port {port} (populated: {})",
+                    table
+                        .iter()
+                        .map(|e| e.index.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            });
     }
-    table.iter().find(|e| e.is_roce_v2()).or_else(|| table.first()).cloned().ok_or(Error::NoGid { port })
+    table
+        .iter()
+        .find(|e| e.is_roce_v2())
+        .or_else(|| table.first())
+        .cloned()
+        .ok_or(Error::NoGid { port })
 }
 
 #[cfg(test)]
@@ -84,12 +108,21 @@ mod tests {
         gid[0] = 0xfe;
         gid[1] = 0x80;
         gid[15] = last;
-        GidEntry { index, gid, kind: kind.into() }
+        GidEntry {
+            index,
+            gid,
+            kind: kind.into(),
+        }
     }
 
     #[test]
     fn prefers_roce_v2_then_first_entry() {
-        let table = [entry(0, 1, "IB/RoCE v1"), entry(1, 1, "RoCE v2"), entry(2, 2, "IB/RoCE v1"), entry(3, 2, "RoCE v2")];
+        let table = [
+            entry(0, 1, "IB/RoCE v1"),
+            entry(1, 1, "RoCE v2"),
+            entry(2, 2, "IB/RoCE v1"),
+            entry(3, 2, "RoCE v2"),
+        ];
         assert_eq!(select(&table, None, 1).unwrap().index, 1);
         assert_eq!(select(&table[..1], None, 1).unwrap().index, 0);
         assert_eq!(select(&table, Some(3), 1).unwrap().index, 3);
@@ -99,8 +132,14 @@ mod tests {
     fn a_missing_index_or_an_empty_table_is_a_clear_error() {
         let table = [entry(0, 1, "RoCE v2")];
         let err = select(&table, Some(5), 1).unwrap_err().to_string();
-        assert!(err.contains("gid_index = 5 is not a populated GID on port 1 (populated: 0)"), "{err}");
-        assert!(matches!(select(&[], None, 1), Err(Error::NoGid { port: 1 })));
+        assert!(
+            err.contains("gid_index = 5 is not a populated GID on port 1 (populated: 0)"),
+            "{err}"
+        );
+        assert!(matches!(
+            select(&[], None, 1),
+            Err(Error::NoGid { port: 1 })
+        ));
     }
 
     #[test]

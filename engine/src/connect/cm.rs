@@ -19,11 +19,22 @@ fn expect(id: &CmId, op: &'static str, expected: u32, deadline: Instant) -> Resu
         return Ok(ev);
     }
     if ev.kind == event::REJECTED {
-        let reason = String::from_utf8(ev.private_data.iter().copied().take_while(|b| *b != 0).collect())
-            .ok()
-            .filter(|s| !s.is_empty());
+        let reason = String::from_utf8(
+            ev.private_data
+                .iter()
+                .copied()
+                .take_while(|b| *b != 0)
+                .collect(),
+        )
+        .ok()
+        .filter(|s| !s.is_empty());
         return Err(Error::Rejected {
-            reason: reason.or_else(|| Some(format!("status {}; is a server listening on that address and port?", ev.status))),
+            reason: reason.or_else(|| {
+                Some(format!(
+                    "status {}; is a server listening on that address and port?",
+                    ev.status
+                ))
+            }),
         });
     }
     Err(Error::CmEvent {
@@ -54,7 +65,9 @@ pub struct Listener {
 
 impl std::fmt::Debug for Listener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Listener").field("addr", &self.local_addr()).finish()
+        f.debug_struct("Listener")
+            .field("addr", &self.local_addr())
+            .finish()
     }
 }
 
@@ -77,7 +90,10 @@ impl Listener {
     pub fn next_request(&self, cfg: &QpConfig, timeout: Duration) -> Result<Request> {
         let deadline = Instant::now() + timeout;
         let ev = loop {
-            let ev = self.id.channel().next_event("a connect request", deadline)?;
+            let ev = self
+                .id
+                .channel()
+                .next_event("a connect request", deadline)?;
             if ev.kind == event::CONNECT_REQUEST {
                 break ev;
             }
@@ -86,10 +102,18 @@ impl Listener {
         let id = CmId::from_request(&ev, &EventChannel::new()?)?;
         let built = id
             .context()
-            .ok_or(Error::Cm { op: "connect request without a device", source: std::io::Error::from_raw_os_error(libc::ENODEV) })
+            .ok_or(Error::Cm {
+                op: "connect request without a device",
+                source: std::io::Error::from_raw_os_error(libc::ENODEV),
+            })
             .and_then(|ctx| Endpoint::create(&ctx, Some(Arc::clone(&id)), cfg));
         match built {
-            Ok(endpoint) => Ok(Request { endpoint, id, event: ev, cfg: cfg.clone() }),
+            Ok(endpoint) => Ok(Request {
+                endpoint,
+                id,
+                event: ev,
+                cfg: cfg.clone(),
+            }),
             Err(err) => {
                 let _ = id.reject(b"server could not create the connection's resources\0");
                 Err(err)
@@ -133,7 +157,12 @@ impl Request {
             rnr_retry_count: self.cfg.rnr_retry,
         };
         self.id.accept(&param)?;
-        expect(&self.id, "rdma_accept", event::ESTABLISHED, Instant::now() + self.cfg.connect_timeout)?;
+        expect(
+            &self.id,
+            "rdma_accept",
+            event::ESTABLISHED,
+            Instant::now() + self.cfg.connect_timeout,
+        )?;
         let data = std::mem::take(&mut self.event.private_data);
         self.endpoint.mark_connected(data, None);
         Ok(self.endpoint)
@@ -169,7 +198,11 @@ impl Connector {
             source: std::io::Error::from_raw_os_error(libc::ENODEV),
         })?;
         let endpoint = Endpoint::create(&ctx, Some(Arc::clone(&id)), cfg)?;
-        Ok(Connector { endpoint, id, cfg: cfg.clone() })
+        Ok(Connector {
+            endpoint,
+            id,
+            cfg: cfg.clone(),
+        })
     }
 
     /// Register memory and post receives here before connecting.
@@ -180,7 +213,10 @@ impl Connector {
     /// Connects, sending `private_data` (at most 56 bytes for RC).
     pub fn connect(mut self, private_data: &[u8]) -> Result<Endpoint> {
         if private_data.len() > 56 {
-            return Err(Error::Config(format!("{} bytes of private data; an RC connect request carries at most 56", private_data.len())));
+            return Err(Error::Config(format!(
+                "{} bytes of private data; an RC connect request carries at most 56",
+                private_data.len()
+            )));
         }
         self.id.set_ack_timeout(self.cfg.timeout)?;
         let depth = self.cfg.max_rd_atomic;
@@ -192,7 +228,12 @@ impl Connector {
             rnr_retry_count: self.cfg.rnr_retry,
         };
         self.id.connect(&param)?;
-        let ev = expect(&self.id, "rdma_connect", event::ESTABLISHED, Instant::now() + self.cfg.connect_timeout)?;
+        let ev = expect(
+            &self.id,
+            "rdma_connect",
+            event::ESTABLISHED,
+            Instant::now() + self.cfg.connect_timeout,
+        )?;
         self.endpoint.mark_connected(ev.private_data, None);
         Ok(self.endpoint)
     }

@@ -34,16 +34,30 @@ impl Prepared {
         let ctx = Context::open(device)?;
         let mut endpoint = Endpoint::create(&ctx, None, cfg)?;
         let port = endpoint.port();
-        let table = gid::gid_table(&ctx, port, endpoint.port_attr().gid_tbl_len, std::path::Path::new(gid::SYSFS_INFINIBAND))?;
+        let table = gid::gid_table(
+            &ctx,
+            port,
+            endpoint.port_attr().gid_tbl_len,
+            std::path::Path::new(gid::SYSFS_INFINIBAND),
+        )?;
         let gid = if endpoint.port_attr().is_ethernet() {
             gid::select(&table, cfg.gid_index, port)?
         } else {
             // InfiniBand routes by LID; the GID is informational.
-            gid::select(&table, cfg.gid_index, port).unwrap_or(GidEntry { index: 0, gid: [0; 16], kind: String::new() })
+            gid::select(&table, cfg.gid_index, port).unwrap_or(GidEntry {
+                index: 0,
+                gid: [0; 16],
+                kind: String::new(),
+            })
         };
         endpoint.qp().to_init(port, remote_access)?;
         let psn = rand::thread_rng().gen::<u32>() & 0xff_ffff;
-        Ok(Prepared { endpoint, gid, psn, cfg: cfg.clone() })
+        Ok(Prepared {
+            endpoint,
+            gid,
+            psn,
+            cfg: cfg.clone(),
+        })
     }
 
     pub fn endpoint(&mut self) -> &mut Endpoint {
@@ -71,16 +85,30 @@ impl Prepared {
     /// Swaps records with the peer over `stream`, brings the QP to RTS,
     /// then waits for the peer to be at RTS too (one byte each way), so the
     /// first message is never sent to a QP that would drop it.
-    pub fn handshake(mut self, stream: &mut TcpStream, region: Option<RemoteSlice>) -> Result<Endpoint> {
+    pub fn handshake(
+        mut self,
+        stream: &mut TcpStream,
+        region: Option<RemoteSlice>,
+    ) -> Result<Endpoint> {
         let io = |op: &'static str| move |source: std::io::Error| timeout_or(op, source);
-        stream.set_read_timeout(Some(self.cfg.connect_timeout)).map_err(io("setting the socket timeout"))?;
-        stream.set_write_timeout(Some(self.cfg.connect_timeout)).map_err(io("setting the socket timeout"))?;
-        stream.set_nodelay(true).map_err(io("setting TCP_NODELAY"))?;
+        stream
+            .set_read_timeout(Some(self.cfg.connect_timeout))
+            .map_err(io("setting the socket timeout"))?;
+        stream
+            .set_write_timeout(Some(self.cfg.connect_timeout))
+            .map_err(io("setting the socket timeout"))?;
+        stream
+            .set_nodelay(true)
+            .map_err(io("setting TCP_NODELAY"))?;
 
         let mine = self.record(region);
-        stream.write_all(&mine.encode()).map_err(io("sending the connection record"))?;
+        stream
+            .write_all(&mine.encode())
+            .map_err(io("sending the connection record"))?;
         let mut buf = [0u8; ConnectionRecord::LEN];
-        stream.read_exact(&mut buf).map_err(io("receiving the peer's connection record"))?;
+        stream
+            .read_exact(&mut buf)
+            .map_err(io("receiving the peer's connection record"))?;
         let peer = ConnectionRecord::decode(&buf)?;
 
         let path = crate::sys::qp::PeerPath {
@@ -97,9 +125,14 @@ impl Prepared {
 
         stream.write_all(b"R").map_err(io("signalling ready"))?;
         let mut ready = [0u8; 1];
-        stream.read_exact(&mut ready).map_err(io("waiting for the peer to be ready"))?;
+        stream
+            .read_exact(&mut ready)
+            .map_err(io("waiting for the peer to be ready"))?;
         if ready != *b"R" {
-            return Err(Error::BadRecord(format!("expected the ready byte 'R', got {:#04x}", ready[0])));
+            return Err(Error::BadRecord(format!(
+                "expected the ready byte 'R', got {:#04x}",
+                ready[0]
+            )));
         }
         self.endpoint.mark_connected(Vec::new(), peer.region);
         Ok(self.endpoint)
@@ -108,9 +141,10 @@ impl Prepared {
 
 fn timeout_or(op: &'static str, source: std::io::Error) -> Error {
     match source.kind() {
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-            Error::Timeout { what: "the peer's out-of-band exchange", waited: std::time::Duration::ZERO }
-        }
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::Timeout {
+            what: "the peer's out-of-band exchange",
+            waited: std::time::Duration::ZERO,
+        },
         _ => Error::Exchange { op, source },
     }
 }

@@ -53,33 +53,49 @@ impl ConnectionRecord {
             return Err(bad(format!("{} bytes, expected {}", b.len(), Self::LEN)));
         }
         if b[0..4] != RECORD_MAGIC {
-            return Err(bad("wrong magic: the peer is not a pinpoll out-of-band endpoint".into()));
+            return Err(bad(
+                "wrong magic: the peer is not a pinpoll out-of-band endpoint".into(),
+            ));
         }
         if b[4] != VERSION {
-            return Err(bad(format!("version {} (this side speaks {VERSION})", b[4])));
+            return Err(bad(format!(
+                "version {} (this side speaks {VERSION})",
+                b[4]
+            )));
         }
         let u32_at = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().expect("8 bytes"));
         let qpn = u32_at(8);
         let psn = u32_at(12);
         if qpn == 0 || qpn > 0xff_ffff {
-            return Err(bad(format!("QP number {qpn:#x} is not a 24-bit non-zero QPN")));
+            return Err(bad(format!(
+                "QP number {qpn:#x} is not a 24-bit non-zero QPN"
+            )));
         }
         if psn > 0xff_ffff {
             return Err(bad(format!("PSN {psn:#x} exceeds 24 bits")));
         }
         let mtu = b[6];
         if !(1..=5).contains(&mtu) {
-            return Err(bad(format!("MTU code {mtu} is not 1 (256 B) ..= 5 (4096 B)")));
+            return Err(bad(format!(
+                "MTU code {mtu} is not 1 (256 B) ..= 5 (4096 B)"
+            )));
         }
         let region = match b[7] {
             0 => None,
-            1 => Some(RemoteSlice { addr: u64_at(34), len: u64_at(42), rkey: u32_at(50) }),
+            1 => Some(RemoteSlice {
+                addr: u64_at(34),
+                len: u64_at(42),
+                rkey: u32_at(50),
+            }),
             f => return Err(bad(format!("region flag {f} is not 0 or 1"))),
         };
         if let Some(r) = region {
             if r.addr.checked_add(r.len).is_none() {
-                return Err(bad(format!("region {:#x}+{} wraps the address space", r.addr, r.len)));
+                return Err(bad(format!(
+                    "region {:#x}+{} wraps the address space",
+                    r.addr, r.len
+                )));
             }
         }
         Ok(ConnectionRecord {
@@ -115,16 +131,24 @@ impl RegionDescriptor {
     /// Decodes from the front of `b` (rdma_cm may pad private data with zeros).
     pub fn decode(b: &[u8]) -> Result<RegionDescriptor> {
         if b.len() < Self::LEN {
-            return Err(Error::BadRecord(format!("region descriptor of {} bytes, expected {}", b.len(), Self::LEN)));
+            return Err(Error::BadRecord(format!(
+                "region descriptor of {} bytes, expected {}",
+                b.len(),
+                Self::LEN
+            )));
         }
         if b[0..4] != REGION_MAGIC || b[4] != VERSION {
-            return Err(Error::BadRecord("private data is not a pinpoll region descriptor (magic/version)".into()));
+            return Err(Error::BadRecord(
+                "private data is not a pinpoll region descriptor (magic/version)".into(),
+            ));
         }
         let addr = u64::from_be_bytes(b[8..16].try_into().expect("8 bytes"));
         let len = u64::from_be_bytes(b[16..24].try_into().expect("8 bytes"));
         let rkey = u32::from_be_bytes(b[24..28].try_into().expect("4 bytes"));
         if addr.checked_add(len).is_none() {
-            return Err(Error::BadRecord(format!("region {addr:#x}+{len} wraps the address space")));
+            return Err(Error::BadRecord(format!(
+                "region {addr:#x}+{len} wraps the address space"
+            )));
         }
         Ok(RegionDescriptor(RemoteSlice { addr, len, rkey }))
     }
@@ -139,10 +163,16 @@ mod tests {
             qpn: 0x11,
             psn: 0xabcdef,
             lid: 0,
-            gid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x50, 0x54, 0, 0xff, 0xfe, 0x50, 0, 1],
+            gid: [
+                0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x50, 0x54, 0, 0xff, 0xfe, 0x50, 0, 1,
+            ],
             gid_index: 1,
             mtu: 3,
-            region: Some(RemoteSlice { addr: 0x7f00_0000_1000, len: 4096, rkey: 0x1234 }),
+            region: Some(RemoteSlice {
+                addr: 0x7f00_0000_1000,
+                len: 4096,
+                rkey: 0x1234,
+            }),
         }
     }
 
@@ -151,7 +181,10 @@ mod tests {
         let r = record();
         assert_eq!(ConnectionRecord::decode(&r.encode()).unwrap(), r);
         let no_region = ConnectionRecord { region: None, ..r };
-        assert_eq!(ConnectionRecord::decode(&no_region.encode()).unwrap(), no_region);
+        assert_eq!(
+            ConnectionRecord::decode(&no_region.encode()).unwrap(),
+            no_region
+        );
     }
 
     #[test]
@@ -170,18 +203,28 @@ mod tests {
             let err = ConnectionRecord::decode(&b).unwrap_err().to_string();
             assert!(err.contains(expected), "byte {at}={value}: {err}");
         }
-        assert!(ConnectionRecord::decode(&good[..63]).unwrap_err().to_string().contains("63 bytes"));
+        assert!(ConnectionRecord::decode(&good[..63])
+            .unwrap_err()
+            .to_string()
+            .contains("63 bytes"));
         let mut zero_qpn = good;
         zero_qpn[8..12].copy_from_slice(&[0; 4]);
         assert!(ConnectionRecord::decode(&zero_qpn).is_err());
         let mut wrap = good;
         wrap[34..42].copy_from_slice(&u64::MAX.to_be_bytes());
-        assert!(ConnectionRecord::decode(&wrap).unwrap_err().to_string().contains("wraps"));
+        assert!(ConnectionRecord::decode(&wrap)
+            .unwrap_err()
+            .to_string()
+            .contains("wraps"));
     }
 
     #[test]
     fn region_descriptor_round_trips_with_padding_and_rejects_junk() {
-        let d = RegionDescriptor(RemoteSlice { addr: 42, len: 7, rkey: 9 });
+        let d = RegionDescriptor(RemoteSlice {
+            addr: 42,
+            len: 7,
+            rkey: 9,
+        });
         let mut padded = d.encode().to_vec();
         padded.resize(56, 0);
         assert_eq!(RegionDescriptor::decode(&padded).unwrap(), d);

@@ -71,9 +71,16 @@ impl EventChannel {
         let ptr = unsafe { ffi::rdma_create_event_channel() };
         if ptr.is_null() {
             let source = last_os_error();
-            let hint = if source.raw_os_error() == Some(libc::ENODEV) { " (is rdma_ucm loaded?)" } else { "" };
+            let hint = if source.raw_os_error() == Some(libc::ENODEV) {
+                " (is rdma_ucm loaded?)"
+            } else {
+                ""
+            };
             tracing::debug!(hint, "rdma_create_event_channel failed");
-            return Err(Error::Cm { op: "rdma_create_event_channel", source });
+            return Err(Error::Cm {
+                op: "rdma_create_event_channel",
+                source,
+            });
         }
         let chan = EventChannel { ptr };
         let fd = chan.fd();
@@ -83,7 +90,10 @@ impl EventChannel {
             libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK)
         };
         if rc != 0 {
-            return Err(Error::Cm { op: "fcntl(O_NONBLOCK) on the event channel", source: last_os_error() });
+            return Err(Error::Cm {
+                op: "fcntl(O_NONBLOCK) on the event channel",
+                source: last_os_error(),
+            });
         }
         Ok(Arc::new(chan))
     }
@@ -112,18 +122,31 @@ impl EventChannel {
             }
             let err = last_os_error();
             if err.raw_os_error() != Some(libc::EAGAIN) {
-                return Err(Error::Cm { op: "rdma_get_cm_event", source: err });
+                return Err(Error::Cm {
+                    op: "rdma_get_cm_event",
+                    source: err,
+                });
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(Error::Timeout { what, waited: now - start });
+                return Err(Error::Timeout {
+                    what,
+                    waited: now - start,
+                });
             }
             let ms = (deadline - now).as_millis().clamp(1, i32::MAX as u128) as i32;
-            let mut pfd = libc::pollfd { fd: self.fd(), events: libc::POLLIN, revents: 0 };
+            let mut pfd = libc::pollfd {
+                fd: self.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
             // SAFETY: pfd is one valid pollfd.
             let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
             if rc < 0 && last_os_error().raw_os_error() != Some(libc::EINTR) {
-                return Err(Error::Cm { op: "poll on the event channel", source: last_os_error() });
+                return Err(Error::Cm {
+                    op: "poll on the event channel",
+                    source: last_os_error(),
+                });
             }
         }
     }
@@ -142,7 +165,11 @@ unsafe fn copy_and_ack(raw: *mut ffi::rdma_cm_event) -> CmEvent {
         let data = if conn.private_data.is_null() || conn.private_data_len == 0 {
             Vec::new()
         } else {
-            std::slice::from_raw_parts(conn.private_data.cast::<u8>(), conn.private_data_len as usize).to_vec()
+            std::slice::from_raw_parts(
+                conn.private_data.cast::<u8>(),
+                conn.private_data_len as usize,
+            )
+            .to_vec()
         };
         (data, (conn.responder_resources, conn.initiator_depth))
     };
@@ -184,12 +211,23 @@ impl CmId {
         let mut ptr = std::ptr::null_mut();
         // SAFETY: channel is live; ptr a valid out-pointer.
         let rc = unsafe {
-            ffi::rdma_create_id(channel.as_ptr(), &mut ptr, std::ptr::null_mut(), ffi::rdma_port_space::RDMA_PS_TCP)
+            ffi::rdma_create_id(
+                channel.as_ptr(),
+                &mut ptr,
+                std::ptr::null_mut(),
+                ffi::rdma_port_space::RDMA_PS_TCP,
+            )
         };
         if rc != 0 {
-            return Err(Error::Cm { op: "rdma_create_id", source: last_os_error() });
+            return Err(Error::Cm {
+                op: "rdma_create_id",
+                source: last_os_error(),
+            });
         }
-        Ok(Arc::new(CmId { ptr, channel: std::sync::Mutex::new(Arc::clone(channel)) }))
+        Ok(Arc::new(CmId {
+            ptr,
+            channel: std::sync::Mutex::new(Arc::clone(channel)),
+        }))
     }
 
     /// Takes ownership of the id a CONNECT_REQUEST carried, and moves it to
@@ -202,10 +240,16 @@ impl CmId {
         // SAFETY: ptr is the new id of a CONNECT_REQUEST we received and
         // acked; nobody else owns it. Migration moves its future events.
         let rc = unsafe { ffi::rdma_migrate_id(ptr, channel.as_ptr()) };
-        let id = CmId { ptr, channel: std::sync::Mutex::new(Arc::clone(channel)) };
+        let id = CmId {
+            ptr,
+            channel: std::sync::Mutex::new(Arc::clone(channel)),
+        };
         if rc != 0 {
             // Dropping `id` destroys the request's id; the peer sees a reject.
-            return Err(Error::Cm { op: "rdma_migrate_id", source: last_os_error() });
+            return Err(Error::Cm {
+                op: "rdma_migrate_id",
+                source: last_os_error(),
+            });
         }
         Ok(Arc::new(id))
     }
@@ -224,7 +268,8 @@ impl CmId {
         // SAFETY: ptr is live; verbs is NULL or a context librdmacm keeps
         // open while the id exists.
         let verbs = unsafe { (*self.ptr).verbs };
-        (!verbs.is_null()).then(|| Context::borrowed(verbs, Arc::clone(self) as Arc<dyn Send + Sync>))
+        (!verbs.is_null())
+            .then(|| Context::borrowed(verbs, Arc::clone(self) as Arc<dyn Send + Sync>))
     }
 
     /// The port of the device this id is bound to.
@@ -235,7 +280,10 @@ impl CmId {
 
     fn check(&self, op: &'static str, rc: i32) -> Result<()> {
         if rc != 0 {
-            return Err(Error::Cm { op, source: last_os_error() });
+            return Err(Error::Cm {
+                op,
+                source: last_os_error(),
+            });
         }
         Ok(())
     }
@@ -243,7 +291,12 @@ impl CmId {
     pub fn bind(&self, addr: SocketAddr) -> Result<()> {
         let mut storage = to_sockaddr(addr);
         // SAFETY: ptr is live and storage holds a valid sockaddr of its family.
-        let rc = unsafe { ffi::rdma_bind_addr(self.ptr, (&mut storage as *mut libc::sockaddr_storage).cast()) };
+        let rc = unsafe {
+            ffi::rdma_bind_addr(
+                self.ptr,
+                (&mut storage as *mut libc::sockaddr_storage).cast(),
+            )
+        };
         self.check("rdma_bind_addr", rc)
     }
 
@@ -258,7 +311,12 @@ impl CmId {
         // SAFETY: ptr is live; storage is a valid sockaddr; src NULL lets
         // the kernel pick the route's source.
         let rc = unsafe {
-            ffi::rdma_resolve_addr(self.ptr, std::ptr::null_mut(), (&mut storage as *mut libc::sockaddr_storage).cast(), timeout_ms)
+            ffi::rdma_resolve_addr(
+                self.ptr,
+                std::ptr::null_mut(),
+                (&mut storage as *mut libc::sockaddr_storage).cast(),
+                timeout_ms,
+            )
         };
         self.check("rdma_resolve_addr", rc)
     }
@@ -274,7 +332,13 @@ impl CmId {
         let mut value = timeout;
         // SAFETY: ptr is live; optval points at one u8 as the option requires.
         let rc = unsafe {
-            ffi::rdma_set_option(self.ptr, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, (&mut value as *mut u8).cast(), 1)
+            ffi::rdma_set_option(
+                self.ptr,
+                RDMA_OPTION_ID,
+                RDMA_OPTION_ID_ACK_TIMEOUT,
+                (&mut value as *mut u8).cast(),
+                1,
+            )
         };
         self.check("rdma_set_option(ACK_TIMEOUT)", rc)
     }
@@ -346,7 +410,11 @@ pub struct ConnParam<'a> {
 impl ConnParam<'_> {
     fn as_raw(&self) -> ffi::rdma_conn_param {
         ffi::rdma_conn_param {
-            private_data: if self.private_data.is_empty() { std::ptr::null() } else { self.private_data.as_ptr().cast() },
+            private_data: if self.private_data.is_empty() {
+                std::ptr::null()
+            } else {
+                self.private_data.as_ptr().cast()
+            },
             private_data_len: self.private_data.len().min(u8::MAX as usize) as u8,
             responder_resources: self.responder_resources,
             initiator_depth: self.initiator_depth,
@@ -367,7 +435,9 @@ fn to_sockaddr(addr: SocketAddr) -> libc::sockaddr_storage {
             let sin = libc::sockaddr_in {
                 sin_family: libc::AF_INET as libc::sa_family_t,
                 sin_port: v4.port().to_be(),
-                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(v4.ip().octets()) },
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                },
                 sin_zero: [0; 8],
             };
             // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in.
@@ -378,7 +448,9 @@ fn to_sockaddr(addr: SocketAddr) -> libc::sockaddr_storage {
                 sin6_family: libc::AF_INET6 as libc::sa_family_t,
                 sin6_port: v6.port().to_be(),
                 sin6_flowinfo: v6.flowinfo(),
-                sin6_addr: libc::in6_addr { s6_addr: v6.ip().octets() },
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
                 sin6_scope_id: v6.scope_id(),
             };
             // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in6.
@@ -392,15 +464,25 @@ fn from_sockaddr(sa: &libc::sockaddr_storage) -> Option<SocketAddr> {
     match i32::from(sa.ss_family) {
         libc::AF_INET => {
             // SAFETY: the family says the storage holds a sockaddr_in.
-            let sin = unsafe { &*(sa as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let sin =
+                unsafe { &*(sa as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
             let ip = std::net::Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
-            Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sin.sin_port))))
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(sin.sin_port),
+            )))
         }
         libc::AF_INET6 => {
             // SAFETY: the family says the storage holds a sockaddr_in6.
-            let sin6 = unsafe { &*(sa as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let sin6 =
+                unsafe { &*(sa as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
             let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            Some(SocketAddr::V6(SocketAddrV6::new(ip, u16::from_be(sin6.sin6_port), sin6.sin6_flowinfo, sin6.sin6_scope_id)))
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            )))
         }
         _ => None,
     }
@@ -417,12 +499,17 @@ pub fn interface_index(name: &str) -> Option<u32> {
 
 impl std::fmt::Debug for CmId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CmId").field("local", &self.local_addr()).field("peer", &self.peer_addr()).finish()
+        f.debug_struct("CmId")
+            .field("local", &self.local_addr())
+            .field("peer", &self.peer_addr())
+            .finish()
     }
 }
 
 impl std::fmt::Debug for EventChannel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EventChannel").field("fd", &self.fd()).finish()
+        f.debug_struct("EventChannel")
+            .field("fd", &self.fd())
+            .finish()
     }
 }

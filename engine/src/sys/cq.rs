@@ -25,14 +25,27 @@ impl CompletionQueue {
     pub fn new(ctx: &Arc<Context>, depth: u32) -> Result<Arc<Self>> {
         // SAFETY: ctx is live; no channel and no context pointer are passed.
         let ptr = unsafe {
-            ffi::ibv_create_cq(ctx.as_ptr(), depth as i32, std::ptr::null_mut(), std::ptr::null_mut(), 0)
+            ffi::ibv_create_cq(
+                ctx.as_ptr(),
+                depth as i32,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
         };
         if ptr.is_null() {
-            return Err(Error::CreateCq { depth, source: last_os_error() });
+            return Err(Error::CreateCq {
+                depth,
+                source: last_os_error(),
+            });
         }
         // SAFETY: ptr is a CQ we just created; cqe is the real depth.
         let depth = unsafe { (*ptr).cqe }.max(0) as u32;
-        Ok(Arc::new(CompletionQueue { ptr, depth, _ctx: Arc::clone(ctx) }))
+        Ok(Arc::new(CompletionQueue {
+            ptr,
+            depth,
+            _ctx: Arc::clone(ctx),
+        }))
     }
 
     /// The depth the device actually gave (at least the one asked for).
@@ -119,7 +132,9 @@ impl WorkCompletion {
     pub fn imm(&self) -> Option<u32> {
         if self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
             // SAFETY: with IBV_WC_WITH_IMM the union holds imm_data.
-            Some(u32::from_be(unsafe { self.0.imm_data_invalidated_rkey_union.imm_data }))
+            Some(u32::from_be(unsafe {
+                self.0.imm_data_invalidated_rkey_union.imm_data
+            }))
         } else {
             None
         }
@@ -142,7 +157,12 @@ impl WorkCompletion {
         if self.is_success() {
             Ok(())
         } else {
-            Err(WcError { wr_id: self.wr_id(), opcode: posted, status: self.status(), vendor_err: self.vendor_err() })
+            Err(WcError {
+                wr_id: self.wr_id(),
+                opcode: posted,
+                status: self.status(),
+                vendor_err: self.vendor_err(),
+            })
         }
     }
 }

@@ -18,7 +18,13 @@ pub struct DeviceInfo {
 /// Every RDMA device the kernel exposes through uverbs.
 pub fn list_devices() -> Result<Vec<DeviceInfo>> {
     let list = DeviceList::get()?;
-    Ok(list.iter().map(|dev| DeviceInfo { name: device_name(dev), guid: device_guid(dev) }).collect())
+    Ok(list
+        .iter()
+        .map(|dev| DeviceInfo {
+            name: device_name(dev),
+            guid: device_guid(dev),
+        })
+        .collect())
 }
 
 /// The list from `ibv_get_device_list`, freed on drop.
@@ -41,7 +47,10 @@ impl DeviceList {
                 _ => Err(Error::GetDeviceList(err)),
             };
         }
-        Ok(DeviceList { ptr, len: n.max(0) as usize })
+        Ok(DeviceList {
+            ptr,
+            len: n.max(0) as usize,
+        })
     }
 
     fn iter(&self) -> impl Iterator<Item = *mut ffi::ibv_device> + '_ {
@@ -60,7 +69,9 @@ impl Drop for DeviceList {
 fn device_name(dev: *mut ffi::ibv_device) -> String {
     // SAFETY: dev is a live entry of a device list; its name is a
     // NUL-terminated string inside the device struct.
-    unsafe { CStr::from_ptr(ffi::ibv_get_device_name(dev)) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(ffi::ibv_get_device_name(dev)) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 fn device_guid(dev: *mut ffi::ibv_device) -> u64 {
@@ -89,7 +100,9 @@ unsafe impl Sync for Context {}
 
 impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Context").field("device", &self.name).finish()
+        f.debug_struct("Context")
+            .field("device", &self.name)
+            .finish()
     }
 }
 
@@ -103,10 +116,13 @@ impl Context {
         }
         match name {
             Some(wanted) => {
-                let dev = list.iter().find(|d| device_name(*d) == wanted).ok_or_else(|| Error::DeviceNotFound {
-                    name: wanted.to_owned(),
-                    available: list.iter().map(device_name).collect::<Vec<_>>().join(", "),
-                })?;
+                let dev = list
+                    .iter()
+                    .find(|d| device_name(*d) == wanted)
+                    .ok_or_else(|| Error::DeviceNotFound {
+                        name: wanted.to_owned(),
+                        available: list.iter().map(device_name).collect::<Vec<_>>().join(", "),
+                    })?;
                 Self::open_device(dev)
             }
             None => {
@@ -127,19 +143,35 @@ impl Context {
         // alive; the context stays valid after the list is freed.
         let ptr = unsafe { ffi::ibv_open_device(dev) };
         if ptr.is_null() {
-            return Err(Error::OpenDevice { device: name, source: last_os_error() });
+            return Err(Error::OpenDevice {
+                device: name,
+                source: last_os_error(),
+            });
         }
-        Ok(Arc::new(Context { ptr, name, owned: true, _keepalive: None }))
+        Ok(Arc::new(Context {
+            ptr,
+            name,
+            owned: true,
+            _keepalive: None,
+        }))
     }
 
     /// Wraps a context that librdmacm owns, keeping its owner alive.
-    pub(crate) fn borrowed(ptr: *mut ffi::ibv_context, keepalive: Arc<dyn Send + Sync>) -> Arc<Context> {
+    pub(crate) fn borrowed(
+        ptr: *mut ffi::ibv_context,
+        keepalive: Arc<dyn Send + Sync>,
+    ) -> Arc<Context> {
         // SAFETY: ptr is the live verbs context of a CM id that `keepalive`
         // keeps alive; its device pointer and name are valid meanwhile.
         let name = unsafe { CStr::from_ptr(ffi::ibv_get_device_name((*ptr).device)) }
             .to_string_lossy()
             .into_owned();
-        Arc::new(Context { ptr, name, owned: false, _keepalive: Some(keepalive) })
+        Arc::new(Context {
+            ptr,
+            name,
+            owned: false,
+            _keepalive: Some(keepalive),
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -179,7 +211,10 @@ impl Context {
         // point, which fills a prefix of it (the rest stays zeroed).
         let rc = unsafe { ffi::___ibv_query_port(self.ptr, port, attr.as_mut_ptr()) };
         if rc != 0 {
-            return Err(Error::QueryPort { port, source: crate::error::errno(rc) });
+            return Err(Error::QueryPort {
+                port,
+                source: crate::error::errno(rc),
+            });
         }
         // SAFETY: filled by the query or zero, both valid for this POD struct.
         let a = unsafe { attr.assume_init() };
@@ -199,7 +234,11 @@ impl Context {
         // SAFETY: ptr is a live context and gid a valid out-pointer.
         let rc = unsafe { ffi::ibv_query_gid(self.ptr, port, index as i32, gid.as_mut_ptr()) };
         if rc != 0 {
-            return Err(Error::QueryGid { port, index, source: last_os_error() });
+            return Err(Error::QueryGid {
+                port,
+                index,
+                source: last_os_error(),
+            });
         }
         // SAFETY: every bit pattern of the union is a valid [u8; 16].
         Ok(unsafe { gid.assume_init().raw })

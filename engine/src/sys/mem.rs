@@ -76,14 +76,30 @@ impl Buffer {
         // SAFETY: an anonymous private mapping at a kernel-chosen address
         // aliases nothing; the result is checked before use.
         let ptr = unsafe {
-            libc::mmap(std::ptr::null_mut(), mapped, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                -1,
+                0,
+            )
         };
         if ptr == libc::MAP_FAILED {
             let source = std::io::Error::last_os_error();
-            return Err(Error::Map { len: mapped, hint: map_hint(page, mapped), source });
+            return Err(Error::Map {
+                len: mapped,
+                hint: map_hint(page, mapped),
+                source,
+            });
         }
         let ptr = NonNull::new(ptr.cast::<u8>()).expect("mmap returned NULL without MAP_FIXED");
-        Ok(Buffer { ptr, len, mapped, page })
+        Ok(Buffer {
+            ptr,
+            len,
+            mapped,
+            page,
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -125,7 +141,11 @@ fn map_hint(page: PageSize, mapped: usize) -> String {
     let Some(dir) = page.sysfs_dir() else {
         return "the machine is out of memory or the address space is exhausted".into();
     };
-    let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).ok().map(|s| s.trim().to_owned());
+    let read = |f: &str| {
+        std::fs::read_to_string(format!("{dir}/{f}"))
+            .ok()
+            .map(|s| s.trim().to_owned())
+    };
     let need = mapped / page.bytes();
     match (read("nr_hugepages"), read("free_hugepages")) {
         (Some(total), Some(free)) => format!(
@@ -133,7 +153,10 @@ fn map_hint(page: PageSize, mapped: usize) -> String {
              `echo N | sudo tee {dir}/nr_hugepages` (2 MiB pages: also /proc/sys/vm/nr_hugepages)",
             human(page.bytes())
         ),
-        _ => format!("this kernel has no {} huge pages (no {dir})", human(page.bytes())),
+        _ => format!(
+            "this kernel has no {} huge pages (no {dir})",
+            human(page.bytes())
+        ),
     }
 }
 
@@ -147,7 +170,10 @@ fn human(bytes: usize) -> String {
 
 /// The soft `RLIMIT_MEMLOCK` in bytes (`None` = unlimited).
 pub fn memlock_limit() -> Option<u64> {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: lim is a valid out-pointer.
     let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) };
     if rc != 0 || lim.rlim_cur == libc::RLIM_INFINITY {

@@ -49,11 +49,15 @@ impl fmt::Debug for Access {
 
 impl fmt::Display for Access {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = [(Access::LOCAL_WRITE, "LOCAL_WRITE"), (Access::REMOTE_WRITE, "REMOTE_WRITE"), (Access::REMOTE_READ, "REMOTE_READ")]
-            .into_iter()
-            .filter(|(a, _)| self.contains(*a))
-            .map(|(_, n)| n)
-            .collect();
+        let names: Vec<&str> = [
+            (Access::LOCAL_WRITE, "LOCAL_WRITE"),
+            (Access::REMOTE_WRITE, "REMOTE_WRITE"),
+            (Access::REMOTE_READ, "REMOTE_READ"),
+        ]
+        .into_iter()
+        .filter(|(a, _)| self.contains(*a))
+        .map(|(_, n)| n)
+        .collect();
         if names.is_empty() {
             f.write_str("LOCAL_READ")
         } else {
@@ -81,17 +85,32 @@ unsafe impl Send for MemoryRegion {}
 unsafe impl Sync for MemoryRegion {}
 
 impl MemoryRegion {
-    pub fn register(pd: &Arc<ProtectionDomain>, buf: Buffer, access: Access) -> Result<MemoryRegion> {
+    pub fn register(
+        pd: &Arc<ProtectionDomain>,
+        buf: Buffer,
+        access: Access,
+    ) -> Result<MemoryRegion> {
         let len = buf.len().max(1);
         // SAFETY: buf is a live mapping of at least `len` bytes that this MR
         // owns, so it outlives the registration.
-        let ptr = unsafe { ffi::ibv_reg_mr(pd.as_ptr(), buf.as_ptr().cast(), len, access.bits() as i32) };
+        let ptr =
+            unsafe { ffi::ibv_reg_mr(pd.as_ptr(), buf.as_ptr().cast(), len, access.bits() as i32) };
         if ptr.is_null() {
             let source = last_os_error();
             let hint = reg_mr_hint(&source, len);
-            return Err(Error::RegMr { len, access: access.to_string(), hint, source });
+            return Err(Error::RegMr {
+                len,
+                access: access.to_string(),
+                hint,
+                source,
+            });
         }
-        Ok(MemoryRegion { ptr, buf, access, _pd: Arc::clone(pd) })
+        Ok(MemoryRegion {
+            ptr,
+            buf,
+            access,
+            _pd: Arc::clone(pd),
+        })
     }
 
     pub fn lkey(&self) -> u32 {
@@ -131,19 +150,30 @@ impl MemoryRegion {
     /// The bytes `range` of this region, checked, as a scatter/gather entry.
     pub fn slice(&self, range: Range<usize>) -> Result<LocalSlice> {
         check_range(&range, self.len())?;
-        Ok(LocalSlice { addr: self.addr() + range.start as u64, len: (range.end - range.start) as u32, lkey: self.lkey() })
+        Ok(LocalSlice {
+            addr: self.addr() + range.start as u64,
+            len: (range.end - range.start) as u32,
+            lkey: self.lkey(),
+        })
     }
 
     /// What a peer needs to RDMA into `range` of this region.
     pub fn remote(&self, range: Range<usize>) -> Result<RemoteSlice> {
         check_range(&range, self.len())?;
-        Ok(RemoteSlice { addr: self.addr() + range.start as u64, len: (range.end - range.start) as u64, rkey: self.rkey() })
+        Ok(RemoteSlice {
+            addr: self.addr() + range.start as u64,
+            len: (range.end - range.start) as u64,
+            rkey: self.rkey(),
+        })
     }
 }
 
 fn check_range(range: &Range<usize>, len: usize) -> Result<()> {
     if range.start > range.end || range.end > len || range.end - range.start > u32::MAX as usize {
-        return Err(Error::OutOfRegion { range: format!("{range:?}"), len });
+        return Err(Error::OutOfRegion {
+            range: format!("{range:?}"),
+            len,
+        });
     }
     Ok(())
 }
@@ -215,8 +245,15 @@ impl RemoteSlice {
     /// against what the peer advertised.
     pub fn sub(&self, offset: u64, len: u64) -> Result<RemoteSlice> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(RemoteSlice { addr: self.addr + offset, len, rkey: self.rkey }),
-            _ => Err(Error::OutOfRegion { range: format!("{offset}..{}", offset.saturating_add(len)), len: self.len as usize }),
+            Some(end) if end <= self.len => Ok(RemoteSlice {
+                addr: self.addr + offset,
+                len,
+                rkey: self.rkey,
+            }),
+            _ => Err(Error::OutOfRegion {
+                range: format!("{offset}..{}", offset.saturating_add(len)),
+                len: self.len as usize,
+            }),
         }
     }
 }

@@ -25,7 +25,10 @@ impl ProtectionDomain {
         if ptr.is_null() {
             return Err(Error::AllocPd(last_os_error()));
         }
-        Ok(Arc::new(ProtectionDomain { ptr, ctx: Arc::clone(ctx) }))
+        Ok(Arc::new(ProtectionDomain {
+            ptr,
+            ctx: Arc::clone(ctx),
+        }))
     }
 
     pub fn context(&self) -> &Arc<Context> {

@@ -16,8 +16,10 @@ type Mask = ffi::ibv_qp_attr_mask;
 
 /// The attributes RESET→INIT must carry, and no others (IBTA 11.2.1.2 /
 /// ibv_modify_qp(3) "RESET to INIT: required").
-pub const INIT_MASK: u32 =
-    Mask::IBV_QP_STATE.0 | Mask::IBV_QP_PKEY_INDEX.0 | Mask::IBV_QP_PORT.0 | Mask::IBV_QP_ACCESS_FLAGS.0;
+pub const INIT_MASK: u32 = Mask::IBV_QP_STATE.0
+    | Mask::IBV_QP_PKEY_INDEX.0
+    | Mask::IBV_QP_PORT.0
+    | Mask::IBV_QP_ACCESS_FLAGS.0;
 /// INIT→RTR for RC.
 pub const RTR_MASK: u32 = Mask::IBV_QP_STATE.0
     | Mask::IBV_QP_AV.0
@@ -90,8 +92,14 @@ pub struct SendFlags {
 }
 
 impl SendFlags {
-    pub const SIGNALED: SendFlags = SendFlags { signaled: true, inline: false };
-    pub const UNSIGNALED: SendFlags = SendFlags { signaled: false, inline: false };
+    pub const SIGNALED: SendFlags = SendFlags {
+        signaled: true,
+        inline: false,
+    };
+    pub const UNSIGNALED: SendFlags = SendFlags {
+        signaled: false,
+        inline: false,
+    };
 
     fn bits(self) -> u32 {
         let mut bits = 0;
@@ -132,7 +140,11 @@ pub struct QueuePair {
 // it is not Sync because posting needs exclusive access.
 unsafe impl Send for QueuePair {}
 
-fn init_attr(cfg: &QpConfig, send_cq: &CompletionQueue, recv_cq: &CompletionQueue) -> ffi::ibv_qp_init_attr {
+fn init_attr(
+    cfg: &QpConfig,
+    send_cq: &CompletionQueue,
+    recv_cq: &CompletionQueue,
+) -> ffi::ibv_qp_init_attr {
     ffi::ibv_qp_init_attr {
         qp_context: std::ptr::null_mut(),
         send_cq: send_cq.as_ptr(),
@@ -215,7 +227,14 @@ impl QueuePair {
         let mut attr = MaybeUninit::<ffi::ibv_qp_attr>::zeroed();
         let mut init = MaybeUninit::<ffi::ibv_qp_init_attr>::zeroed();
         // SAFETY: ptr is live and both out-pointers are valid.
-        let rc = unsafe { ffi::ibv_query_qp(self.ptr, attr.as_mut_ptr(), Mask::IBV_QP_STATE.0 as i32, init.as_mut_ptr()) };
+        let rc = unsafe {
+            ffi::ibv_query_qp(
+                self.ptr,
+                attr.as_mut_ptr(),
+                Mask::IBV_QP_STATE.0 as i32,
+                init.as_mut_ptr(),
+            )
+        };
         if rc != 0 {
             return Err(Error::ModifyQp {
                 from: "query",
@@ -229,11 +248,24 @@ impl QueuePair {
         Ok(QpState::from_raw(unsafe { attr.assume_init() }.qp_state))
     }
 
-    fn modify(&mut self, attr: &mut ffi::ibv_qp_attr, mask: u32, from: &'static str, to: &'static str, hint: &'static str) -> Result<()> {
+    fn modify(
+        &mut self,
+        attr: &mut ffi::ibv_qp_attr,
+        mask: u32,
+        from: &'static str,
+        to: &'static str,
+        hint: &'static str,
+    ) -> Result<()> {
         // SAFETY: ptr is live and attr is a fully initialised attribute set.
         let rc = unsafe { ffi::ibv_modify_qp(self.ptr, attr, mask as i32) };
         if rc != 0 {
-            return Err(Error::ModifyQp { from, to, mask, hint, source: crate::error::errno(rc) });
+            return Err(Error::ModifyQp {
+                from,
+                to,
+                mask,
+                hint,
+                source: crate::error::errno(rc),
+            });
         }
         Ok(())
     }
@@ -245,7 +277,13 @@ impl QueuePair {
         attr.pkey_index = 0;
         attr.port_num = port;
         attr.qp_access_flags = access.bits();
-        self.modify(&mut attr, INIT_MASK, "RESET", "INIT", "check the port number and that the QP is in RESET")
+        self.modify(
+            &mut attr,
+            INIT_MASK,
+            "RESET",
+            "INIT",
+            "check the port number and that the QP is in RESET",
+        )
     }
 
     /// INIT→RTR towards `peer`.
@@ -287,7 +325,13 @@ impl QueuePair {
         attr.rnr_retry = cfg.rnr_retry;
         attr.sq_psn = psn;
         attr.max_rd_atomic = cfg.max_rd_atomic;
-        self.modify(&mut attr, RTS_MASK, "RTR", "RTS", "check timeout (1..=31), retry_count (0..=7) and max_rd_atomic against the device")
+        self.modify(
+            &mut attr,
+            RTS_MASK,
+            "RTR",
+            "RTS",
+            "check timeout (1..=31), retry_count (0..=7) and max_rd_atomic against the device",
+        )
     }
 
     /// Moves the QP to ERR, which flushes every posted work request with
@@ -295,7 +339,13 @@ impl QueuePair {
     pub fn to_error(&mut self) -> Result<()> {
         let mut attr = zeroed_attr();
         attr.qp_state = ffi::ibv_qp_state::IBV_QPS_ERR;
-        self.modify(&mut attr, ERR_MASK, "any", "ERR", "the QP may already be destroyed")
+        self.modify(
+            &mut attr,
+            ERR_MASK,
+            "any",
+            "ERR",
+            "the QP may already be destroyed",
+        )
     }
 
     #[inline]
@@ -307,7 +357,10 @@ impl QueuePair {
         // NIC (LOC_PROT_ERR), it is never dereferenced by us.
         let rc = unsafe { ffi::ibv_post_send(self.ptr, wr, &mut bad) };
         if rc != 0 {
-            return Err(Error::PostSend { wr_id: wr.wr_id, source: crate::error::errno(rc) });
+            return Err(Error::PostSend {
+                wr_id: wr.wr_id,
+                source: crate::error::errno(rc),
+            });
         }
         Ok(())
     }
@@ -322,31 +375,72 @@ impl QueuePair {
     /// SEND `data`, copied into the work request at post time.
     pub fn post_send_inline(&mut self, wr_id: u64, data: &[u8], signaled: bool) -> Result<()> {
         let mut sge = self.inline_sge(data)?;
-        let mut wr = send_wr(wr_id, ffi::ibv_wr_opcode::IBV_WR_SEND, &mut sge, SendFlags { signaled, inline: true });
+        let mut wr = send_wr(
+            wr_id,
+            ffi::ibv_wr_opcode::IBV_WR_SEND,
+            &mut sge,
+            SendFlags {
+                signaled,
+                inline: true,
+            },
+        );
         self.post_one(&mut wr)
     }
 
     /// RDMA WRITE `local` to `remote`; with `imm`, WRITE_WITH_IMM, which
     /// also consumes one receive at the peer.
-    pub fn post_write(&mut self, wr_id: u64, local: LocalSlice, remote: RemoteSlice, imm: Option<u32>, flags: SendFlags) -> Result<()> {
+    pub fn post_write(
+        &mut self,
+        wr_id: u64,
+        local: LocalSlice,
+        remote: RemoteSlice,
+        imm: Option<u32>,
+        flags: SendFlags,
+    ) -> Result<()> {
         let mut sge = sge(local);
         self.post_rdma(wr_id, &mut sge, remote, imm, flags)
     }
 
     /// RDMA WRITE (with optional immediate) of `data`, copied inline.
-    pub fn post_write_inline(&mut self, wr_id: u64, data: &[u8], remote: RemoteSlice, imm: Option<u32>, signaled: bool) -> Result<()> {
+    pub fn post_write_inline(
+        &mut self,
+        wr_id: u64,
+        data: &[u8],
+        remote: RemoteSlice,
+        imm: Option<u32>,
+        signaled: bool,
+    ) -> Result<()> {
         let mut sge = self.inline_sge(data)?;
-        self.post_rdma(wr_id, &mut sge, remote, imm, SendFlags { signaled, inline: true })
+        self.post_rdma(
+            wr_id,
+            &mut sge,
+            remote,
+            imm,
+            SendFlags {
+                signaled,
+                inline: true,
+            },
+        )
     }
 
-    fn post_rdma(&mut self, wr_id: u64, sge: &mut ffi::ibv_sge, remote: RemoteSlice, imm: Option<u32>, flags: SendFlags) -> Result<()> {
+    fn post_rdma(
+        &mut self,
+        wr_id: u64,
+        sge: &mut ffi::ibv_sge,
+        remote: RemoteSlice,
+        imm: Option<u32>,
+        flags: SendFlags,
+    ) -> Result<()> {
         let opcode = if imm.is_some() {
             ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM
         } else {
             ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE
         };
         let mut wr = send_wr(wr_id, opcode, sge, flags);
-        wr.wr.rdma = ffi::rdma_t { remote_addr: remote.addr, rkey: remote.rkey };
+        wr.wr.rdma = ffi::rdma_t {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+        };
         if let Some(imm) = imm {
             wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
         }
@@ -354,10 +448,27 @@ impl QueuePair {
     }
 
     /// RDMA READ `remote` into `local` (which must allow LOCAL_WRITE).
-    pub fn post_read(&mut self, wr_id: u64, local: LocalSlice, remote: RemoteSlice, signaled: bool) -> Result<()> {
+    pub fn post_read(
+        &mut self,
+        wr_id: u64,
+        local: LocalSlice,
+        remote: RemoteSlice,
+        signaled: bool,
+    ) -> Result<()> {
         let mut sge = sge(local);
-        let mut wr = send_wr(wr_id, ffi::ibv_wr_opcode::IBV_WR_RDMA_READ, &mut sge, SendFlags { signaled, inline: false });
-        wr.wr.rdma = ffi::rdma_t { remote_addr: remote.addr, rkey: remote.rkey };
+        let mut wr = send_wr(
+            wr_id,
+            ffi::ibv_wr_opcode::IBV_WR_RDMA_READ,
+            &mut sge,
+            SendFlags {
+                signaled,
+                inline: false,
+            },
+        );
+        wr.wr.rdma = ffi::rdma_t {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+        };
         self.post_one(&mut wr)
     }
 
@@ -376,7 +487,10 @@ impl QueuePair {
         // provider copies them into the receive queue.
         let rc = unsafe { ffi::ibv_post_recv(self.ptr, &mut wr, &mut bad) };
         if rc != 0 {
-            return Err(Error::PostRecv { wr_id, source: crate::error::errno(rc) });
+            return Err(Error::PostRecv {
+                wr_id,
+                source: crate::error::errno(rc),
+            });
         }
         Ok(())
     }
@@ -390,7 +504,11 @@ impl QueuePair {
             )));
         }
         // lkey is ignored for inline data: the CPU copies the bytes at post.
-        Ok(ffi::ibv_sge { addr: data.as_ptr() as u64, length: data.len() as u32, lkey: 0 })
+        Ok(ffi::ibv_sge {
+            addr: data.as_ptr() as u64,
+            length: data.len() as u32,
+            lkey: 0,
+        })
     }
 }
 
@@ -421,7 +539,11 @@ fn zeroed_attr() -> ffi::ibv_qp_attr {
 
 #[inline]
 fn sge(local: LocalSlice) -> ffi::ibv_sge {
-    ffi::ibv_sge { addr: local.addr, length: local.len, lkey: local.lkey }
+    ffi::ibv_sge {
+        addr: local.addr,
+        length: local.len,
+        lkey: local.lkey,
+    }
 }
 
 #[inline]
@@ -459,7 +581,15 @@ mod tests {
     /// is the classic EINVAL.
     #[test]
     fn transition_masks_are_exactly_the_required_sets() {
-        assert_eq!(INIT_MASK, bits(&[Mask::IBV_QP_STATE, Mask::IBV_QP_PKEY_INDEX, Mask::IBV_QP_PORT, Mask::IBV_QP_ACCESS_FLAGS]));
+        assert_eq!(
+            INIT_MASK,
+            bits(&[
+                Mask::IBV_QP_STATE,
+                Mask::IBV_QP_PKEY_INDEX,
+                Mask::IBV_QP_PORT,
+                Mask::IBV_QP_ACCESS_FLAGS
+            ])
+        );
         assert_eq!(
             RTR_MASK,
             bits(&[
@@ -491,7 +621,17 @@ mod tests {
     #[test]
     fn send_flags_map_to_verbs_bits() {
         assert_eq!(SendFlags::UNSIGNALED.bits(), 0);
-        assert_eq!(SendFlags::SIGNALED.bits(), ffi::ibv_send_flags::IBV_SEND_SIGNALED.0);
-        assert_eq!(SendFlags { signaled: true, inline: true }.bits(), 2 | 8);
+        assert_eq!(
+            SendFlags::SIGNALED.bits(),
+            ffi::ibv_send_flags::IBV_SEND_SIGNALED.0
+        );
+        assert_eq!(
+            SendFlags {
+                signaled: true,
+                inline: true
+            }
+            .bits(),
+            2 | 8
+        );
     }
 }

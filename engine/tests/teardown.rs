@@ -1,0 +1,140 @@
+//! Teardown after a set-up step fails half-way leaks nothing: the kernel's
+//! own resource counts (`rdma resource show`) and this process's open file
+//! descriptors return to where they started.
+//!
+//! Its own test binary, so nothing else in this process holds verbs
+//! resources while it counts; the one test inside runs the cases in order.
+
+mod common;
+
+use std::net::SocketAddr;
+
+use common::*;
+use pinpoll::connect::cm::{Connector, Listener};
+use pinpoll::connect::oob::Prepared;
+use pinpoll::sys::device::Context;
+use pinpoll::sys::mem::Buffer;
+use pinpoll::sys::mr::MemoryRegion;
+use pinpoll::sys::pd::ProtectionDomain;
+use pinpoll::{Access, Error, PageSize, QpConfig};
+
+/// (pd, cq, qp, cm_id, mr, ctx) of `device`, as the kernel counts them.
+fn kernel_counts(device: &str) -> [u64; 6] {
+    let out = std::process::Command::new("rdma")
+        .args(["-j", "resource", "show"])
+        .output()
+        .expect("run `rdma -j resource show` (iproute2)");
+    assert!(
+        out.status.success(),
+        "rdma resource show failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).expect("rdma -j prints JSON");
+    let dev = all
+        .as_array()
+        .and_then(|a| a.iter().find(|d| d["ifname"] == device))
+        .unwrap_or_else(|| panic!("{device} not in {all}"));
+    ["pd", "cq", "qp", "cm_id", "mr", "ctx"]
+        .map(|k| dev[k].as_u64().unwrap_or_else(|| panic!("no {k} in {dev}")))
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .count()
+}
+
+fn assert_released(device: &str, case: &str, before: ([u64; 6], usize)) {
+    assert_eq!(
+        kernel_counts(device),
+        before.0,
+        "{case}: verbs resources (pd, cq, qp, cm_id, mr, ctx) leaked"
+    );
+    assert_eq!(open_fds(), before.1, "{case}: file descriptors leaked");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn failed_setups_release_everything_they_created() {
+    let dev = device();
+    // Warm up librdmacm's and libibverbs' process-wide state (device list,
+    // cached contexts) so that what follows is measured against it.
+    {
+        let listener = Listener::bind(cm_addr()).unwrap();
+        drop(listener);
+        drop(Context::open(Some(&dev)).unwrap());
+    }
+    let baseline = (kernel_counts(&dev), open_fds());
+
+    // 1. Context, PD, CQs and QP exist, then registration fails
+    //    (REMOTE_WRITE without LOCAL_WRITE is EINVAL).
+    for _ in 0..20 {
+        let mut prepared = Prepared::new(Some(&dev), &config(), Access::REMOTE_WRITE).unwrap();
+        let err = prepared
+            .endpoint()
+            .register(4096, PageSize::Base, Access::REMOTE_WRITE)
+            .unwrap_err();
+        assert!(matches!(err, Error::RegMr { .. }), "{err}");
+        assert!(
+            err.to_string().contains("REMOTE_WRITE needs LOCAL_WRITE"),
+            "{err}"
+        );
+    }
+    assert_released(&dev, "failed registration", baseline);
+
+    // 2. QP creation fails after the PD and CQs exist (more WRs than the
+    //    device allows).
+    let limit = Context::open(Some(&dev))
+        .unwrap()
+        .query_device()
+        .unwrap()
+        .max_qp_wr;
+    if limit < 1 << 16 {
+        for _ in 0..20 {
+            let cfg = QpConfig {
+                max_send_wr: limit + 1,
+                ..config()
+            };
+            let err = Prepared::new(Some(&dev), &cfg, Access::REMOTE_WRITE).unwrap_err();
+            assert!(matches!(err, Error::CreateQp { .. }), "{err}");
+        }
+        assert_released(&dev, "failed QP creation", baseline);
+    }
+
+    // 3. rdma_cm: address and route resolved, endpoint built, then the
+    //    connect is rejected because nobody listens on that port.
+    for _ in 0..10 {
+        let mut addr: SocketAddr = cm_addr();
+        addr.set_port(1); // nothing listens on port 1
+        let conn = Connector::resolve(addr, &config()).unwrap();
+        let err = conn.connect(&[]).unwrap_err();
+        assert!(
+            matches!(err, Error::Rejected { .. } | Error::CmEvent { .. }),
+            "{err}"
+        );
+    }
+    assert_released(&dev, "rejected connect", baseline);
+
+    // 4. A full connection, used, then dropped with memory still registered.
+    for method in [Method::Cm, Method::Oob] {
+        let (client, server) = pair(method);
+        drop(client);
+        drop(server);
+        assert_released(&dev, &format!("connected pair ({method:?})"), baseline);
+    }
+
+    // 5. The parent dropped before its child: the child's Arc keeps it.
+    let ctx = Context::open(Some(&dev)).unwrap();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    drop(ctx);
+    let mr = MemoryRegion::register(
+        &pd,
+        Buffer::new(8192, PageSize::Base).unwrap(),
+        Access::LOCAL_WRITE,
+    )
+    .unwrap();
+    drop(pd);
+    assert_eq!(mr.len(), 8192);
+    drop(mr);
+    assert_released(&dev, "child outliving its parent handle", baseline);
+}
