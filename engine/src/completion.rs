@@ -140,7 +140,7 @@ impl fmt::Display for WcOpcode {
 /// The opcode of an error completion is undefined by the verbs spec (only
 /// `wr_id`, `status`, `vendor_err` and `qp_num` are valid), so `opcode` is
 /// the one the engine posted, when the engine knows it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("work request {wr_id} ({}) failed: {status}{}", opcode.map_or("opcode unknown", WcOpcode::name), hint_suffix(*status))]
 pub struct WcError {
     pub wr_id: u64,

@@ -126,6 +126,11 @@ impl Endpoint {
         &self.port_attr
     }
 
+    /// Inline bytes the QP accepts per work request.
+    pub fn max_inline(&self) -> u32 {
+        self.qp.max_inline()
+    }
+
     pub fn state(&self) -> Result<QpState> {
         self.qp.state()
     }

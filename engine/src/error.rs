@@ -83,6 +83,8 @@ pub enum Error {
     PollCq(#[source] io::Error),
     #[error("{0}")]
     Completion(#[from] WcError),
+    #[error("{what} is full; poll completions (Connection::poll / reap) and retry")]
+    Full { what: &'static str },
     #[error("{range} is outside the memory region of {len} bytes")]
     OutOfRegion { range: String, len: usize },
     #[error("rdma_cm: {op} failed")]

@@ -14,15 +14,19 @@
 pub mod completion;
 pub mod config;
 pub mod connect;
+pub mod datapath;
 pub mod endpoint;
 pub mod error;
 pub mod gid;
+pub mod profile;
 pub mod sys;
 
 pub use completion::{WcError, WcOpcode, WcStatus};
 pub use config::QpConfig;
+pub use datapath::{Batch, Connection, Event};
 pub use endpoint::Endpoint;
 pub use error::{Error, Result};
+pub use profile::{EngineConfig, IdlePolicy};
 pub use sys::mem::{Buffer, PageSize};
 pub use sys::mr::{Access, LocalSlice, MemoryRegion, RemoteSlice};
 pub use sys::qp::SendFlags;

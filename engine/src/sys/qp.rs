@@ -101,7 +101,7 @@ impl SendFlags {
         inline: false,
     };
 
-    fn bits(self) -> u32 {
+    pub(crate) fn bits(self) -> u32 {
         let mut bits = 0;
         if self.signaled {
             bits |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
@@ -211,6 +211,10 @@ impl QueuePair {
             _recv_cq: Arc::clone(recv_cq),
             _pd: Arc::clone(pd),
         })
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_qp {
+        self.ptr
     }
 
     pub fn qp_num(&self) -> u32 {

@@ -1,0 +1,837 @@
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use super::ring::{RingCursor, SlotLayout};
+use super::sq::SendQueueAccount;
+use crate::completion::{WcError, WcOpcode, WcStatus};
+use crate::connect::cm::{Connector, Listener};
+use crate::connect::oob::Prepared;
+use crate::connect::RegionDescriptor;
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Result};
+use crate::profile::EngineConfig;
+use crate::sys::chain::{Payload, RecvChain, SendChain, SendOpcode, SendRequest};
+use crate::sys::cq::WorkCompletion;
+use crate::sys::mr::{Access, MemoryRegion, RemoteSlice};
+
+/// Completions taken from a CQ per poll.
+const POLL_BATCH: usize = 32;
+/// Polls between two reads of the clock in a bounded wait.
+const SPINS_PER_CLOCK_CHECK: u32 = 64;
+
+/// The registered rings of one connection, created (and all receives
+/// posted) before the peer can send.
+#[derive(Debug)]
+pub struct Rings {
+    /// Payloads above the inline threshold are copied here; the NIC reads it.
+    send: MemoryRegion,
+    /// SEND payloads arrive here, one slot per posted receive.
+    recv: MemoryRegion,
+    /// The peer RDMA-writes (and reads) here; its descriptor goes to the peer.
+    target: MemoryRegion,
+    /// RDMA READ results land here.
+    read: MemoryRegion,
+    layout: SlotLayout,
+    recv_layout: SlotLayout,
+    recv_chain: RecvChain,
+    recv_posted: u64,
+}
+
+impl Rings {
+    /// Registers the four rings on `ep`'s PD with the least access each
+    /// needs, and posts a receive for every receive slot. The target ring
+    /// allows the peer `remote_access` (REMOTE_WRITE and/or REMOTE_READ).
+    pub fn prepare(ep: &mut Endpoint, cfg: &EngineConfig, remote_access: Access) -> Result<Rings> {
+        cfg.validate()?;
+        let layout = SlotLayout::new(cfg.slot_size as usize, cfg.slot_count as usize);
+        let recv_layout = SlotLayout::new(cfg.slot_size as usize, cfg.qp.max_recv_wr as usize);
+        let send = ep.register(layout.bytes(), cfg.pages, Access::LOCAL_READ)?;
+        let recv = ep.register(recv_layout.bytes(), cfg.pages, Access::LOCAL_WRITE)?;
+        let target = ep.register(
+            layout.bytes(),
+            cfg.pages,
+            Access::LOCAL_WRITE | remote_access,
+        )?;
+        let read = ep.register(layout.bytes(), cfg.pages, Access::LOCAL_WRITE)?;
+        let mut rings = Rings {
+            send,
+            recv,
+            target,
+            read,
+            layout,
+            recv_layout,
+            recv_chain: RecvChain::new(cfg.batch_size.max(1) as usize),
+            recv_posted: 0,
+        };
+        rings.refill(ep, 0)?;
+        Ok(rings)
+    }
+
+    /// The target ring, as the peer must address it.
+    pub fn descriptor(&self) -> RemoteSlice {
+        RemoteSlice {
+            addr: self.target.addr(),
+            len: self.target.len() as u64,
+            rkey: self.target.rkey(),
+        }
+    }
+
+    /// Posts receives until `depth` are outstanding past `recv_done`, in
+    /// batches of the chain's capacity.
+    #[inline]
+    fn refill(&mut self, ep: &mut Endpoint, recv_done: u64) -> Result<()> {
+        let depth = self.recv_layout.count() as u64;
+        while self.recv_posted - recv_done < depth {
+            let want =
+                (depth - (self.recv_posted - recv_done)).min(self.recv_chain.capacity() as u64);
+            let (layout, recv, first) = (self.recv_layout, &self.recv, self.recv_posted);
+            let items = (first..first + want).map(|pos| {
+                let range = layout.range(layout.slot(pos), layout.size());
+                (
+                    pos,
+                    Some(
+                        recv.slice(range)
+                            .expect("receive slot inside the receive ring"),
+                    ),
+                )
+            });
+            let n = self.recv_chain.post(ep.qp(), items)?;
+            self.recv_posted += n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// What a send-queue work request was, kept until it retires.
+#[derive(Debug, Clone, Copy, Default)]
+struct OpMeta {
+    opcode: Option<WcOpcode>,
+    signaled: bool,
+    send_slot: bool,
+    read_slot: bool,
+    read_len: u32,
+}
+
+/// Counters of everything that completed, for accounting and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Send-queue work requests posted.
+    pub posted: u64,
+    /// Retired successfully (signaled or covered by a later signal).
+    pub completed: u64,
+    /// Completed with an error other than a flush (at most one per QP).
+    pub failed: u64,
+    /// Flushed after the failure.
+    pub flushed: u64,
+    /// Messages and immediates received.
+    pub received: u64,
+    /// Receives flushed after the failure.
+    pub recv_flushed: u64,
+    /// Doorbells rung (ibv_post_send calls).
+    pub doorbells: u64,
+}
+
+/// Something that happened on the connection, lent to a callback.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// A SEND arrived; `data` lives in the receive ring until the callback returns.
+    Received { data: &'a [u8] },
+    /// A WRITE_WITH_IMM arrived: `len` bytes landed in the target ring.
+    WriteImm { imm: u32, len: u32 },
+    /// A signaled request completed (and every request before it).
+    Completed { seq: u64, opcode: WcOpcode },
+    /// A READ completed with `data`.
+    ReadCompleted { seq: u64, data: &'a [u8] },
+    /// The first error on this connection; the QP is now in error.
+    Failed(WcError),
+    /// A send request flushed because of the earlier failure.
+    Flushed { seq: u64, opcode: Option<WcOpcode> },
+    /// A posted receive flushed because of the earlier failure.
+    RecvFlushed,
+}
+
+/// A message or immediate taken by [`Connection::recv`]; its receive slot
+/// is re-posted after this borrow ends.
+#[derive(Debug, Clone, Copy)]
+pub struct Incoming<'a> {
+    /// The SEND's payload (empty for WRITE_WITH_IMM).
+    pub data: &'a [u8],
+    /// The immediate of a WRITE_WITH_IMM.
+    pub imm: Option<u32>,
+    /// Bytes transferred (for WRITE_WITH_IMM: bytes written to the target ring).
+    pub len: u32,
+}
+
+/// A connected queue pair with its rings, pre-built chains and accounting:
+/// the direct-mode fast path. The owning thread posts and polls; nothing
+/// here allocates after construction.
+#[derive(Debug)]
+pub struct Connection {
+    ep: Endpoint,
+    rings: Rings,
+    peer: RemoteSlice,
+    chain: SendChain,
+    sq: SendQueueAccount,
+    meta: Box<[OpMeta]>,
+    send_cursor: RingCursor,
+    read_cursor: RingCursor,
+    recv_done: u64,
+    inline_threshold: usize,
+    batch_size: usize,
+    completion_timeout: Duration,
+    failure: Option<WcError>,
+    stats: Stats,
+    wcs: [WorkCompletion; POLL_BATCH],
+}
+
+impl Connection {
+    /// Builds the fast path over a connected endpoint whose rings were
+    /// prepared before connecting. `peer` is the peer's target ring.
+    pub fn new(
+        ep: Endpoint,
+        rings: Rings,
+        peer: RemoteSlice,
+        cfg: &EngineConfig,
+    ) -> Result<Connection> {
+        let depth = cfg.qp.max_send_wr;
+        let inline_threshold = cfg.inline_threshold.min(ep.max_inline()) as usize;
+        Ok(Connection {
+            chain: SendChain::new(cfg.batch_size as usize),
+            sq: SendQueueAccount::new(depth, cfg.signal_interval),
+            meta: vec![OpMeta::default(); depth as usize].into_boxed_slice(),
+            send_cursor: RingCursor::default(),
+            read_cursor: RingCursor::default(),
+            recv_done: 0,
+            inline_threshold,
+            batch_size: cfg.batch_size as usize,
+            completion_timeout: cfg.completion_timeout,
+            failure: None,
+            stats: Stats::default(),
+            wcs: WorkCompletion::array(),
+            ep,
+            rings,
+            peer,
+        })
+    }
+
+    /// Client side over rdma_cm: the rings' descriptors travel in the
+    /// connect request's and reply's private data.
+    pub fn connect(addr: SocketAddr, cfg: &EngineConfig) -> Result<Connection> {
+        cfg.validate()?;
+        let mut conn = Connector::resolve(addr, &cfg.qp)?;
+        let rings = Rings::prepare(
+            conn.endpoint(),
+            cfg,
+            Access::REMOTE_WRITE | Access::REMOTE_READ,
+        )?;
+        let ep = conn.connect(&RegionDescriptor(rings.descriptor()).encode())?;
+        let peer = RegionDescriptor::decode(ep.peer_private_data())?.0;
+        Connection::new(ep, rings, peer, cfg)
+    }
+
+    /// Server side over rdma_cm: waits for the next client.
+    pub fn accept(
+        listener: &Listener,
+        cfg: &EngineConfig,
+        timeout: Duration,
+    ) -> Result<Connection> {
+        cfg.validate()?;
+        let mut req = listener.next_request(&cfg.qp, timeout)?;
+        let peer = RegionDescriptor::decode(req.private_data())?.0;
+        let rings = Rings::prepare(
+            req.endpoint(),
+            cfg,
+            Access::REMOTE_WRITE | Access::REMOTE_READ,
+        )?;
+        let ep = req.accept(&RegionDescriptor(rings.descriptor()).encode())?;
+        Connection::new(ep, rings, peer, cfg)
+    }
+
+    /// Either side of an out-of-band TCP exchange (symmetric).
+    pub fn over_tcp(
+        stream: &mut TcpStream,
+        device: Option<&str>,
+        cfg: &EngineConfig,
+    ) -> Result<Connection> {
+        cfg.validate()?;
+        let mut prepared =
+            Prepared::new(device, &cfg.qp, Access::REMOTE_WRITE | Access::REMOTE_READ)?;
+        let rings = Rings::prepare(
+            prepared.endpoint(),
+            cfg,
+            Access::REMOTE_WRITE | Access::REMOTE_READ,
+        )?;
+        let ep = prepared.handshake(stream, Some(rings.descriptor()))?;
+        let peer = ep
+            .remote_region()
+            .ok_or_else(|| Error::BadRecord("the peer exposed no target ring".into()))?;
+        Connection::new(ep, rings, peer, cfg)
+    }
+
+    pub fn endpoint(&mut self) -> &mut Endpoint {
+        &mut self.ep
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// The first error completion, once one happened.
+    pub fn failure(&self) -> Option<&WcError> {
+        self.failure.as_ref()
+    }
+
+    /// Changes the bound on every completion wait.
+    pub fn set_completion_timeout(&mut self, timeout: Duration) {
+        self.completion_timeout = timeout;
+    }
+
+    /// Largest payload that is posted inline.
+    pub fn inline_threshold(&self) -> usize {
+        self.inline_threshold
+    }
+
+    /// Bytes per ring slot: the largest single operation.
+    pub fn slot_size(&self) -> usize {
+        self.rings.layout.size()
+    }
+
+    /// The peer's target ring.
+    pub fn peer_ring(&self) -> RemoteSlice {
+        self.peer
+    }
+
+    /// This side's target ring, which the peer writes into. Read it only
+    /// after the peer said (by message or immediate) that the bytes are there.
+    pub fn target(&self) -> &[u8] {
+        self.rings.target.as_slice()
+    }
+
+    /// Write access to this side's target ring, e.g. to publish data the
+    /// peer will RDMA READ.
+    pub fn target_mut(&mut self) -> &mut [u8] {
+        self.rings.target.as_mut_slice()
+    }
+
+    /// Send-queue requests admitted and not yet retired.
+    pub fn outstanding(&self) -> u64 {
+        self.sq.outstanding()
+    }
+
+    /// Whether request `seq` has retired (successfully or not).
+    pub fn is_retired(&self, seq: u64) -> bool {
+        seq < self.sq.retired()
+    }
+
+    /// Starts a batch: up to `batch_size` requests, one doorbell.
+    #[inline]
+    pub fn batch<'d>(&mut self) -> Batch<'_, 'd> {
+        let mark = (self.sq.posted(), self.send_cursor, self.read_cursor);
+        Batch {
+            sends: Some(self.chain.batch(self.ep.qp())),
+            sq: &mut self.sq,
+            meta: &mut self.meta,
+            send_cursor: &mut self.send_cursor,
+            read_cursor: &mut self.read_cursor,
+            send_ring: &mut self.rings.send,
+            read_ring: &self.rings.read,
+            layout: self.rings.layout,
+            peer: self.peer,
+            inline_threshold: self.inline_threshold,
+            failure: self.failure.as_ref(),
+            stats: &mut self.stats,
+            mark,
+            force_signal: false,
+        }
+    }
+
+    /// SEND `data` in a batch of one, reaping completions first when the
+    /// send queue or ring is short of room. Returns its sequence number.
+    #[inline]
+    pub fn send(&mut self, data: &[u8]) -> Result<u64> {
+        self.make_room()?;
+        let mut b = self.batch();
+        let seq = b.send(data)?;
+        b.post()?;
+        Ok(seq)
+    }
+
+    /// RDMA WRITE `data` to `remote_offset` of the peer's target ring, with
+    /// an optional immediate (which consumes a receive at the peer).
+    #[inline]
+    pub fn write(&mut self, data: &[u8], remote_offset: u64, imm: Option<u32>) -> Result<u64> {
+        self.make_room()?;
+        let mut b = self.batch();
+        let seq = b.write(data, remote_offset, imm)?;
+        b.post()?;
+        Ok(seq)
+    }
+
+    /// RDMA READ `len` bytes at `remote_offset` of the peer's target ring,
+    /// waiting for the data.
+    #[inline]
+    pub fn read(&mut self, remote_offset: u64, len: usize) -> Result<&[u8]> {
+        self.make_room()?;
+        let pos = self.read_cursor.head;
+        let mut b = self.batch();
+        let seq = b.read(remote_offset, len)?;
+        b.post()?;
+        self.wait_retired(seq)?;
+        // The slot was released at retirement, but only a later READ —
+        // which needs `&mut self` — can overwrite it while this borrow lives.
+        let slot = self.rings.layout.slot(pos);
+        Ok(&self.rings.read.as_slice()[self.rings.layout.range(slot, len)])
+    }
+
+    /// Reaps send completions while less than a batch of room is left.
+    #[inline]
+    fn make_room(&mut self) -> Result<()> {
+        let deadline = Instant::now() + self.completion_timeout;
+        let mut spins = 0u32;
+        while self.sq.room() < self.batch_size as u64
+            || self.send_cursor.in_use() as usize + self.batch_size > self.rings.layout.count()
+            || self.read_cursor.in_use() as usize + self.batch_size > self.rings.layout.count()
+        {
+            if self.reap()? == 0 {
+                spins += 1;
+                if spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) && Instant::now() >= deadline {
+                    return Err(Error::Timeout {
+                        what: "send-queue room",
+                        waited: self.completion_timeout,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Polls the send CQ once for bookkeeping only (retire, free slots);
+    /// completion events are dropped, an error is returned.
+    #[inline]
+    pub fn reap(&mut self) -> Result<usize> {
+        let mut failure = None;
+        let n = self.poll_send(&mut |ev| {
+            if let Event::Failed(e) = ev {
+                failure = Some(e);
+            }
+        })?;
+        match failure {
+            Some(e) => Err(Error::Completion(e)),
+            None => Ok(n),
+        }
+    }
+
+    /// Polls until request `seq` retires, or the connection fails, or the
+    /// completion timeout passes. `seq` (or a later request) must be signaled.
+    pub fn wait_retired(&mut self, seq: u64) -> Result<()> {
+        let deadline = Instant::now() + self.completion_timeout;
+        let start = Instant::now();
+        let mut spins = 0u32;
+        while !self.is_retired(seq) {
+            if let Some(f) = self.failure {
+                return Err(Error::Completion(f));
+            }
+            self.reap()?;
+            spins += 1;
+            if spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) && Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: "a send completion",
+                    waited: start.elapsed(),
+                });
+            }
+            std::hint::spin_loop();
+        }
+        Ok(())
+    }
+
+    /// Polls both completion queues once and hands every event to `on`.
+    /// Returns how many completions were taken.
+    #[inline]
+    pub fn poll(&mut self, mut on: impl FnMut(Event<'_>)) -> Result<usize> {
+        let sent = self.poll_send(&mut on)?;
+        let recvd = self.poll_recv(&mut on)?;
+        Ok(sent + recvd)
+    }
+
+    #[inline]
+    fn poll_send(&mut self, on: &mut impl FnMut(Event<'_>)) -> Result<usize> {
+        let wcs = self.ep_send_poll()?;
+        for i in 0..wcs {
+            let (seq, status, vendor_err) = {
+                let wc = &self.wcs[i];
+                (wc.wr_id(), wc.status(), wc.vendor_err())
+            };
+            let range = self.sq.retire_through(seq);
+            for s in range {
+                let meta = self.meta[(s % self.meta.len() as u64) as usize];
+                if meta.send_slot {
+                    self.send_cursor.release(1);
+                }
+                let read_pos = if meta.read_slot {
+                    let pos = self.read_cursor.tail;
+                    self.read_cursor.release(1);
+                    Some(pos)
+                } else {
+                    None
+                };
+                let ok = status.is_success() || (s < seq && self.failure.is_none());
+                if ok {
+                    self.stats.completed += 1;
+                    if s == seq && meta.signaled {
+                        match read_pos {
+                            Some(pos) => {
+                                let layout = self.rings.layout;
+                                let range = layout.range(layout.slot(pos), meta.read_len as usize);
+                                on(Event::ReadCompleted {
+                                    seq,
+                                    data: &self.rings.read.as_slice()[range],
+                                });
+                            }
+                            None => on(Event::Completed {
+                                seq,
+                                opcode: meta.opcode.unwrap_or(WcOpcode::SEND),
+                            }),
+                        }
+                    }
+                } else if self.failure.is_none() && s == seq {
+                    let err = WcError {
+                        wr_id: seq,
+                        opcode: meta.opcode,
+                        status,
+                        vendor_err,
+                    };
+                    self.failure = Some(err);
+                    self.stats.failed += 1;
+                    on(Event::Failed(err));
+                } else {
+                    // After the failure every request completes, flushed.
+                    self.stats.flushed += 1;
+                    on(Event::Flushed {
+                        seq: s,
+                        opcode: meta.opcode,
+                    });
+                }
+            }
+        }
+        Ok(wcs)
+    }
+
+    #[inline]
+    fn ep_send_poll(&mut self) -> Result<usize> {
+        Ok(self.ep.poll_send(&mut self.wcs)?.len())
+    }
+
+    #[inline]
+    fn poll_recv(&mut self, on: &mut impl FnMut(Event<'_>)) -> Result<usize> {
+        let n = self.ep.poll_recv(&mut self.wcs)?.len();
+        for i in 0..n {
+            let wc = &self.wcs[i];
+            let layout = self.rings.recv_layout;
+            self.recv_done += 1;
+            if wc.is_success() {
+                self.stats.received += 1;
+                match wc.imm() {
+                    Some(imm) if wc.opcode() == WcOpcode::RECV_RDMA_WITH_IMM => {
+                        on(Event::WriteImm {
+                            imm,
+                            len: wc.byte_len(),
+                        })
+                    }
+                    _ => {
+                        let range = layout.range(layout.slot(wc.wr_id()), wc.byte_len() as usize);
+                        on(Event::Received {
+                            data: &self.rings.recv.as_slice()[range],
+                        });
+                    }
+                }
+            } else if wc.status() == WcStatus::WR_FLUSH_ERR || self.failure.is_some() {
+                self.stats.recv_flushed += 1;
+                on(Event::RecvFlushed);
+            } else {
+                let err = WcError {
+                    wr_id: wc.wr_id(),
+                    opcode: Some(WcOpcode::RECV),
+                    status: wc.status(),
+                    vendor_err: wc.vendor_err(),
+                };
+                self.failure = Some(err);
+                self.stats.failed += 1;
+                on(Event::Failed(err));
+            }
+        }
+        if n > 0 && self.failure.is_none() {
+            self.rings.refill(&mut self.ep, self.recv_done)?;
+        }
+        Ok(n)
+    }
+
+    /// Waits for the next SEND or WRITE_WITH_IMM, up to the completion
+    /// timeout. Reaps send completions meanwhile (bookkeeping only).
+    #[inline]
+    pub fn recv(&mut self) -> Result<Incoming<'_>> {
+        // Re-post what earlier calls consumed before waiting for more.
+        if self.failure.is_none()
+            && self.rings.recv_posted - self.recv_done < self.rings.recv_layout.count() as u64
+        {
+            self.rings.refill(&mut self.ep, self.recv_done)?;
+        }
+        let start = Instant::now();
+        let deadline = start + self.completion_timeout;
+        let mut spins = 0u32;
+        loop {
+            if let Some(f) = self.failure {
+                return Err(Error::Completion(f));
+            }
+            let got = self.ep.poll_recv(&mut self.wcs[..1])?.len();
+            if got == 1 {
+                let wc = &self.wcs[0];
+                self.recv_done += 1;
+                if !wc.is_success() {
+                    let err = WcError {
+                        wr_id: wc.wr_id(),
+                        opcode: Some(WcOpcode::RECV),
+                        status: wc.status(),
+                        vendor_err: wc.vendor_err(),
+                    };
+                    if self.failure.is_none() {
+                        self.failure = Some(err);
+                        self.stats.failed += 1;
+                    } else {
+                        self.stats.recv_flushed += 1;
+                    }
+                    return Err(Error::Completion(err));
+                }
+                self.stats.received += 1;
+                let (imm, len, pos) = (wc.imm(), wc.byte_len(), wc.wr_id());
+                if wc.opcode() == WcOpcode::RECV_RDMA_WITH_IMM {
+                    return Ok(Incoming {
+                        data: &[],
+                        imm,
+                        len,
+                    });
+                }
+                let layout = self.rings.recv_layout;
+                let range = layout.range(layout.slot(pos), len as usize);
+                return Ok(Incoming {
+                    data: &self.rings.recv.as_slice()[range],
+                    imm,
+                    len,
+                });
+            }
+            if self.sq.outstanding() > 0 {
+                self.reap()?;
+            }
+            spins += 1;
+            if spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) && Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: "a message from the peer",
+                    waited: start.elapsed(),
+                });
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Requests gathered for one doorbell. Dropping it unposted forgets them
+/// (the accounting rolls back); nothing reaches the NIC.
+#[must_use = "a batch posts nothing until .post() is called"]
+pub struct Batch<'c, 'd> {
+    // Some until posted.
+    sends: Option<crate::sys::chain::SendBatch<'c, 'd>>,
+    sq: &'c mut SendQueueAccount,
+    meta: &'c mut [OpMeta],
+    send_cursor: &'c mut RingCursor,
+    read_cursor: &'c mut RingCursor,
+    send_ring: &'c mut MemoryRegion,
+    read_ring: &'c MemoryRegion,
+    layout: SlotLayout,
+    peer: RemoteSlice,
+    inline_threshold: usize,
+    failure: Option<&'c WcError>,
+    stats: &'c mut Stats,
+    mark: (u64, RingCursor, RingCursor),
+    force_signal: bool,
+}
+
+impl std::fmt::Debug for Batch<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch").field("len", &self.len()).finish()
+    }
+}
+
+impl<'c, 'd> Batch<'c, 'd> {
+    pub fn len(&self) -> usize {
+        self.sends.as_ref().map_or(0, |b| b.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn sends(&mut self) -> &mut crate::sys::chain::SendBatch<'c, 'd> {
+        self.sends
+            .as_mut()
+            .expect("a batch is used only until it is posted")
+    }
+
+    /// Requests a completion for the next request pushed.
+    pub fn signal_next(&mut self) -> &mut Self {
+        self.force_signal = true;
+        self
+    }
+
+    fn payload(&mut self, data: &'d [u8]) -> Result<(Payload<'d>, bool)> {
+        if data.len() <= self.inline_threshold {
+            return Ok((Payload::Inline(data), false));
+        }
+        if data.len() > self.layout.size() {
+            return Err(Error::Config(format!(
+                "{} bytes exceed the slot size {}",
+                data.len(),
+                self.layout.size()
+            )));
+        }
+        let pos = self
+            .send_cursor
+            .claim(self.layout.count())
+            .ok_or(Error::Full {
+                what: "the send ring",
+            })?;
+        let range = self.layout.range(self.layout.slot(pos), data.len());
+        self.send_ring.as_mut_slice()[range.clone()].copy_from_slice(data);
+        Ok((Payload::Registered(self.send_ring.slice(range)?), true))
+    }
+
+    fn push(
+        &mut self,
+        opcode: SendOpcode,
+        payload: Payload<'d>,
+        remote: Option<RemoteSlice>,
+        slots: (bool, bool, u32),
+    ) -> Result<u64> {
+        if let Some(f) = self.failure {
+            return Err(Error::Completion(*f));
+        }
+        if self.sends().is_full() {
+            return Err(Error::Full { what: "the batch" });
+        }
+        let must_signal = std::mem::take(&mut self.force_signal) || opcode == SendOpcode::Read;
+        let (seq, signaled) = self.sq.admit(must_signal).ok_or(Error::Full {
+            what: "the send queue",
+        })?;
+        if let Err(e) = self.sends().push(SendRequest {
+            wr_id: seq,
+            opcode,
+            payload,
+            remote,
+            signaled,
+        }) {
+            self.sq.rollback(seq);
+            return Err(e);
+        }
+        let len = self.meta.len() as u64;
+        self.meta[(seq % len) as usize] = OpMeta {
+            opcode: Some(opcode.completion_opcode()),
+            signaled,
+            send_slot: slots.0,
+            read_slot: slots.1,
+            read_len: slots.2,
+        };
+        Ok(seq)
+    }
+
+    /// Adds a SEND of `data` (inline when small, else via the send ring).
+    #[inline]
+    pub fn send(&mut self, data: &'d [u8]) -> Result<u64> {
+        let (payload, slot) = self.payload(data)?;
+        self.push(SendOpcode::Send, payload, None, (slot, false, 0))
+    }
+
+    /// Adds an RDMA WRITE (with an immediate: WRITE_WITH_IMM) of `data` to
+    /// `remote_offset` in the peer's target ring.
+    #[inline]
+    pub fn write(&mut self, data: &'d [u8], remote_offset: u64, imm: Option<u32>) -> Result<u64> {
+        let remote = self.peer.sub(remote_offset, data.len() as u64)?;
+        let (payload, slot) = self.payload(data)?;
+        let opcode = imm.map_or(SendOpcode::Write, SendOpcode::WriteWithImm);
+        self.push(opcode, payload, Some(remote), (slot, false, 0))
+    }
+
+    /// Adds an RDMA WRITE of `data` to any region the peer advertised
+    /// (not only its target ring). Nothing local can check `remote`: a
+    /// wrong one fails at the peer's NIC with REM_ACCESS_ERR.
+    #[inline]
+    pub fn write_remote(
+        &mut self,
+        data: &'d [u8],
+        remote: RemoteSlice,
+        imm: Option<u32>,
+    ) -> Result<u64> {
+        let remote = remote.sub(0, data.len() as u64)?;
+        let (payload, slot) = self.payload(data)?;
+        let opcode = imm.map_or(SendOpcode::Write, SendOpcode::WriteWithImm);
+        self.push(opcode, payload, Some(remote), (slot, false, 0))
+    }
+
+    /// Adds an RDMA READ of `len` bytes at `remote_offset` of the peer's
+    /// target ring; the data arrive with [`Event::ReadCompleted`].
+    #[inline]
+    pub fn read(&mut self, remote_offset: u64, len: usize) -> Result<u64> {
+        if len > self.layout.size() {
+            return Err(Error::Config(format!(
+                "{len} bytes exceed the slot size {}",
+                self.layout.size()
+            )));
+        }
+        let remote = self.peer.sub(remote_offset, len as u64)?;
+        let pos = self
+            .read_cursor
+            .claim(self.layout.count())
+            .ok_or(Error::Full {
+                what: "the read ring",
+            })?;
+        let range = self.layout.range(self.layout.slot(pos), len);
+        let local = self.read_ring.slice(range)?;
+        self.push(
+            SendOpcode::Read,
+            Payload::Registered(local),
+            Some(remote),
+            (false, true, len as u32),
+        )
+    }
+
+    /// Posts the batch with one doorbell. Returns how many requests went.
+    #[inline]
+    pub fn post(mut self) -> Result<usize> {
+        let sends = self.sends.take().expect("posted once");
+        match sends.post() {
+            Ok(n) => {
+                self.stats.posted += n as u64;
+                self.stats.doorbells += u64::from(n > 0);
+                Ok(n)
+            }
+            Err(Error::PostSend { wr_id, source }) if wr_id == self.mark.0 => {
+                // Nothing reached the queue: forget the whole batch.
+                self.rollback();
+                Err(Error::PostSend { wr_id, source })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn rollback(&mut self) {
+        self.sq.rollback(self.mark.0);
+        *self.send_cursor = self.mark.1;
+        *self.read_cursor = self.mark.2;
+    }
+}
+
+impl Drop for Batch<'_, '_> {
+    fn drop(&mut self) {
+        if self.sends.is_some() {
+            // Never posted: the NIC saw none of it.
+            self.rollback();
+        }
+    }
+}

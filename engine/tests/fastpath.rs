@@ -1,0 +1,312 @@
+//! The direct-mode fast path on a real device: batching and back-pressure,
+//! selective signaling with an error in the middle, inline and ring
+//! payloads, and bounded waits.
+
+mod common;
+
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use common::{cm_addr, device, pattern};
+use pinpoll::connect::cm::Listener;
+use pinpoll::{Connection, EngineConfig, Error, Event, QpConfig, RemoteSlice, WcStatus};
+
+fn engine_config() -> EngineConfig {
+    EngineConfig {
+        qp: QpConfig {
+            max_send_wr: 16,
+            max_recv_wr: 32,
+            cq_depth: 64,
+            max_inline_data: 64,
+            timeout: 10,
+            retry_count: 3,
+            rnr_retry: 3,
+            connect_timeout: Duration::from_secs(10),
+            ..QpConfig::default()
+        },
+        batch_size: 8,
+        signal_interval: 4,
+        inline_threshold: 64,
+        slot_size: 4096,
+        slot_count: 32,
+        completion_timeout: Duration::from_secs(10),
+        ..EngineConfig::default()
+    }
+}
+
+/// (client, server) over rdma_cm.
+fn cm_pair(cfg: &EngineConfig) -> (Connection, Connection) {
+    let listener = Listener::bind(cm_addr()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let scfg = cfg.clone();
+    let server = std::thread::spawn(move || {
+        Connection::accept(&listener, &scfg, Duration::from_secs(10)).unwrap()
+    });
+    let client = Connection::connect(addr, cfg).unwrap();
+    (client, server.join().unwrap())
+}
+
+/// (client, server) over the TCP exchange.
+fn oob_pair(cfg: &EngineConfig) -> (Connection, Connection) {
+    let tcp = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let scfg = cfg.clone();
+    let dev = device();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = tcp.accept().unwrap();
+        Connection::over_tcp(&mut s, Some(&dev), &scfg).unwrap()
+    });
+    let mut stream = TcpStream::connect(addr).unwrap();
+    let client = Connection::over_tcp(&mut stream, Some(&device()), cfg).unwrap();
+    (client, server.join().unwrap())
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn batches_beyond_the_send_queue_meet_backpressure_not_overflow() {
+    let cfg = engine_config();
+    let (mut client, server) = cm_pair(&cfg);
+    let total = 1000u64;
+    let mut full = 0u64;
+    let mut next = 0u64;
+    let payloads: Vec<Vec<u8>> = (0..4).map(|i| pattern(256, i)).collect();
+    while next < total {
+        let mut batch = client.batch();
+        let mut pushed = 0;
+        while next + pushed < total {
+            let i = next + pushed;
+            if i == total - 1 {
+                batch.signal_next();
+            }
+            match batch.write(&payloads[(i % 4) as usize], (i % 16) * 256, None) {
+                Ok(_) => pushed += 1,
+                Err(Error::Full { .. }) => {
+                    full += 1;
+                    break;
+                }
+                Err(e) => panic!("write {i}: {e}"),
+            }
+        }
+        assert_eq!(batch.post().unwrap() as u64, pushed);
+        next += pushed;
+        if pushed == 0 {
+            client.reap().unwrap();
+        }
+        assert!(
+            client.outstanding() <= 16,
+            "the send queue holds at most its depth"
+        );
+    }
+    client.wait_retired(total - 1).unwrap();
+    let stats = client.stats();
+    assert_eq!(
+        (stats.posted, stats.completed, stats.failed, stats.flushed),
+        (total, total, 0, 0)
+    );
+    assert!(
+        full > 0,
+        "a 1000-request stream through a 16-deep queue must have met back-pressure"
+    );
+    assert!(
+        stats.doorbells < total,
+        "batches share doorbells: {} for {total}",
+        stats.doorbells
+    );
+    // The last 16 writes, one per 256-byte cell, are what the ring holds.
+    for i in total - 16..total {
+        let at = ((i % 16) * 256) as usize;
+        assert_eq!(
+            &server.target()[at..at + 256],
+            &payloads[(i % 4) as usize][..],
+            "cell of write {i}"
+        );
+    }
+    // A batch holds at most batch_size requests.
+    let mut batch = client.batch();
+    for _ in 0..8 {
+        batch.write(&payloads[0], 0, None).unwrap();
+    }
+    assert!(matches!(
+        batch.write(&payloads[0], 0, None),
+        Err(Error::Full { what: "the batch" })
+    ));
+    drop(batch);
+    assert_eq!(client.outstanding(), 0, "a dropped batch rolls back");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn an_error_in_the_middle_of_unsignaled_work_is_reported_once_and_everything_is_accounted() {
+    let cfg = engine_config();
+    let (mut client, server) = oob_pair(&cfg);
+    let bad = RemoteSlice {
+        rkey: client.peer_ring().rkey ^ 0x00ff_0000,
+        ..client.peer_ring()
+    };
+    let data = pattern(100, 42);
+    let (total, bad_seq) = (40u64, 20u64);
+    let mut events = (0u64, Vec::new(), Vec::new());
+    let mut posted = 0;
+    while posted < total {
+        let mut batch = client.batch();
+        let mut pushed = 0;
+        while posted + pushed < total && pushed < 4 {
+            let i = posted + pushed;
+            let r = if i == bad_seq {
+                batch.write_remote(&data, bad, None)
+            } else {
+                batch.write(&data, i * 100, None)
+            };
+            match r {
+                Ok(seq) => assert_eq!(seq, i),
+                Err(Error::Full { .. }) => break,
+                Err(Error::Completion(_)) => break,
+                Err(e) => panic!("{e}"),
+            }
+            pushed += 1;
+        }
+        batch.post().unwrap();
+        posted += pushed;
+        if client.failure().is_some() {
+            break;
+        }
+        client
+            .poll(|ev| match ev {
+                Event::Completed { .. } => events.0 += 1,
+                Event::Failed(e) => events.1.push(e),
+                Event::Flushed { seq, .. } => events.2.push(seq),
+                _ => {}
+            })
+            .unwrap();
+    }
+    // Drain until every posted request is accounted for.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while client.outstanding() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "requests never completed: {:?}",
+            client.stats()
+        );
+        client
+            .poll(|ev| match ev {
+                Event::Completed { .. } => events.0 += 1,
+                Event::Failed(e) => events.1.push(e),
+                Event::Flushed { seq, .. } => events.2.push(seq),
+                _ => {}
+            })
+            .unwrap();
+    }
+    let stats = client.stats();
+    assert_eq!(events.1.len(), 1, "exactly one failure: {:?}", events.1);
+    assert_eq!(events.1[0].wr_id, bad_seq);
+    assert_eq!(events.1[0].status, WcStatus::REM_ACCESS_ERR);
+    assert_eq!(
+        stats.completed, bad_seq,
+        "everything before the error completed"
+    );
+    assert_eq!(stats.failed, 1);
+    assert_eq!(
+        stats.completed + stats.failed + stats.flushed,
+        stats.posted,
+        "{stats:?}"
+    );
+    let mut flushed = events.2.clone();
+    flushed.dedup();
+    assert_eq!(flushed.len(), events.2.len(), "nothing flushed twice");
+    assert!(flushed.iter().all(|s| *s > bad_seq && *s < stats.posted));
+    for i in 0..bad_seq {
+        let at = (i * 100) as usize;
+        assert_eq!(
+            &server.target()[at..at + 100],
+            &data[..],
+            "write {i} landed"
+        );
+    }
+    let after = (bad_seq * 100) as usize;
+    assert!(
+        server.target()[after..(total * 100) as usize]
+            .iter()
+            .all(|b| *b == 0),
+        "nothing after the error landed"
+    );
+    // New work is refused with the original failure.
+    let err = client.send(b"x").unwrap_err();
+    assert!(
+        matches!(err, Error::Completion(e) if e.wr_id == bad_seq),
+        "{err}"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn inline_and_ring_payloads_arrive_byte_for_byte() {
+    let cfg = engine_config();
+    for (mut client, mut server) in [cm_pair(&cfg), oob_pair(&cfg)] {
+        let threshold = client.inline_threshold();
+        assert!(threshold > 0, "rxe supports inline data");
+        for len in [1, 8, threshold - 1, threshold, threshold + 1, 1000, 4096] {
+            let data = pattern(len, len as u8);
+            client.send(&data).unwrap();
+            let got = server.recv().unwrap();
+            assert_eq!(
+                got.data,
+                &data[..],
+                "SEND of {len} B (inline: {})",
+                len <= threshold
+            );
+            // And back, so both directions and both paths are covered.
+            server.write(&data, 0, Some(len as u32)).unwrap();
+            let imm = client.recv().unwrap();
+            assert_eq!((imm.imm, imm.len as usize), (Some(len as u32), len));
+            assert_eq!(
+                &client.target()[..len],
+                &data[..],
+                "WRITE_WITH_IMM of {len} B"
+            );
+        }
+        // READ back what the server publishes.
+        let published = pattern(3000, 99);
+        server.target_mut()[4096..7096].copy_from_slice(&published);
+        assert_eq!(client.read(4096, 3000).unwrap(), &published[..]);
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn waits_end_at_their_deadline_when_the_peer_never_answers() {
+    let mut cfg = engine_config();
+    cfg.completion_timeout = Duration::from_millis(300);
+    let (mut client, server) = oob_pair(&cfg);
+    // The peer is alive but silent: recv ends in a typed timeout.
+    let err = client.recv().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Timeout {
+                what: "a message from the peer",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // The peer is gone (its QP destroyed without a word): a signaled write
+    // ends in RETRY_EXC_ERR once the transport gives up (timeout 10 ≈ 4 ms,
+    // 3 retries), well inside the wait's own 30 s bound.
+    drop(server);
+    client.set_completion_timeout(Duration::from_secs(30));
+    let mut batch = client.batch();
+    batch.signal_next();
+    let seq = batch.write(b"anyone there?", 0, None).unwrap();
+    batch.post().unwrap();
+    let err = client.wait_retired(seq).unwrap_err();
+    match &err {
+        Error::Completion(e) => {
+            assert_eq!((e.wr_id, e.status), (seq, WcStatus::RETRY_EXC_ERR), "{err}")
+        }
+        other => panic!("expected RETRY_EXC_ERR, got {other}"),
+    }
+    assert!(
+        err.to_string().contains("did not acknowledge in time"),
+        "{err}"
+    );
+}
