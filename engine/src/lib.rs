@@ -20,6 +20,7 @@ pub mod error;
 pub mod gid;
 pub mod profile;
 pub mod sys;
+pub mod worker;
 
 pub use completion::{WcError, WcOpcode, WcStatus};
 pub use config::QpConfig;
@@ -30,3 +31,4 @@ pub use profile::{EngineConfig, IdlePolicy};
 pub use sys::mem::{Buffer, PageSize};
 pub use sys::mr::{Access, LocalSlice, MemoryRegion, RemoteSlice};
 pub use sys::qp::SendFlags;
+pub use worker::{Completion, Engine, WorkerReport};

@@ -73,6 +73,10 @@ impl Default for EngineConfig {
     }
 }
 
+/// The worker hands back up to this many events per poll of both CQs, so
+/// its event queue must hold at least that many.
+pub const MIN_HANDOFF_DEPTH: u32 = 128;
+
 fn out_of_range(key: &str, value: impl std::fmt::Display, allowed: &str) -> Error {
     Error::Config(format!(
         "{key} = {value} is out of range: allowed {allowed}"

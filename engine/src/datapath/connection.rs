@@ -444,6 +444,44 @@ impl Connection {
         Ok(())
     }
 
+    /// Makes sure a completion is coming for everything posted: when the
+    /// newest requests are unsignaled, posts a signaled zero-length RDMA
+    /// WRITE behind them (its completion retires them all).
+    pub fn flush_tail(&mut self) -> Result<()> {
+        if self.sq.outstanding() == 0 || self.sq.signal_in_flight() {
+            return Ok(());
+        }
+        while self.sq.room() == 0 {
+            self.reap()?;
+        }
+        let mut b = self.batch();
+        b.signal_next();
+        b.write(&[], 0, None)?;
+        b.post()?;
+        Ok(())
+    }
+
+    /// Waits, up to the completion timeout, until every posted request has
+    /// retired; completion events met meanwhile go to `on`.
+    pub fn wait_idle(&mut self, mut on: impl FnMut(Event<'_>)) -> Result<()> {
+        self.flush_tail()?;
+        let start = Instant::now();
+        let mut spins = 0u32;
+        while self.sq.outstanding() > 0 {
+            self.poll_send(&mut on)?;
+            spins += 1;
+            if spins.is_multiple_of(SPINS_PER_CLOCK_CHECK)
+                && start.elapsed() >= self.completion_timeout
+            {
+                return Err(Error::Timeout {
+                    what: "the send queue to drain",
+                    waited: start.elapsed(),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Polls both completion queues once and hands every event to `on`.
     /// Returns how many completions were taken.
     #[inline]

@@ -14,6 +14,8 @@ pub struct SendQueueAccount {
     interval: u64,
     posted: u64,
     retired: u64,
+    /// The newest signaled request admitted, if any.
+    last_signaled: Option<u64>,
 }
 
 impl SendQueueAccount {
@@ -24,6 +26,7 @@ impl SendQueueAccount {
             interval: signal_interval.into(),
             posted: 0,
             retired: 0,
+            last_signaled: None,
         }
     }
 
@@ -59,7 +62,11 @@ impl SendQueueAccount {
         }
         let seq = self.posted;
         self.posted += 1;
-        Some((seq, must_signal || (seq + 1).is_multiple_of(self.interval)))
+        let signaled = must_signal || (seq + 1).is_multiple_of(self.interval);
+        if signaled {
+            self.last_signaled = Some(seq);
+        }
+        Some((seq, signaled))
     }
 
     /// Forgets admitted requests back to `posted` (a batch dropped before
@@ -68,6 +75,17 @@ impl SendQueueAccount {
     pub fn rollback(&mut self, posted: u64) {
         debug_assert!(posted >= self.retired && posted <= self.posted);
         self.posted = posted;
+        if self.last_signaled.is_some_and(|s| s >= posted) {
+            // Conservative: forget it; at worst a drain posts one more signal.
+            self.last_signaled = None;
+        }
+    }
+
+    /// Whether a signaled request is outstanding, i.e. a completion is
+    /// still coming that will retire the unsignaled ones before it.
+    #[inline]
+    pub fn signal_in_flight(&self) -> bool {
+        self.last_signaled.is_some_and(|s| s >= self.retired)
     }
 
     /// A completion for `seq` arrived: retires every request through it.
@@ -139,6 +157,20 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn knows_whether_a_completion_is_still_coming() {
+        let mut sq = SendQueueAccount::new(8, 4);
+        sq.admit(false).unwrap();
+        assert!(
+            !sq.signal_in_flight(),
+            "an unsignaled tail needs a signal to drain"
+        );
+        sq.admit(true).unwrap();
+        assert!(sq.signal_in_flight());
+        sq.retire_through(1);
+        assert!(!sq.signal_in_flight());
     }
 
     #[test]

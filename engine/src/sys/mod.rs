@@ -6,8 +6,10 @@
 
 pub mod chain;
 pub mod cm;
+pub mod cpu;
 pub mod cq;
 pub mod device;
+pub mod handoff;
 pub mod mem;
 pub mod mr;
 pub mod pd;

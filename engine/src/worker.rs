@@ -1,0 +1,512 @@
+//! Engine mode: one worker thread per queue pair, pinned to a core and
+//! busy-polling. Application threads hand it operations through a bounded
+//! lock-free queue (payload bytes through a single-producer ring of slots)
+//! and get completions back the same way. A full queue is back-pressure
+//! ([`Error::Full`]), never an allocation.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam::queue::ArrayQueue;
+
+use crate::completion::{WcError, WcOpcode};
+use crate::datapath::{Connection, Event, Stats};
+use crate::error::{Error, Result};
+use crate::profile::{EngineConfig, IdlePolicy};
+use crate::sys::cpu::current_affinity;
+use crate::sys::handoff::{handoff_ring, SlotReader, SlotWriter};
+
+/// Completions the worker takes per CQ per poll; with one event each, two
+/// CQs can produce twice this many events.
+const EVENTS_PER_POLL: usize = 64;
+
+#[derive(Debug, Clone, Copy)]
+enum OpKind {
+    Send,
+    Write {
+        remote_offset: u64,
+        imm: Option<u32>,
+    },
+    Read {
+        remote_offset: u64,
+        len: u32,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Op {
+    id: u64,
+    kind: OpKind,
+    signaled: bool,
+}
+
+/// An event as it crosses from the worker; payloads ride in the rx ring.
+#[derive(Debug, Clone, Copy)]
+enum Note {
+    Received,
+    WriteImm {
+        imm: u32,
+        len: u32,
+    },
+    Completed {
+        id: u64,
+        opcode: WcOpcode,
+    },
+    ReadCompleted {
+        id: u64,
+    },
+    Failed(WcError),
+    Flushed {
+        id: u64,
+    },
+    RecvFlushed,
+    /// The operation was never posted: the connection had already failed.
+    Refused {
+        id: u64,
+    },
+}
+
+/// A completion handed back by the worker; data borrowed from the engine
+/// until the next call to [`Engine::poll`] or [`Engine::wait`].
+#[derive(Debug)]
+pub enum Completion<'a> {
+    /// A SEND from the peer.
+    Received { data: &'a [u8] },
+    /// A WRITE_WITH_IMM from the peer landed `len` bytes in the target ring.
+    WriteImm { imm: u32, len: u32 },
+    /// Operation `id` (submitted signaled, or every K-th) completed, and
+    /// every operation before it.
+    Completed { id: u64, opcode: WcOpcode },
+    /// READ `id` completed with `data`.
+    ReadCompleted { id: u64, data: &'a [u8] },
+    /// The connection's first error; `wr_id` is the operation's id.
+    Failed(WcError),
+    /// Operation `id` was flushed after the failure.
+    Flushed { id: u64 },
+    /// A posted receive was flushed after the failure.
+    RecvFlushed,
+    /// Operation `id` was refused: the connection had already failed.
+    Refused { id: u64 },
+}
+
+/// What the worker did, returned when it is joined.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerReport {
+    pub stats: Stats,
+    /// The CPUs the worker was allowed to run on, read inside it.
+    pub affinity: Vec<usize>,
+}
+
+/// The application's handle on a connection owned by a pinned worker.
+/// `Send`, not `Sync`: one application thread submits and polls.
+#[derive(Debug)]
+pub struct Engine {
+    ops: Arc<ArrayQueue<Op>>,
+    notes: Arc<ArrayQueue<Note>>,
+    tx: SlotWriter,
+    rx: SlotReader,
+    rx_held: bool,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Result<WorkerReport>>>,
+    affinity: Vec<usize>,
+    next_id: u64,
+    signal_next: bool,
+    slot_size: usize,
+    peer_len: u64,
+    timeout: Duration,
+}
+
+impl Engine {
+    /// Moves `conn` to a new worker thread, pinned to `cfg.core` when set,
+    /// and returns once the worker runs (or failed to pin).
+    pub fn spawn(conn: Connection, cfg: &EngineConfig) -> Result<Engine> {
+        cfg.validate()?;
+        let depth = cfg.handoff_depth as usize;
+        let slots = depth.next_power_of_two();
+        let slot_size = conn.slot_size();
+        let (tx, tx_reader) = handoff_ring(slot_size, slots)?;
+        let (rx_writer, rx) = handoff_ring(slot_size, slots)?;
+        let ops = Arc::new(ArrayQueue::new(depth));
+        let notes = Arc::new(ArrayQueue::new(depth));
+        let stop = Arc::new(AtomicBool::new(false));
+        let peer_len = conn.peer_ring().len;
+        let worker = Worker {
+            ids: vec![0; cfg.qp.max_send_wr as usize].into_boxed_slice(),
+            conn,
+            ops: Arc::clone(&ops),
+            notes: Arc::clone(&notes),
+            tx: tx_reader,
+            rx: rx_writer,
+            stop: Arc::clone(&stop),
+            pending: None,
+            batch_size: cfg.batch_size as usize,
+            idle: cfg.idle,
+            drain_timeout: cfg.completion_timeout,
+        };
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let core = cfg.core;
+        let thread = std::thread::Builder::new()
+            .name("pinpoll-worker".into())
+            .spawn(move || {
+                if let Some(id) = core {
+                    if !core_affinity::set_for_current(core_affinity::CoreId { id }) {
+                        let _ = started_tx.send(Err(Error::Config(format!(
+                            "cannot pin the worker to core {id}"
+                        ))));
+                        return Err(Error::Config(format!("cannot pin the worker to core {id}")));
+                    }
+                }
+                let affinity = current_affinity()?;
+                let _ = started_tx.send(Ok(affinity.clone()));
+                worker.run(affinity)
+            })
+            .map_err(|e| Error::Config(format!("cannot start the worker thread: {e}")))?;
+        let affinity = started_rx
+            .recv()
+            .map_err(|_| Error::Config("the worker thread died while starting".into()))??;
+        Ok(Engine {
+            ops,
+            notes,
+            tx,
+            rx,
+            rx_held: false,
+            stop,
+            thread: Some(thread),
+            affinity,
+            next_id: 0,
+            signal_next: false,
+            slot_size,
+            peer_len,
+            timeout: cfg.completion_timeout,
+        })
+    }
+
+    /// The CPUs the worker may run on, as it read them from the kernel.
+    pub fn worker_affinity(&self) -> &[usize] {
+        &self.affinity
+    }
+
+    /// Asks for a completion of the next operation submitted.
+    pub fn signal_next(&mut self) -> &mut Self {
+        self.signal_next = true;
+        self
+    }
+
+    fn check(&self, len: usize, remote: Option<u64>) -> Result<()> {
+        if len > self.slot_size {
+            return Err(Error::Config(format!(
+                "{len} bytes exceed the slot size {}",
+                self.slot_size
+            )));
+        }
+        if let Some(offset) = remote {
+            if offset
+                .checked_add(len as u64)
+                .is_none_or(|end| end > self.peer_len)
+            {
+                return Err(Error::OutOfRegion {
+                    range: format!("{offset}..{}", offset.saturating_add(len as u64)),
+                    len: self.peer_len as usize,
+                });
+            }
+        }
+        if self.ops.is_full() {
+            return Err(Error::Full {
+                what: "the engine's operation queue",
+            });
+        }
+        Ok(())
+    }
+
+    fn enqueue(&mut self, kind: OpKind) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let op = Op {
+            id,
+            kind,
+            signaled: std::mem::take(&mut self.signal_next),
+        };
+        // One producer (&mut self) and checked not full: cannot fail.
+        let pushed = self.ops.push(op);
+        debug_assert!(pushed.is_ok());
+        id
+    }
+
+    fn submit_with_payload(&mut self, data: &[u8], kind: OpKind) -> Result<u64> {
+        let remote = match kind {
+            OpKind::Write { remote_offset, .. } => Some(remote_offset),
+            _ => None,
+        };
+        self.check(data.len(), remote)?;
+        if !self.tx.push(data) {
+            return Err(Error::Full {
+                what: "the engine's payload ring",
+            });
+        }
+        Ok(self.enqueue(kind))
+    }
+
+    /// Submits a SEND of `data`; returns the operation's id.
+    #[inline]
+    pub fn send(&mut self, data: &[u8]) -> Result<u64> {
+        self.submit_with_payload(data, OpKind::Send)
+    }
+
+    /// Submits an RDMA WRITE (with `imm`: WRITE_WITH_IMM) of `data` to
+    /// `remote_offset` of the peer's target ring.
+    #[inline]
+    pub fn write(&mut self, data: &[u8], remote_offset: u64, imm: Option<u32>) -> Result<u64> {
+        self.submit_with_payload(data, OpKind::Write { remote_offset, imm })
+    }
+
+    /// Submits an RDMA READ; the data come back in
+    /// [`Completion::ReadCompleted`].
+    #[inline]
+    pub fn read(&mut self, remote_offset: u64, len: usize) -> Result<u64> {
+        self.check(len, Some(remote_offset))?;
+        Ok(self.enqueue(OpKind::Read {
+            remote_offset,
+            len: len as u32,
+        }))
+    }
+
+    /// The next completion, if the worker has handed one back.
+    #[inline]
+    pub fn poll(&mut self) -> Option<Completion<'_>> {
+        if std::mem::take(&mut self.rx_held) {
+            self.rx.release();
+        }
+        let note = self.notes.pop()?;
+        Some(match note {
+            Note::Received => {
+                self.rx_held = true;
+                Completion::Received {
+                    data: self.rx.peek().unwrap_or(&[]),
+                }
+            }
+            Note::ReadCompleted { id } => {
+                self.rx_held = true;
+                Completion::ReadCompleted {
+                    id,
+                    data: self.rx.peek().unwrap_or(&[]),
+                }
+            }
+            Note::WriteImm { imm, len } => Completion::WriteImm { imm, len },
+            Note::Completed { id, opcode } => Completion::Completed { id, opcode },
+            Note::Failed(e) => Completion::Failed(e),
+            Note::Flushed { id } => Completion::Flushed { id },
+            Note::RecvFlushed => Completion::RecvFlushed,
+            Note::Refused { id } => Completion::Refused { id },
+        })
+    }
+
+    /// Spins for the next completion, up to the completion timeout.
+    #[inline]
+    pub fn wait(&mut self) -> Result<Completion<'_>> {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        if std::mem::take(&mut self.rx_held) {
+            self.rx.release();
+        }
+        while self.notes.is_empty() {
+            spins += 1;
+            if spins.is_multiple_of(64) {
+                if start.elapsed() >= self.timeout {
+                    return Err(Error::Timeout {
+                        what: "a completion from the worker",
+                        waited: start.elapsed(),
+                    });
+                }
+                if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
+                    return Err(Error::Config("the worker thread has stopped".into()));
+                }
+            }
+            std::hint::spin_loop();
+        }
+        Ok(self.poll().expect("a note is queued"))
+    }
+
+    /// Stops accepting work, lets the worker finish everything submitted
+    /// and in flight, and joins it.
+    pub fn shutdown(mut self) -> Result<WorkerReport> {
+        self.join()
+    }
+
+    fn join(&mut self) -> Result<WorkerReport> {
+        self.stop.store(true, Ordering::Release);
+        // Keep taking (and dropping) completions so the worker always has
+        // room to retire what is still in flight.
+        while self.thread.as_ref().is_some_and(|t| !t.is_finished()) {
+            while self.poll().is_some() {}
+            std::thread::yield_now();
+        }
+        match self.thread.take() {
+            Some(t) => t
+                .join()
+                .map_err(|_| Error::Config("the worker thread panicked".into()))?,
+            None => Err(Error::Config("the worker was already joined".into())),
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            if let Err(e) = self.join() {
+                tracing::warn!(error = %e, "worker ended with an error");
+            }
+        }
+    }
+}
+
+struct Worker {
+    conn: Connection,
+    ops: Arc<ArrayQueue<Op>>,
+    notes: Arc<ArrayQueue<Note>>,
+    tx: SlotReader,
+    rx: SlotWriter,
+    stop: Arc<AtomicBool>,
+    /// Operation id by send-queue sequence number (mod depth).
+    ids: Box<[u64]>,
+    pending: Option<Op>,
+    batch_size: usize,
+    idle: IdlePolicy,
+    drain_timeout: Duration,
+}
+
+impl Worker {
+    fn run(mut self, affinity: Vec<usize>) -> Result<WorkerReport> {
+        let mut empty = 0u32;
+        let mut stopping: Option<Instant> = None;
+        loop {
+            let work = self.submit()? + self.collect()?;
+            if work > 0 {
+                empty = 0;
+                continue;
+            }
+            if stopping.is_none() && self.stop.load(Ordering::Acquire) {
+                stopping = Some(Instant::now());
+            }
+            if let Some(since) = stopping {
+                if self.ops.is_empty() && self.pending.is_none() {
+                    if self.conn.outstanding() == 0 {
+                        break;
+                    }
+                    if self.conn.failure().is_none() {
+                        self.conn.flush_tail()?;
+                    }
+                }
+                if since.elapsed() > self.drain_timeout {
+                    return Err(Error::Timeout {
+                        what: "the worker to drain its in-flight work",
+                        waited: since.elapsed(),
+                    });
+                }
+            }
+            empty = empty.saturating_add(1);
+            match self.idle {
+                IdlePolicy::Spin => std::hint::spin_loop(),
+                IdlePolicy::Backoff { spins } if empty > spins => std::thread::yield_now(),
+                IdlePolicy::Backoff { .. } => std::hint::spin_loop(),
+            }
+        }
+        Ok(WorkerReport {
+            stats: self.conn.stats(),
+            affinity,
+        })
+    }
+
+    /// Moves queued operations into one batch and posts it.
+    fn submit(&mut self) -> Result<usize> {
+        if self.pending.is_none() && self.ops.is_empty() {
+            return Ok(0);
+        }
+        let depth = self.ids.len() as u64;
+        let payloads = self.tx.published();
+        let mut used = 0usize;
+        let mut refused = 0usize;
+        let mut batch = self.conn.batch();
+        while batch.len() < self.batch_size {
+            let Some(op) = self.pending.take().or_else(|| self.ops.pop()) else {
+                break;
+            };
+            if op.signaled {
+                batch.signal_next();
+            }
+            let result = match op.kind {
+                OpKind::Send => batch.send(payloads.get(used).unwrap_or(&[])),
+                OpKind::Write { remote_offset, imm } => {
+                    batch.write(payloads.get(used).unwrap_or(&[]), remote_offset, imm)
+                }
+                OpKind::Read { remote_offset, len } => batch.read(remote_offset, len as usize),
+            };
+            let has_payload = !matches!(op.kind, OpKind::Read { .. });
+            match result {
+                Ok(seq) => {
+                    self.ids[(seq % depth) as usize] = op.id;
+                    used += usize::from(has_payload);
+                }
+                Err(Error::Full { .. }) => {
+                    self.pending = Some(op);
+                    break;
+                }
+                Err(_) => {
+                    // The connection failed (or the op was malformed, which
+                    // the application side already checks): never posted.
+                    used += usize::from(has_payload);
+                    refused += 1;
+                    let _ = self.notes.push(Note::Refused { id: op.id });
+                }
+            }
+        }
+        let posted = batch.post()?;
+        // `payloads` borrowed the slots until the post copied or inlined them.
+        let _ = payloads;
+        for _ in 0..used {
+            self.tx.release();
+        }
+        Ok(posted + refused)
+    }
+
+    /// Polls both CQs and hands the events to the application, when it
+    /// has room for them (otherwise the completions wait in the CQ).
+    fn collect(&mut self) -> Result<usize> {
+        let room = self.notes.capacity() - self.notes.len();
+        if room < EVENTS_PER_POLL || self.rx.free() < EVENTS_PER_POLL {
+            return Ok(0);
+        }
+        let (notes, rx, ids) = (&self.notes, &mut self.rx, &self.ids);
+        let id_of = |seq: u64| ids[(seq % ids.len() as u64) as usize];
+        self.conn.poll(|ev| {
+            let note = match ev {
+                Event::Received { data } => {
+                    let pushed = rx.push(data);
+                    debug_assert!(pushed);
+                    Note::Received
+                }
+                Event::WriteImm { imm, len } => Note::WriteImm { imm, len },
+                Event::Completed { seq, opcode } => Note::Completed {
+                    id: id_of(seq),
+                    opcode,
+                },
+                Event::ReadCompleted { seq, data } => {
+                    let pushed = rx.push(data);
+                    debug_assert!(pushed);
+                    Note::ReadCompleted { id: id_of(seq) }
+                }
+                Event::Failed(mut e) => {
+                    if e.opcode != Some(WcOpcode::RECV) {
+                        e.wr_id = id_of(e.wr_id);
+                    }
+                    Note::Failed(e)
+                }
+                Event::Flushed { seq, .. } => Note::Flushed { id: id_of(seq) },
+                Event::RecvFlushed => Note::RecvFlushed,
+            };
+            let pushed = notes.push(note);
+            debug_assert!(pushed.is_ok(), "room was checked before polling");
+        })
+    }
+}
