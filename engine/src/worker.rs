@@ -462,8 +462,7 @@ impl Worker {
             }
         }
         let posted = batch.post()?;
-        // `payloads` borrowed the slots until the post copied or inlined them.
-        let _ = payloads;
+        // The post copied or inlined every payload: the slots can go back.
         for _ in 0..used {
             self.tx.release();
         }

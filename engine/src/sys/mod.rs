@@ -4,6 +4,7 @@
 //! half-way. Everything above this module is safe Rust.
 #![allow(unsafe_code)]
 
+pub mod alloc;
 pub mod chain;
 pub mod cm;
 pub mod cpu;
