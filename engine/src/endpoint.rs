@@ -13,10 +13,7 @@ use crate::sys::mem::{Buffer, PageSize};
 use crate::sys::mr::{Access, MemoryRegion, RemoteSlice};
 use crate::sys::pd::ProtectionDomain;
 use crate::sys::qp::{QpState, QueuePair};
-
-/// How many polls between two reads of the clock in a bounded wait: the
-/// clock (a vDSO call) costs more than an empty poll.
-const SPINS_PER_CLOCK_CHECK: u32 = 64;
+use crate::wait::BoundedWait;
 
 /// A successful completion, copied out of the CQ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,20 +158,36 @@ impl Endpoint {
     /// Busy-polls the send CQ for one completion until `timeout` passes.
     /// An error completion becomes [`Error::Completion`].
     pub fn wait_send(&self, timeout: Duration) -> Result<Completion> {
-        wait_one(
-            &self.send_cq,
-            Instant::now() + timeout,
-            "a send-queue completion",
-        )
+        wait_one(&self.send_cq, timeout, "a send-queue completion")
     }
 
     /// Busy-polls the receive CQ for one completion until `timeout` passes.
     pub fn wait_recv(&self, timeout: Duration) -> Result<Completion> {
-        wait_one(
-            &self.recv_cq,
-            Instant::now() + timeout,
-            "a receive completion",
-        )
+        wait_one(&self.recv_cq, timeout, "a receive completion")
+    }
+
+    /// Whether rdma_cm reported that the peer disconnected (or the device
+    /// went away). If so, disconnects this side too, which moves the QP to
+    /// ERR: every posted request then completes, flushed, so waits end.
+    /// A non-blocking check (one system call); without rdma_cm a dead peer
+    /// shows as a transport timeout instead (RETRY_EXC_ERR).
+    pub fn peer_gone(&mut self) -> Result<bool> {
+        let Some(id) = &self.cm_id else {
+            return Ok(false);
+        };
+        if !self.connected {
+            return Ok(false);
+        }
+        while let Some(ev) = id.channel().try_event()? {
+            use crate::sys::cm::event;
+            if matches!(ev.kind, event::DISCONNECTED | event::DEVICE_REMOVAL) {
+                tracing::debug!(event = ev.name(), "peer gone");
+                self.connected = false;
+                let _ = id.disconnect();
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Disconnects (rdma_cm) or moves the QP to ERR (out-of-band), so the
@@ -209,10 +222,9 @@ impl Drop for Endpoint {
     }
 }
 
-fn wait_one(cq: &CompletionQueue, deadline: Instant, what: &'static str) -> Result<Completion> {
-    let start = Instant::now();
+fn wait_one(cq: &CompletionQueue, limit: Duration, what: &'static str) -> Result<Completion> {
     let mut wc = [WorkCompletion::zeroed()];
-    let mut spins = 0u32;
+    let mut wait = BoundedWait::new(limit, what);
     loop {
         if let Some(c) = cq.poll(&mut wc)?.first() {
             c.result(None)?;
@@ -223,16 +235,6 @@ fn wait_one(cq: &CompletionQueue, deadline: Instant, what: &'static str) -> Resu
                 imm: c.imm(),
             });
         }
-        spins += 1;
-        if spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) {
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::Timeout {
-                    what,
-                    waited: now - start,
-                });
-            }
-        }
-        std::hint::spin_loop();
+        wait.tick()?;
     }
 }

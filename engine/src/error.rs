@@ -69,6 +69,8 @@ pub enum Error {
         hint: String,
         source: io::Error,
     },
+    #[error("{need} bytes must be locked for registration but the locked-memory limit is {limit} bytes; raise it with `ulimit -l unlimited` (or a memlock line in /etc/security/limits.conf, or LimitMEMLOCK= for a systemd service)")]
+    Memlock { need: u64, limit: u64 },
     #[error("mapping {len} bytes of memory failed; {hint}")]
     Map {
         len: usize,

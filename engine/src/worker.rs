@@ -17,6 +17,10 @@ use crate::error::{Error, Result};
 use crate::profile::{EngineConfig, IdlePolicy};
 use crate::sys::cpu::current_affinity;
 use crate::sys::handoff::{handoff_ring, SlotReader, SlotWriter};
+use crate::wait::BoundedWait;
+
+/// Empty polls between two checks (a system call) for an rdma_cm disconnect.
+const PEER_CHECK_INTERVAL: u32 = 4096;
 
 /// Completions the worker takes per CQ per poll; with one event each, two
 /// CQs can produce twice this many events.
@@ -305,25 +309,14 @@ impl Engine {
     /// Spins for the next completion, up to the completion timeout.
     #[inline]
     pub fn wait(&mut self) -> Result<Completion<'_>> {
-        let start = Instant::now();
-        let mut spins = 0u32;
         if std::mem::take(&mut self.rx_held) {
             self.rx.release();
         }
+        let mut wait = BoundedWait::new(self.timeout, "a completion from the worker");
         while self.notes.is_empty() {
-            spins += 1;
-            if spins.is_multiple_of(64) {
-                if start.elapsed() >= self.timeout {
-                    return Err(Error::Timeout {
-                        what: "a completion from the worker",
-                        waited: start.elapsed(),
-                    });
-                }
-                if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
-                    return Err(Error::Config("the worker thread has stopped".into()));
-                }
+            if wait.tick()?.is_some() && self.thread.as_ref().is_some_and(|t| t.is_finished()) {
+                return Err(Error::Config("the worker thread has stopped".into()));
             }
-            std::hint::spin_loop();
         }
         Ok(self.poll().expect("a note is queued"))
     }
@@ -406,6 +399,9 @@ impl Worker {
                 }
             }
             empty = empty.saturating_add(1);
+            if empty.is_multiple_of(PEER_CHECK_INTERVAL) || stopping.is_some() {
+                self.conn.peer_gone()?;
+            }
             match self.idle {
                 IdlePolicy::Spin => std::hint::spin_loop(),
                 IdlePolicy::Backoff { spins } if empty > spins => std::thread::yield_now(),

@@ -310,3 +310,55 @@ fn waits_end_at_their_deadline_when_the_peer_never_answers() {
         "{err}"
     );
 }
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rings_on_huge_pages_move_data_and_missing_pages_are_a_clear_error() {
+    let mut cfg = engine_config();
+    cfg.pages = pinpoll::PageSize::Huge2M;
+    let (mut client, server) = cm_pair(&cfg);
+    // A 2 MiB huge page is 2 MiB-aligned; base pages almost never are.
+    assert_eq!(
+        client.peer_ring().addr % (2 << 20),
+        0,
+        "server's target ring on a huge page"
+    );
+    assert_eq!(
+        server.peer_ring().addr % (2 << 20),
+        0,
+        "client's target ring on a huge page"
+    );
+    let data = pattern(4000, 77);
+    client.write(&data, 4096, Some(1)).unwrap();
+    let mut server = server;
+    assert_eq!(server.recv().unwrap().imm, Some(1));
+    assert_eq!(&server.target()[4096..8096], &data[..]);
+
+    // Far more huge pages than the machine reserved: refused with the fix.
+    let err = pinpoll::Buffer::new(1 << 40, pinpoll::PageSize::Huge2M)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("nr_hugepages"), "{err}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn an_rdma_cm_disconnect_ends_waits_with_an_error() {
+    let mut cfg = engine_config();
+    cfg.completion_timeout = Duration::from_secs(30);
+    let (mut client, server) = cm_pair(&cfg);
+    drop(server); // disconnects, then destroys its QP
+    let mut batch = client.batch();
+    batch.signal_next();
+    let seq = batch.write(b"still there?", 0, None).unwrap();
+    batch.post().unwrap();
+    // The wait notices the DISCONNECTED event, disconnects this side (QP to
+    // ERR) and the write completes flushed — an error, long before 30 s.
+    let err = client.wait_retired(seq).unwrap_err();
+    assert!(
+        matches!(err, Error::Completion(e) if e.wr_id == seq),
+        "{err}"
+    );
+    assert!(client.recv().is_err());
+    assert_eq!(client.outstanding(), 0);
+}

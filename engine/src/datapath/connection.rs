@@ -1,5 +1,5 @@
 use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::ring::{RingCursor, SlotLayout};
 use super::sq::SendQueueAccount;
@@ -13,11 +13,13 @@ use crate::profile::EngineConfig;
 use crate::sys::chain::{Payload, RecvChain, SendChain, SendOpcode, SendRequest};
 use crate::sys::cq::WorkCompletion;
 use crate::sys::mr::{Access, MemoryRegion, RemoteSlice};
+use crate::wait::BoundedWait;
 
 /// Completions taken from a CQ per poll.
 const POLL_BATCH: usize = 32;
-/// Polls between two reads of the clock in a bounded wait.
-const SPINS_PER_CLOCK_CHECK: u32 = 64;
+/// A wait this long also asks rdma_cm whether the peer disconnected (a
+/// system call, so never on a wait that is about to succeed).
+const PEER_CHECK_AFTER: Duration = Duration::from_millis(1);
 
 /// The registered rings of one connection, created (and all receives
 /// posted) before the peer can send.
@@ -45,6 +47,7 @@ impl Rings {
         cfg.validate()?;
         let layout = SlotLayout::new(cfg.slot_size as usize, cfg.slot_count as usize);
         let recv_layout = SlotLayout::new(cfg.slot_size as usize, cfg.qp.max_recv_wr as usize);
+        crate::sys::mem::check_memlock((3 * layout.bytes() + recv_layout.bytes()) as u64)?;
         let send = ep.register(layout.bytes(), cfg.pages, Access::LOCAL_READ)?;
         let recv = ep.register(recv_layout.bytes(), cfg.pages, Access::LOCAL_WRITE)?;
         let target = ep.register(
@@ -383,22 +386,27 @@ impl Connection {
         Ok(&self.rings.read.as_slice()[self.rings.layout.range(slot, len)])
     }
 
+    /// Called from the slow path of every wait (when the clock is read):
+    /// notices an rdma_cm disconnect, after which the QP flushes.
+    #[inline(never)]
+    fn check_peer(&mut self, waited: Duration) -> Result<()> {
+        if waited >= PEER_CHECK_AFTER {
+            self.ep.peer_gone()?;
+        }
+        Ok(())
+    }
+
     /// Reaps send completions while less than a batch of room is left.
     #[inline]
     fn make_room(&mut self) -> Result<()> {
-        let deadline = Instant::now() + self.completion_timeout;
-        let mut spins = 0u32;
+        let mut wait = BoundedWait::new(self.completion_timeout, "send-queue room");
         while self.sq.room() < self.batch_size as u64
             || self.send_cursor.in_use() as usize + self.batch_size > self.rings.layout.count()
             || self.read_cursor.in_use() as usize + self.batch_size > self.rings.layout.count()
         {
             if self.reap()? == 0 {
-                spins += 1;
-                if spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) && Instant::now() >= deadline {
-                    return Err(Error::Timeout {
-                        what: "send-queue room",
-                        waited: self.completion_timeout,
-                    });
+                if let Some(waited) = wait.tick()? {
+                    self.check_peer(waited)?;
                 }
             }
         }
@@ -424,24 +432,23 @@ impl Connection {
     /// Polls until request `seq` retires, or the connection fails, or the
     /// completion timeout passes. `seq` (or a later request) must be signaled.
     pub fn wait_retired(&mut self, seq: u64) -> Result<()> {
-        let deadline = Instant::now() + self.completion_timeout;
-        let start = Instant::now();
-        let mut spins = 0u32;
+        let mut wait = BoundedWait::new(self.completion_timeout, "a send completion");
         while !self.is_retired(seq) {
             if let Some(f) = self.failure {
                 return Err(Error::Completion(f));
             }
             self.reap()?;
-            spins += 1;
-            if spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) && Instant::now() >= deadline {
-                return Err(Error::Timeout {
-                    what: "a send completion",
-                    waited: start.elapsed(),
-                });
+            if let Some(waited) = wait.tick()? {
+                self.check_peer(waited)?;
             }
-            std::hint::spin_loop();
         }
         Ok(())
+    }
+
+    /// Asks rdma_cm (without blocking) whether the peer disconnected; if
+    /// so this side disconnects too and the QP flushes. Returns whether it did.
+    pub fn peer_gone(&mut self) -> Result<bool> {
+        self.ep.peer_gone()
     }
 
     /// Makes sure a completion is coming for everything posted: when the
@@ -465,18 +472,11 @@ impl Connection {
     /// retired; completion events met meanwhile go to `on`.
     pub fn wait_idle(&mut self, mut on: impl FnMut(Event<'_>)) -> Result<()> {
         self.flush_tail()?;
-        let start = Instant::now();
-        let mut spins = 0u32;
+        let mut wait = BoundedWait::new(self.completion_timeout, "the send queue to drain");
         while self.sq.outstanding() > 0 {
             self.poll_send(&mut on)?;
-            spins += 1;
-            if spins.is_multiple_of(SPINS_PER_CLOCK_CHECK)
-                && start.elapsed() >= self.completion_timeout
-            {
-                return Err(Error::Timeout {
-                    what: "the send queue to drain",
-                    waited: start.elapsed(),
-                });
+            if let Some(waited) = wait.tick()? {
+                self.check_peer(waited)?;
             }
         }
         Ok(())
@@ -613,9 +613,7 @@ impl Connection {
         {
             self.rings.refill(&mut self.ep, self.recv_done)?;
         }
-        let start = Instant::now();
-        let deadline = start + self.completion_timeout;
-        let mut spins = 0u32;
+        let mut wait = BoundedWait::new(self.completion_timeout, "a message from the peer");
         loop {
             if let Some(f) = self.failure {
                 return Err(Error::Completion(f));
@@ -659,14 +657,9 @@ impl Connection {
             if self.sq.outstanding() > 0 {
                 self.reap()?;
             }
-            spins += 1;
-            if spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) && Instant::now() >= deadline {
-                return Err(Error::Timeout {
-                    what: "a message from the peer",
-                    waited: start.elapsed(),
-                });
+            if let Some(waited) = wait.tick()? {
+                self.check_peer(waited)?;
             }
-            std::hint::spin_loop();
         }
     }
 }

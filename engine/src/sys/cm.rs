@@ -107,6 +107,27 @@ impl EventChannel {
         self.ptr
     }
 
+    /// The next event if one is queued; never blocks.
+    pub fn try_event(&self) -> Result<Option<CmEvent>> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: ptr is live, raw a valid out-pointer; the fd is
+        // non-blocking, so an empty channel returns EAGAIN.
+        let rc = unsafe { ffi::rdma_get_cm_event(self.ptr, &mut raw) };
+        if rc == 0 {
+            // SAFETY: raw is the event just handed to us; copied, acked once.
+            return Ok(Some(unsafe { copy_and_ack(raw) }));
+        }
+        let err = last_os_error();
+        if err.raw_os_error() == Some(libc::EAGAIN) {
+            Ok(None)
+        } else {
+            Err(Error::Cm {
+                op: "rdma_get_cm_event",
+                source: err,
+            })
+        }
+    }
+
     /// The next event, waiting at most until `deadline`.
     pub fn next_event(&self, what: &'static str, deadline: Instant) -> Result<CmEvent> {
         let start = Instant::now();

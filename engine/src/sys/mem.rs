@@ -182,3 +182,59 @@ pub fn memlock_limit() -> Option<u64> {
         Some(lim.rlim_cur)
     }
 }
+
+/// Fails up front when registering `need` more bytes would exceed the
+/// locked-memory limit (a process with CAP_IPC_LOCK — e.g. root — is
+/// exempt, as the kernel exempts it).
+pub fn check_memlock(need: u64) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    let privileged = unsafe { libc::geteuid() } == 0;
+    memlock_verdict(need, memlock_limit(), privileged)
+}
+
+fn memlock_verdict(need: u64, limit: Option<u64>, privileged: bool) -> Result<()> {
+    match limit {
+        Some(limit) if !privileged && need > limit => Err(Error::Memlock { need, limit }),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memlock_is_checked_before_registration() {
+        assert!(memlock_verdict(1 << 20, Some(64 << 10), false)
+            .unwrap_err()
+            .to_string()
+            .contains("ulimit -l unlimited"));
+        memlock_verdict(1 << 20, Some(64 << 10), true).unwrap();
+        memlock_verdict(1 << 20, None, false).unwrap();
+        memlock_verdict(1 << 10, Some(64 << 10), false).unwrap();
+    }
+
+    #[test]
+    fn base_pages_map_zeroed_and_aligned() {
+        let mut b = Buffer::new(10_000, PageSize::Base).unwrap();
+        assert_eq!(b.len(), 10_000);
+        assert_eq!(b.as_ptr() as usize % PageSize::Base.bytes(), 0);
+        assert!(b.as_slice().iter().all(|x| *x == 0));
+        b.as_mut_slice()[9_999] = 7;
+        assert_eq!(b.as_slice()[9_999], 7);
+    }
+
+    #[test]
+    fn huge_pages_are_never_a_silent_fallback() {
+        // More 1 GiB pages than any test machine reserves: a clear error
+        // that says how to reserve them, not a base-page mapping.
+        let err = Buffer::new(64 << 30, PageSize::Huge1G)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("1 GiB"), "{err}");
+        assert!(
+            err.contains("nr_hugepages") || err.contains("has no 1 GiB huge pages"),
+            "{err}"
+        );
+    }
+}

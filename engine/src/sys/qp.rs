@@ -227,6 +227,33 @@ impl QueuePair {
         self.max_inline
     }
 
+    /// The transport settings the QP actually runs with, read back from
+    /// the device: (local ACK timeout, retry count, RNR retry, path MTU).
+    pub fn transport(&self) -> Result<(u8, u8, u8, u32)> {
+        let mut attr = MaybeUninit::<ffi::ibv_qp_attr>::zeroed();
+        let mut init = MaybeUninit::<ffi::ibv_qp_init_attr>::zeroed();
+        let mask = Mask::IBV_QP_TIMEOUT.0
+            | Mask::IBV_QP_RETRY_CNT.0
+            | Mask::IBV_QP_RNR_RETRY.0
+            | Mask::IBV_QP_PATH_MTU.0;
+        // SAFETY: ptr is live and both out-pointers are valid.
+        let rc = unsafe {
+            ffi::ibv_query_qp(self.ptr, attr.as_mut_ptr(), mask as i32, init.as_mut_ptr())
+        };
+        if rc != 0 {
+            return Err(Error::ModifyQp {
+                from: "query",
+                to: "query",
+                mask,
+                hint: "ibv_query_qp failed",
+                source: crate::error::errno(rc),
+            });
+        }
+        // SAFETY: filled by ibv_query_qp.
+        let a = unsafe { attr.assume_init() };
+        Ok((a.timeout, a.retry_cnt, a.rnr_retry, a.path_mtu))
+    }
+
     pub fn state(&self) -> Result<QpState> {
         let mut attr = MaybeUninit::<ffi::ibv_qp_attr>::zeroed();
         let mut init = MaybeUninit::<ffi::ibv_qp_init_attr>::zeroed();

@@ -1,0 +1,75 @@
+//! Bounded busy-waits: every wait in pinpoll has a deadline, but reading
+//! the clock (a vDSO call) costs more than an empty poll, so it is read only
+//! every [`SPINS_PER_CLOCK_CHECK`] turns.
+
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+
+/// Polls between two reads of the clock.
+pub(crate) const SPINS_PER_CLOCK_CHECK: u32 = 64;
+
+/// One bounded wait for `what`.
+#[derive(Debug)]
+pub(crate) struct BoundedWait {
+    start: Instant,
+    limit: Duration,
+    spins: u32,
+    what: &'static str,
+}
+
+impl BoundedWait {
+    #[inline]
+    pub(crate) fn new(limit: Duration, what: &'static str) -> BoundedWait {
+        BoundedWait {
+            start: Instant::now(),
+            limit,
+            spins: 0,
+            what,
+        }
+    }
+
+    /// One more turn of the loop: `Ok(None)` to keep spinning, `Ok(Some(
+    /// waited))` when the clock was read (the moment for slower checks),
+    /// and a typed timeout once the limit has passed.
+    #[inline]
+    pub(crate) fn tick(&mut self) -> Result<Option<Duration>> {
+        self.spins = self.spins.wrapping_add(1);
+        if !self.spins.is_multiple_of(SPINS_PER_CLOCK_CHECK) {
+            std::hint::spin_loop();
+            return Ok(None);
+        }
+        let waited = self.start.elapsed();
+        if waited >= self.limit {
+            return Err(Error::Timeout {
+                what: self.what,
+                waited,
+            });
+        }
+        Ok(Some(waited))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_ends_in_a_typed_timeout_and_reads_the_clock_rarely() {
+        let mut w = BoundedWait::new(Duration::ZERO, "nothing");
+        for _ in 1..SPINS_PER_CLOCK_CHECK {
+            assert!(matches!(w.tick(), Ok(None)));
+        }
+        match w.tick() {
+            Err(Error::Timeout {
+                what: "nothing", ..
+            }) => {}
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        let mut w = BoundedWait::new(Duration::from_secs(3600), "later");
+        let clock_reads = (0..10 * SPINS_PER_CLOCK_CHECK)
+            .filter(|_| w.tick().unwrap().is_some())
+            .count();
+        assert_eq!(clock_reads, 10);
+    }
+}
