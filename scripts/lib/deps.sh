@@ -1,0 +1,71 @@
+# shellcheck shell=bash
+# scripts/lib/deps.sh: make sure Debian packages are installed.
+#
+#   . scripts/lib/deps.sh
+#   pinpoll_ensure_packages qemu-system-x86 cpio ...
+#
+# For each package name, dpkg-query tells whether it is installed. Missing
+# ones are installed as root with
+#   apt-get update            (once per process tree, see PINPOLL_APT_UPDATED)
+#   apt-get install -y --no-install-recommends PKG...
+# When not root, the exact command to run is printed and the calling script
+# exits 1. Generic: any script of the project may source this file.
+#
+# Other functions:
+#   pinpoll_missing_packages PKG...  print the missing ones (one a line), no side effects
+#   pinpoll_apt_update_once          run `apt-get update` once (root only)
+
+# Guard against double sourcing.
+if [ -n "${__PINPOLL_DEPS_SH:-}" ]; then return 0; fi
+__PINPOLL_DEPS_SH=1
+
+pinpoll_missing_packages() {
+    [ "$#" -eq 0 ] && return 0
+    # One dpkg-query call for all names; unknown names print nothing.
+    local installed
+    installed=$(dpkg-query -W -f='${Package} ${db:Status-Status}\n' "$@" 2>/dev/null |
+        awk '$2 == "installed" { print $1 }') || true
+    local p
+    for p in "$@"; do
+        grep -qxF -- "$p" <<<"$installed" || printf '%s\n' "$p"
+    done
+}
+
+pinpoll_apt_update_once() {
+    if [ "${PINPOLL_APT_UPDATED:-}" = 1 ]; then return 0; fi
+    echo "+ apt-get update" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 update -qq >&2 || {
+        echo "error: apt-get update failed" >&2
+        return 1
+    }
+    export PINPOLL_APT_UPDATED=1
+}
+
+pinpoll_ensure_packages() {
+    if ! command -v dpkg-query >/dev/null 2>&1; then
+        echo "error: dpkg-query not found: this helper only knows Debian/Ubuntu (needed: $*)" >&2
+        exit 1
+    fi
+    local missing
+    mapfile -t missing < <(pinpoll_missing_packages "$@")
+    [ "${#missing[@]}" -eq 0 ] && return 0
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "error: missing packages: ${missing[*]}" >&2
+        echo "install them with:" >&2
+        echo "  sudo apt-get update && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ${missing[*]}" >&2
+        exit 1
+    fi
+    echo "installing missing packages: ${missing[*]}" >&2
+    pinpoll_apt_update_once || exit 1
+    echo "+ apt-get install -y --no-install-recommends ${missing[*]}" >&2
+    if ! DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
+            --no-install-recommends "${missing[@]}" >&2; then
+        echo "error: apt-get install failed for: ${missing[*]}" >&2
+        exit 1
+    fi
+    mapfile -t missing < <(pinpoll_missing_packages "$@")
+    if [ "${#missing[@]}" -ne 0 ]; then
+        echo "error: still missing after apt-get install: ${missing[*]}" >&2
+        exit 1
+    fi
+}

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# scripts/test.sh — THE test command of pinpoll (CI runs it through .ci/run).
+#
+#   scripts/test.sh              fmt, clippy -D warnings, host tests, then every
+#                                device test inside the SoftRoCE guest (full run)
+#   scripts/test.sh --host-only  stop after the host tests (quick development loop)
+#   scripts/test.sh --device-only  only the device tests in the guest
+#
+# Device tests are `#[ignore = "needs an RDMA device"]` on the host; here they
+# run with --include-ignored inside `scripts/softroce-vm` on rxe0. If the guest
+# cannot start, this script fails: nothing is silently skipped.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+top=$PWD
+
+host=1 device=1
+for arg in "$@"; do
+    case $arg in
+        --host-only) device=0 ;;
+        --device-only) host=0 ;;
+        -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "error: unknown option $arg (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+# shellcheck source=scripts/lib/deps.sh
+. scripts/lib/deps.sh
+pinpoll_ensure_packages libibverbs-dev librdmacm-dev libclang-dev pkg-config \
+    rdma-core ibverbs-providers ibverbs-utils perftest iproute2 python3
+
+step() { printf '\n==> %s\n' "$*"; }
+
+if [ "$host" = 1 ]; then
+    step "cargo fmt --check"
+    cargo fmt --all -- --check
+    step "cargo clippy -D warnings"
+    cargo clippy --workspace --all-targets -- -D warnings
+    step "host tests"
+    cargo test --workspace
+fi
+
+[ "$device" = 1 ] || exit 0
+
+step "building the device tests"
+# Build on the host (fast), then run the very same binaries in the guest,
+# each from its package directory as cargo would.
+# Under target/: the guest sees the work tree, but its /tmp is its own.
+mkdir -p target
+list="$top/target/pinpoll-device-tests.list"
+cargo test --workspace --no-run --message-format=json \
+    | python3 -c '
+import json, os, sys
+for line in sys.stdin:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        continue
+    if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
+        continue
+    kind = "example" if "example" in msg["target"]["kind"] else "test" if msg["profile"]["test"] else None
+    if kind:
+        print(os.path.dirname(msg["manifest_path"]) + "\t" + msg["executable"] + "\t" + kind)
+' > "$list"
+[ -s "$list" ] || { echo "error: no test binaries were built" >&2; exit 1; }
+echo "$(wc -l < "$list") test binaries"
+
+step "device tests inside the SoftRoCE guest (scripts/softroce-vm)"
+# The runner in the guest: every binary with --include-ignored; the summary
+# line counts the tests each binary reported.
+cat > "$top/target/pinpoll-device-tests.sh" <<'RUNNER'
+#!/usr/bin/env bash
+set -u
+list=$1 passed=0 failed=0 bad=()
+ibv_devinfo -d "${PINPOLL_DEVICE:?PINPOLL_DEVICE unset: not inside scripts/softroce-vm}" >/dev/null \
+    || { echo "error: device $PINPOLL_DEVICE not usable in the guest" >&2; exit 1; }
+while IFS=$'\t' read -r dir exe kind; do
+    echo "--- $kind $(basename "$exe") (in ${dir#"$PWD"/})"
+    if [ "$kind" = example ]; then
+        # Examples are programs a user runs: each must exit 0 on the device.
+        out=$(cd "$dir" && timeout 300 "$exe" 2>&1)
+        rc=$?
+        printf '%s\n' "$out" | tail -5
+        if [ "$rc" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); bad+=("$(basename "$exe")"); fi
+        continue
+    fi
+    out=$(cd "$dir" && "$exe" --include-ignored --test-threads="${PINPOLL_TEST_THREADS:-2}" 2>&1)
+    rc=$?
+    printf '%s\n' "$out" | grep -E '^(test |test result|failures:|---- |thread |  left|  right|error)' || true
+    p=$(printf '%s\n' "$out" | sed -n 's/^test result: .* \([0-9]*\) passed; \([0-9]*\) failed.*/\1/p' | tail -1)
+    f=$(printf '%s\n' "$out" | sed -n 's/^test result: .* \([0-9]*\) passed; \([0-9]*\) failed.*/\2/p' | tail -1)
+    passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0}))
+    if [ "$rc" -ne 0 ]; then
+        bad+=("$(basename "$exe")")
+        [ "${f:-0}" -gt 0 ] || failed=$((failed + 1))
+        printf '%s\n' "$out" | tail -40
+    fi
+done < "$list"
+echo
+echo "device tests: $passed passed, $failed failed"
+[ "${#bad[@]}" -eq 0 ] || { echo "failing binaries: ${bad[*]}" >&2; exit 1; }
+RUNNER
+chmod +x "$top/target/pinpoll-device-tests.sh"
+scripts/softroce-vm --timeout "${PINPOLL_TEST_TIMEOUT:-2400}" -- "$top/target/pinpoll-device-tests.sh" "$list"
