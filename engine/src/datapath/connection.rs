@@ -310,6 +310,14 @@ impl Connection {
         self.rings.target.as_slice()
     }
 
+    /// Byte `offset` of this side's target ring, loaded from memory on
+    /// every call: spin on it to see a peer's RDMA WRITE land (the last
+    /// byte of a write arrives last on RC).
+    #[inline]
+    pub fn target_byte(&self, offset: usize) -> u8 {
+        self.rings.target.load_byte(offset)
+    }
+
     /// Write access to this side's target ring, e.g. to publish data the
     /// peer will RDMA READ.
     pub fn target_mut(&mut self) -> &mut [u8] {

@@ -147,6 +147,18 @@ impl MemoryRegion {
         self.buf.as_mut_slice()
     }
 
+    /// Reads byte `offset` afresh from memory every call (a volatile load),
+    /// for spinning on a flag the peer's RDMA WRITE will set — the way
+    /// perftest's write latency test waits on the last byte.
+    #[inline]
+    pub fn load_byte(&self, offset: usize) -> u8 {
+        assert!(offset < self.len(), "offset {offset} outside the region of {} bytes", self.len());
+        // SAFETY: offset is inside the live mapping; a volatile byte load
+        // of memory the NIC may write concurrently reads either the old or
+        // the new value, and forces a real load on every call.
+        unsafe { std::ptr::read_volatile(self.buf.as_ptr().add(offset)) }
+    }
+
     /// The bytes `range` of this region, checked, as a scatter/gather entry.
     pub fn slice(&self, range: Range<usize>) -> Result<LocalSlice> {
         check_range(&range, self.len())?;
