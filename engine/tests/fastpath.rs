@@ -362,3 +362,26 @@ fn an_rdma_cm_disconnect_ends_waits_with_an_error() {
     assert!(client.recv().is_err());
     assert_eq!(client.outstanding(), 0);
 }
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn close_flushes_every_posted_request_before_teardown() {
+    let cfg = engine_config();
+    for (mut client, server) in [cm_pair(&cfg), oob_pair(&cfg)] {
+        // Unsignaled writes in flight and a full receive queue posted.
+        let data = pattern(512, 1);
+        for i in 0..3u64 {
+            client.write(&data, i * 512, None).unwrap();
+        }
+        let stats = client.close().unwrap();
+        // Everything posted is accounted: completed or flushed, none failed,
+        // and every posted receive came back flushed.
+        assert_eq!(stats.failed, 0, "{stats:?}");
+        assert_eq!(stats.completed + stats.flushed, stats.posted, "{stats:?}");
+        assert_eq!(
+            stats.recv_flushed, 32,
+            "every posted receive flushed: {stats:?}"
+        );
+        drop(server);
+    }
+}

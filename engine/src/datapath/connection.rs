@@ -183,6 +183,8 @@ pub struct Connection {
     batch_size: usize,
     completion_timeout: Duration,
     failure: Option<WcError>,
+    /// Set by close: flushes are then expected, not failures.
+    closing: bool,
     stats: Stats,
     wcs: [WorkCompletion; POLL_BATCH],
 }
@@ -209,6 +211,7 @@ impl Connection {
             batch_size: cfg.batch_size as usize,
             completion_timeout: cfg.completion_timeout,
             failure: None,
+            closing: false,
             stats: Stats::default(),
             wcs: WorkCompletion::array(),
             ep,
@@ -453,6 +456,76 @@ impl Connection {
         Ok(())
     }
 
+    /// Ends the connection in order: disconnects (rdma_cm) or moves the QP
+    /// to ERR, then polls until every posted send and receive has completed
+    /// (flushed), so the NIC is done with every buffer before the QP, the
+    /// rings and their registrations go. Bounded by the completion timeout.
+    /// Dropping a connection does the same, ignoring errors.
+    pub fn close(mut self) -> Result<Stats> {
+        self.drain()?;
+        Ok(self.stats)
+    }
+
+    fn drain(&mut self) -> Result<()> {
+        if std::mem::replace(&mut self.closing, true) {
+            return Ok(());
+        }
+        let disconnected = self.ep.disconnect();
+        // Unsignaled requests that completed before the QP went to ERR make
+        // no completion, and flushed ones make one each, in order. A
+        // signaled marker posted now (to the ERR QP: it flushes at once)
+        // therefore retires exactly the requests that completed silently.
+        if self.sq.outstanding() > 0 {
+            self.post_marker()?;
+        }
+        let mut wait =
+            BoundedWait::new(self.completion_timeout, "the queue pair to flush at close");
+        while self.sq.outstanding() > 0 || self.rings.recv_posted > self.recv_done {
+            if self.poll(|_| {})? == 0 {
+                if let Err(e) = wait.tick() {
+                    tracing::warn!(
+                        sends = self.sq.outstanding(),
+                        receives = self.rings.recv_posted - self.recv_done,
+                        "work requests still posted at close"
+                    );
+                    return Err(e);
+                }
+            }
+        }
+        disconnected
+    }
+
+    /// A signaled zero-length RDMA WRITE, posted even after a failure.
+    fn post_marker(&mut self) -> Result<()> {
+        while self.sq.room() == 0 {
+            self.poll(|_| {})?;
+        }
+        let (seq, _) = self.sq.admit(true).ok_or(Error::Full {
+            what: "the send queue",
+        })?;
+        self.meta[(seq % self.meta.len() as u64) as usize] = OpMeta {
+            opcode: Some(WcOpcode::RDMA_WRITE),
+            signaled: true,
+            ..OpMeta::default()
+        };
+        let marker = SendRequest {
+            wr_id: seq,
+            opcode: SendOpcode::Write,
+            payload: Payload::Inline(&[]),
+            remote: Some(RemoteSlice {
+                len: 0,
+                ..self.peer
+            }),
+            signaled: true,
+        };
+        let mut batch = self.chain.batch(self.ep.qp());
+        batch.push(marker)?;
+        batch.post()?;
+        self.stats.posted += 1;
+        self.stats.doorbells += 1;
+        Ok(())
+    }
+
     /// Asks rdma_cm (without blocking) whether the peer disconnected; if
     /// so this side disconnects too and the QP flushes. Returns whether it did.
     pub fn peer_gone(&mut self) -> Result<bool> {
@@ -539,7 +612,10 @@ impl Connection {
                             }),
                         }
                     }
-                } else if self.failure.is_none() && s == seq {
+                } else if self.failure.is_none()
+                    && s == seq
+                    && !(self.closing && status == WcStatus::WR_FLUSH_ERR)
+                {
                     let err = WcError {
                         wr_id: seq,
                         opcode: meta.opcode,
@@ -605,7 +681,7 @@ impl Connection {
                 on(Event::Failed(err));
             }
         }
-        if n > 0 && self.failure.is_none() {
+        if n > 0 && self.failure.is_none() && !self.closing {
             self.rings.refill(&mut self.ep, self.recv_done)?;
         }
         Ok(n)
@@ -668,6 +744,14 @@ impl Connection {
             if let Some(waited) = wait.tick()? {
                 self.check_peer(waited)?;
             }
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if let Err(e) = self.drain() {
+            tracing::warn!(error = %e, "connection did not drain cleanly at close");
         }
     }
 }

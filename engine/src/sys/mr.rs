@@ -152,7 +152,11 @@ impl MemoryRegion {
     /// perftest's write latency test waits on the last byte.
     #[inline]
     pub fn load_byte(&self, offset: usize) -> u8 {
-        assert!(offset < self.len(), "offset {offset} outside the region of {} bytes", self.len());
+        assert!(
+            offset < self.len(),
+            "offset {offset} outside the region of {} bytes",
+            self.len()
+        );
         // SAFETY: offset is inside the live mapping; a volatile byte load
         // of memory the NIC may write concurrently reads either the old or
         // the new value, and forces a real load on every call.
