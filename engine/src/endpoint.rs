@@ -157,13 +157,13 @@ impl Endpoint {
 
     /// Busy-polls the send CQ for one completion until `timeout` passes.
     /// An error completion becomes [`Error::Completion`].
-    pub fn wait_send(&self, timeout: Duration) -> Result<Completion> {
-        wait_one(&self.send_cq, timeout, "a send-queue completion")
+    pub fn wait_send(&mut self, timeout: Duration) -> Result<Completion> {
+        self.wait_one(true, timeout, "a send-queue completion")
     }
 
     /// Busy-polls the receive CQ for one completion until `timeout` passes.
-    pub fn wait_recv(&self, timeout: Duration) -> Result<Completion> {
-        wait_one(&self.recv_cq, timeout, "a receive completion")
+    pub fn wait_recv(&mut self, timeout: Duration) -> Result<Completion> {
+        self.wait_one(false, timeout, "a receive completion")
     }
 
     /// Whether rdma_cm reported that the peer disconnected (or the device
@@ -188,6 +188,39 @@ impl Endpoint {
             }
         }
         Ok(false)
+    }
+
+    /// Busy-polls one CQ for one completion, noticing an rdma_cm disconnect
+    /// (which flushes the QP, so the wait ends with the error).
+    fn wait_one(&mut self, send: bool, limit: Duration, what: &'static str) -> Result<Completion> {
+        let mut wc = [WorkCompletion::zeroed()];
+        let mut wait = BoundedWait::new(limit, what);
+        let mut gone = false;
+        loop {
+            let cq = if send { &self.send_cq } else { &self.recv_cq };
+            if let Some(c) = cq.poll(&mut wc)?.first() {
+                return match c.result(None) {
+                    Ok(()) => Ok(Completion {
+                        wr_id: c.wr_id(),
+                        opcode: c.opcode(),
+                        byte_len: c.byte_len(),
+                        imm: c.imm(),
+                    }),
+                    // Flushed because the peer left: say that, not "flushed".
+                    Err(e) if gone && e.status == crate::completion::WcStatus::WR_FLUSH_ERR => {
+                        Err(Error::Disconnected)
+                    }
+                    Err(e) => Err(e.into()),
+                };
+            }
+            if wait
+                .tick()?
+                .is_some_and(|waited| waited >= Duration::from_millis(1))
+                && !gone
+            {
+                gone = self.peer_gone()?;
+            }
+        }
     }
 
     /// Disconnects (rdma_cm) or moves the QP to ERR (out-of-band), so the
@@ -219,22 +252,5 @@ impl Drop for Endpoint {
                 let _ = id.disconnect();
             }
         }
-    }
-}
-
-fn wait_one(cq: &CompletionQueue, limit: Duration, what: &'static str) -> Result<Completion> {
-    let mut wc = [WorkCompletion::zeroed()];
-    let mut wait = BoundedWait::new(limit, what);
-    loop {
-        if let Some(c) = cq.poll(&mut wc)?.first() {
-            c.result(None)?;
-            return Ok(Completion {
-                wr_id: c.wr_id(),
-                opcode: c.opcode(),
-                byte_len: c.byte_len(),
-                imm: c.imm(),
-            });
-        }
-        wait.tick()?;
     }
 }

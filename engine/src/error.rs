@@ -83,7 +83,7 @@ pub enum Error {
     PostRecv { wr_id: u64, source: io::Error },
     #[error("ibv_poll_cq failed")]
     PollCq(#[source] io::Error),
-    #[error("{0}")]
+    #[error(transparent)]
     Completion(#[from] WcError),
     #[error("{what} is full; poll completions (Connection::poll / reap) and retry")]
     Full { what: &'static str },

@@ -7,7 +7,7 @@ use common::*;
 use pinpoll::{Error, SendFlags, WcOpcode, WcStatus};
 
 fn send_recv_moves_bytes(method: Method) {
-    let (mut client, server) = pair(method);
+    let (mut client, mut server) = pair(method);
     for (len, inline) in [(8usize, true), (64, true), (3000, false)] {
         let data = pattern(len, len as u8);
         if inline {
@@ -72,7 +72,7 @@ fn write_moves_bytes(method: Method) {
 }
 
 fn write_with_imm_delivers_data_and_immediate(method: Method) {
-    let (mut client, server) = pair(method);
+    let (mut client, mut server) = pair(method);
     let data = pattern(4096, 5);
     client.local.as_mut_slice()[..4096].copy_from_slice(&data);
     let target = client.remote.sub(8192, 4096).unwrap();

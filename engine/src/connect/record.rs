@@ -139,7 +139,7 @@ impl RegionDescriptor {
         }
         if b[0..4] != REGION_MAGIC || b[4] != VERSION {
             return Err(Error::BadRecord(
-                "private data is not a pinpoll region descriptor (magic/version)".into(),
+                "the bytes are not a pinpoll region descriptor (wrong magic or version)".into(),
             ));
         }
         let addr = u64::from_be_bytes(b[8..16].try_into().expect("8 bytes"));

@@ -808,10 +808,22 @@ impl<'c, 'd> Batch<'c, 'd> {
         if data.len() <= self.inline_threshold {
             return Ok((Payload::Inline(data), false));
         }
-        if data.len() > self.layout.size() {
+        self.ring_payload(data.len(), |slot| {
+            slot.copy_from_slice(data);
+            Ok(())
+        })
+    }
+
+    /// Claims a send-ring slot and lets `fill` write `len` bytes into it —
+    /// registered memory, so the NIC reads them from there with no copy.
+    fn ring_payload(
+        &mut self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> std::io::Result<()>,
+    ) -> Result<(Payload<'d>, bool)> {
+        if len > self.layout.size() {
             return Err(Error::Config(format!(
-                "{} bytes exceed the slot size {}",
-                data.len(),
+                "{len} bytes exceed the slot size {}",
                 self.layout.size()
             )));
         }
@@ -821,12 +833,55 @@ impl<'c, 'd> Batch<'c, 'd> {
             .ok_or(Error::Full {
                 what: "the send ring",
             })?;
-        let range = self.layout.range(self.layout.slot(pos), data.len());
-        self.send_ring.as_mut_slice()[range.clone()].copy_from_slice(data);
+        let range = self.layout.range(self.layout.slot(pos), len);
+        if let Err(source) = fill(&mut self.send_ring.as_mut_slice()[range.clone()]) {
+            self.send_cursor.head -= 1;
+            return Err(Error::Exchange {
+                op: "filling a send-ring slot",
+                source,
+            });
+        }
         Ok((Payload::Registered(self.send_ring.slice(range)?), true))
     }
 
+    /// Adds an RDMA WRITE (with `imm`: WRITE_WITH_IMM) of `len` bytes that
+    /// `fill` writes straight into a registered send-ring slot — e.g. a
+    /// file read with no intermediate buffer. An error from `fill` adds
+    /// nothing.
+    #[inline]
+    pub fn write_from(
+        &mut self,
+        len: usize,
+        remote_offset: u64,
+        imm: Option<u32>,
+        fill: impl FnOnce(&mut [u8]) -> std::io::Result<()>,
+    ) -> Result<u64> {
+        let remote = self.peer.sub(remote_offset, len as u64)?;
+        let (payload, slot) = self.ring_payload(len, fill)?;
+        let opcode = imm.map_or(SendOpcode::Write, SendOpcode::WriteWithImm);
+        self.push(opcode, payload, Some(remote), (slot, false, 0))
+    }
+
+    /// Adds one request whose payload (and ring slots, per `slots`) were
+    /// just claimed; when it cannot be added, the claims are undone, so a
+    /// refused request holds no ring slot.
     fn push(
+        &mut self,
+        opcode: SendOpcode,
+        payload: Payload<'d>,
+        remote: Option<RemoteSlice>,
+        slots: (bool, bool, u32),
+    ) -> Result<u64> {
+        let result = self.admit_and_patch(opcode, payload, remote, slots);
+        if result.is_err() {
+            // The claims were the newest ones: giving them back is exact.
+            self.send_cursor.head -= u64::from(slots.0);
+            self.read_cursor.head -= u64::from(slots.1);
+        }
+        result
+    }
+
+    fn admit_and_patch(
         &mut self,
         opcode: SendOpcode,
         payload: Payload<'d>,

@@ -1,0 +1,28 @@
+//! Shared code of the pinpoll example programs, the classic RDMA teaching
+//! examples done right:
+//!
+//! - `basic`: two peers connect over rdma_cm and swap a text message with
+//!   SEND/RECV (each receive posted before the connection exists).
+//! - `readwrite`: the peers swap memory-region descriptors with SEND/RECV,
+//!   then the client RDMA-WRITEs into, or RDMA-READs from, the server's
+//!   region, which is registered with exactly the access that mode needs.
+//!
+//! The modules are what both programs share:
+//! - [`cli`] — common flags and their parsers.
+//! - [`run`] — `main`: parse, set up logging, run, and turn any failure
+//!   into one `error: ...` line and a non-zero exit status.
+//! - [`output`] — stdout: progress lines (`-q` hides them), and received
+//!   bytes printed safely.
+//! - [`session`] — connecting a client, the server's accept loop, waits on
+//!   completions that check what completed.
+//! - [`shutdown`] — SIGINT/SIGTERM as a flag the server loop polls.
+//! - [`protocol`] — `readwrite`'s wire formats: the connect header and the
+//!   "done" message.
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod output;
+pub mod protocol;
+pub mod run;
+pub mod session;
+pub mod shutdown;

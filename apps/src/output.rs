@@ -1,0 +1,77 @@
+//! What the programs print on stdout: progress lines, which `-q` hides, and
+//! data lines (what came from the peer), which it never hides. stderr is
+//! kept for errors and the log.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+
+use anyhow::Context as _;
+
+/// stdout, line by line (each line flushed at once, so a reader of a pipe
+/// sees it as it happens). A closed stdout is an error, never a panic.
+#[derive(Debug, Clone, Copy)]
+pub struct Output {
+    quiet: bool,
+}
+
+impl Output {
+    pub fn new(quiet: bool) -> Output {
+        Output { quiet }
+    }
+
+    /// A line about what the program is doing, e.g. `listening on [::]:7471`.
+    pub fn progress(&self, line: std::fmt::Arguments<'_>) -> anyhow::Result<()> {
+        if self.quiet {
+            return Ok(());
+        }
+        write_line(line)
+    }
+
+    /// A line of the peer's data: always printed.
+    pub fn data(&self, line: std::fmt::Arguments<'_>) -> anyhow::Result<()> {
+        write_line(line)
+    }
+}
+
+fn write_line(line: std::fmt::Arguments<'_>) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")
+        .and_then(|()| out.flush())
+        .context("writing to stdout")
+}
+
+/// Bytes from the network as one printable line: valid UTF-8 as is,
+/// control characters escaped (`\n`, `\u{1b}`), and bytes that are not
+/// UTF-8 as `\xNN` — a peer cannot forge lines or drive the terminal.
+pub fn printable(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if c.is_control() || c == '\\' {
+                s.extend(c.escape_debug());
+            } else {
+                s.push(c);
+            }
+        }
+        for b in chunk.invalid() {
+            let _ = write!(s, "\\x{b:02x}");
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn text_passes_and_everything_else_is_escaped() {
+        assert_eq!(
+            printable("message from server pid 1".as_bytes()),
+            "message from server pid 1"
+        );
+        assert_eq!(printable("héllo — wörld".as_bytes()), "héllo — wörld");
+        assert_eq!(printable(b"a\nb\x1b[2Jc\0"), "a\\nb\\u{1b}[2Jc\\0");
+        assert_eq!(printable(b"\xff\xfeok\\"), "\\xff\\xfeok\\\\");
+    }
+}

@@ -1,0 +1,278 @@
+//! Connections: a client's resolve-then-connect, the server's accept loop,
+//! and completion waits that check what completed. Every wait is bounded by
+//! `--timeout`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use pinpoll::connect::cm::{Connector, Listener, Request};
+use pinpoll::endpoint::Completion;
+use pinpoll::{Endpoint, QpConfig, WcOpcode};
+
+use crate::cli::{show_addr, socket_addr, CommonArgs, ServerArgs};
+use crate::output::Output;
+use crate::run::{error_line, AlreadyReported};
+use crate::shutdown::Shutdown;
+
+/// How long the server waits for a connect request before it looks at the
+/// shutdown flag again.
+const ACCEPT_SLICE: Duration = Duration::from_millis(200);
+
+/// The queue pair these examples need: a handful of work requests, and
+/// `timeout` for address resolution and connection set-up.
+pub fn qp_config(timeout: Duration) -> QpConfig {
+    QpConfig {
+        max_send_wr: 8,
+        max_recv_wr: 8,
+        cq_depth: 16,
+        connect_timeout: timeout,
+        ..QpConfig::default()
+    }
+}
+
+/// Adds what to do to the error of a machine without RDMA: rdma_cm's event
+/// channel cannot be opened (no `/dev/infiniband/rdma_cm`).
+fn explain(err: pinpoll::Error) -> anyhow::Error {
+    match &err {
+        pinpoll::Error::Cm {
+            op: "rdma_create_event_channel",
+            source,
+        } if matches!(source.raw_os_error(), Some(2 | 19)) => anyhow::anyhow!(
+            "{err}: {source}; no RDMA device: {}",
+            pinpoll::error::HOW_TO_GET_A_DEVICE
+        ),
+        _ => err.into(),
+    }
+}
+
+/// Fails unless an RDMA device named `name` exists, naming those that do.
+pub fn device_exists(name: &str) -> anyhow::Result<()> {
+    let devices = pinpoll::sys::device::list_devices().context("listing RDMA devices")?;
+    if devices.is_empty() {
+        return Err(pinpoll::Error::NoDevice.into());
+    }
+    if devices.iter().any(|d| d.name == name) {
+        return Ok(());
+    }
+    Err(pinpoll::Error::DeviceNotFound {
+        name: name.to_owned(),
+        available: devices
+            .iter()
+            .map(|d| d.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+    })
+    .context("--device")
+}
+
+/// Fails if `--device` was given and the connection is on another device.
+pub fn check_device(ep: &Endpoint, wanted: Option<&str>) -> anyhow::Result<()> {
+    match wanted {
+        Some(wanted) if ep.device_name() != wanted => bail!(
+            "the connection is on RDMA device {}, not {wanted} (--device)",
+            ep.device_name()
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// A client on its way to a connection: address and route resolved, the
+/// endpoint built on the device the route goes through. Register memory
+/// and post receives through [`Client::endpoint`], then [`Client::connect`].
+#[derive(Debug)]
+pub struct Client {
+    conn: Connector,
+    addr: SocketAddr,
+}
+
+impl Client {
+    pub fn resolve(host: &str, port: u16, common: &CommonArgs) -> anyhow::Result<Client> {
+        let addr = socket_addr(host, port)?;
+        if let Some(device) = &common.device {
+            device_exists(device)?;
+        }
+        let mut conn = Connector::resolve(addr, &qp_config(common.timeout))
+            .map_err(|err| match err {
+                // rxe (and most RoCE setups) cannot carry 127.0.0.0/8 or ::1.
+                pinpoll::Error::Cm { op, .. }
+                    if addr.ip().is_loopback() && op != "rdma_create_event_channel" =>
+                {
+                    anyhow::Error::new(err).context(
+                        "a loopback address is not reachable through an RDMA device; \
+                     use the address of the RDMA netdev (e.g. its link-local address)",
+                    )
+                }
+                err => explain(err),
+            })
+            .with_context(|| format!("connecting to {addr}"))?;
+        check_device(conn.endpoint(), common.device.as_deref())
+            .with_context(|| format!("connecting to {addr}"))?;
+        tracing::debug!(%addr, device = conn.endpoint().device_name(), "route resolved");
+        Ok(Client { conn, addr })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn endpoint(&mut self) -> &mut Endpoint {
+        self.conn.endpoint()
+    }
+
+    /// Connects, sending `private_data` in the request.
+    pub fn connect(self, private_data: &[u8]) -> anyhow::Result<Endpoint> {
+        let addr = self.addr;
+        self.conn
+            .connect(private_data)
+            .with_context(|| format!("connecting to {addr}"))
+    }
+}
+
+/// Listens on `--bind`:`port` and hands each connect request to `serve_one`,
+/// one client at a time, until `--count` clients were served or SIGINT or
+/// SIGTERM arrives. A failed client is one `error: client ADDR: ...` line on
+/// stderr and the server goes on; the result is an error if any failed.
+pub fn serve(
+    args: &ServerArgs,
+    common: &CommonArgs,
+    port: u16,
+    out: Output,
+    mut serve_one: impl FnMut(Request, &Output) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let addr = socket_addr(&args.bind, port).context("--bind")?;
+    if let Some(device) = &common.device {
+        device_exists(device)?;
+    }
+    let shutdown = Shutdown::install()?;
+    let listener = Listener::bind(addr)
+        .map_err(explain)
+        .with_context(|| format!("listening on {addr}"))?;
+    out.progress(format_args!(
+        "listening on {}",
+        show_addr(listener.local_addr().or(Some(addr)))
+    ))?;
+    let cfg = qp_config(common.timeout);
+    let (mut served, mut failed) = (0u64, 0u64);
+    while !matches!(args.count, Some(n) if served >= n) && !shutdown.requested() {
+        let mut req = match listener.next_request(&cfg, ACCEPT_SLICE) {
+            Ok(req) => req,
+            Err(pinpoll::Error::Timeout { .. }) => continue,
+            Err(err @ pinpoll::Error::Cm { op, .. })
+                if op == "rdma_get_cm_event" || op == "poll on the event channel" =>
+            {
+                // The listener itself is broken: nothing more will come.
+                return Err(err).context("waiting for clients");
+            }
+            Err(err) => {
+                // This request could not get its resources (it was rejected).
+                served += 1;
+                failed += 1;
+                eprintln!(
+                    "error: {}",
+                    error_line(&anyhow::Error::new(err).context("a connect request"))
+                );
+                continue;
+            }
+        };
+        served += 1;
+        let peer = show_addr(req.peer_addr());
+        let result = match check_device(req.endpoint(), common.device.as_deref()) {
+            Ok(()) => {
+                out.progress(format_args!("client {peer}: connecting"))?;
+                serve_one(req, &out)
+            }
+            Err(err) => Err(refuse(req, err)),
+        };
+        match result {
+            Ok(()) => out.progress(format_args!("client {peer}: done"))?,
+            Err(err) => {
+                failed += 1;
+                eprintln!("error: client {peer}: {}", error_line(&err));
+            }
+        }
+    }
+    if shutdown.requested() {
+        out.progress(format_args!("interrupted: served {served} client(s)"))?;
+    }
+    if failed > 0 {
+        return Err(AlreadyReported.into());
+    }
+    Ok(())
+}
+
+/// Rejects `req`, telling the client why (rdma_cm carries up to 148 bytes),
+/// and returns `err` for the server's own report.
+pub fn refuse(req: Request, err: anyhow::Error) -> anyhow::Error {
+    let mut reason = error_line(&err);
+    let mut cut = reason.len().min(147);
+    while !reason.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    reason.truncate(cut);
+    let mut bytes = reason.into_bytes();
+    bytes.push(0);
+    if let Err(reject_err) = req.reject(&bytes) {
+        tracing::warn!(error = %reject_err, "rejecting the connect request failed");
+    }
+    err.context("refused")
+}
+
+/// Waits for the send-queue completion of work request `wr_id`, which must
+/// be an `opcode`; `what` names it in errors.
+pub fn wait_send(
+    ep: &mut Endpoint,
+    timeout: Duration,
+    wr_id: u64,
+    opcode: WcOpcode,
+    what: &str,
+) -> anyhow::Result<Completion> {
+    let c =
+        wait(ep, timeout, Endpoint::wait_send).with_context(|| format!("waiting for {what}"))?;
+    expect(c, wr_id, opcode, what)
+}
+
+/// Waits for the receive completion of work request `wr_id` (a SEND from
+/// the peer landing in it); `what` names it in errors.
+pub fn wait_recv(
+    ep: &mut Endpoint,
+    timeout: Duration,
+    wr_id: u64,
+    what: &str,
+) -> anyhow::Result<Completion> {
+    let c =
+        wait(ep, timeout, Endpoint::wait_recv).with_context(|| format!("waiting for {what}"))?;
+    expect(c, wr_id, WcOpcode::RECV, what)
+}
+
+/// Waits with `poll`, which ends early with `Error::Disconnected` when
+/// rdma_cm reports that the peer left.
+fn wait(
+    ep: &mut Endpoint,
+    timeout: Duration,
+    poll: fn(&mut Endpoint, Duration) -> pinpoll::Result<Completion>,
+) -> anyhow::Result<Completion> {
+    match poll(ep, timeout) {
+        Ok(c) => Ok(c),
+        Err(pinpoll::Error::Timeout { .. }) => {
+            bail!("timed out after {timeout:?} (--timeout); is the peer stuck or gone?")
+        }
+        Err(err) => Err(err.into()),
+    }
+}
+
+fn expect(c: Completion, wr_id: u64, opcode: WcOpcode, what: &str) -> anyhow::Result<Completion> {
+    if c.wr_id != wr_id || c.opcode != opcode {
+        bail!(
+            "waiting for {what}: got a {} completion of work request {}, expected {opcode} of {wr_id}",
+            c.opcode,
+            c.wr_id
+        );
+    }
+    Ok(c)
+}
+
+/// Disconnects, naming the peer in the error.
+pub fn disconnect(mut ep: Endpoint) -> anyhow::Result<()> {
+    ep.disconnect().context("disconnecting")
+}
