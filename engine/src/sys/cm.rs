@@ -71,15 +71,13 @@ impl EventChannel {
         let ptr = unsafe { ffi::rdma_create_event_channel() };
         if ptr.is_null() {
             let source = last_os_error();
-            let hint = if source.raw_os_error() == Some(libc::ENODEV) {
-                " (is rdma_ucm loaded?)"
-            } else {
-                ""
-            };
-            tracing::debug!(hint, "rdma_create_event_channel failed");
-            return Err(Error::Cm {
-                op: "rdma_create_event_channel",
-                source,
+            return Err(match source.raw_os_error() {
+                // No uverbs/rdma_cm device at all: say how to get one.
+                Some(libc::ENODEV) | Some(libc::ENOENT) => Error::NoDevice,
+                _ => Error::Cm {
+                    op: "rdma_create_event_channel (is the rdma_ucm module loaded?)",
+                    source,
+                },
             });
         }
         let chan = EventChannel { ptr };
