@@ -40,6 +40,7 @@ pub struct Endpoint {
     peer_private_data: Vec<u8>,
     remote_region: Option<RemoteSlice>,
     connected: bool,
+    ever_connected: bool,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -90,6 +91,7 @@ impl Endpoint {
             peer_private_data: Vec::new(),
             remote_region: None,
             connected: false,
+            ever_connected: false,
         })
     }
 
@@ -101,6 +103,7 @@ impl Endpoint {
         self.peer_private_data = peer_private_data;
         self.remote_region = remote_region;
         self.connected = true;
+        self.ever_connected = true;
     }
 
     pub fn qp(&mut self) -> &mut QueuePair {
@@ -164,6 +167,12 @@ impl Endpoint {
     /// Busy-polls the receive CQ for one completion until `timeout` passes.
     pub fn wait_recv(&mut self, timeout: Duration) -> Result<Completion> {
         self.wait_one(false, timeout, "a receive completion")
+    }
+
+    /// Whether this endpoint was connected and is no longer (either side
+    /// disconnected, or the peer was found gone).
+    pub fn was_disconnected(&self) -> bool {
+        self.ever_connected && !self.connected
     }
 
     /// Whether rdma_cm reported that the peer disconnected (or the device

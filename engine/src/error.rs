@@ -105,6 +105,8 @@ pub enum Error {
     Rejected { reason: Option<String> },
     #[error("the peer disconnected")]
     Disconnected,
+    #[error("the peer did not answer a heartbeat for {waited:?} (heartbeat_interval x heartbeat_misses); it is dead or unreachable, the connection is closed")]
+    PeerUnresponsive { waited: Duration },
     #[error("timed out after {waited:?} waiting for {what}")]
     Timeout {
         what: &'static str,

@@ -47,6 +47,13 @@ pub struct EngineConfig {
     pub handoff_depth: u32,
     /// Bound on every completion wait.
     pub completion_timeout: Duration,
+    /// An idle connection sends a heartbeat (a signaled zero-length RDMA
+    /// WRITE, which needs no receive and no CPU at the peer) this often, so
+    /// a dead peer is noticed even when nothing else is sent; `None` = off.
+    pub heartbeat_interval: Option<Duration>,
+    /// Intervals a heartbeat may stay unanswered before the peer is
+    /// declared dead.
+    pub heartbeat_misses: u32,
 }
 
 impl Default for EngineConfig {
@@ -69,6 +76,8 @@ impl Default for EngineConfig {
             idle: IdlePolicy::Spin,
             handoff_depth: 1024,
             completion_timeout: Duration::from_secs(5),
+            heartbeat_interval: Some(Duration::from_secs(1)),
+            heartbeat_misses: 3,
         }
     }
 }
@@ -123,6 +132,18 @@ impl EngineConfig {
                 "a power of two, 1..=1048576",
             ));
         }
+        if self.batch_size + self.signal_interval > self.slot_count {
+            // Unsignaled requests hold their ring slots until a later
+            // signal: the ring, like the queue, must always hold one.
+            return Err(out_of_range(
+                "slot_count",
+                self.slot_count,
+                &format!(
+                    "at least batch_size + signal_interval = {}",
+                    self.batch_size + self.signal_interval
+                ),
+            ));
+        }
         if !self.qp.max_recv_wr.is_power_of_two() {
             return Err(out_of_range(
                 "recv_queue_depth",
@@ -137,11 +158,18 @@ impl EngineConfig {
                 "at least max(send_queue_depth, recv_queue_depth)",
             ));
         }
-        if self.handoff_depth < 2 || self.handoff_depth > 1 << 20 {
+        if !(MIN_HANDOFF_DEPTH..=1 << 20).contains(&self.handoff_depth) {
             return Err(out_of_range(
                 "handoff_depth",
                 self.handoff_depth,
-                "2..=1048576",
+                &format!("{MIN_HANDOFF_DEPTH}..=1048576"),
+            ));
+        }
+        if self.heartbeat_misses == 0 || self.heartbeat_misses > 1000 {
+            return Err(out_of_range(
+                "heartbeat_misses",
+                self.heartbeat_misses,
+                "1..=1000",
             ));
         }
         if self.completion_timeout.is_zero() {
@@ -227,6 +255,8 @@ struct ProfileFile {
     backoff_spins: Option<u32>,
     handoff_depth: Option<u32>,
     completion_timeout_ms: Option<u64>,
+    heartbeat_interval_ms: Option<u64>,
+    heartbeat_misses: Option<u32>,
     connect_timeout_ms: Option<u64>,
     qp_timeout: Option<u8>,
     retry_count: Option<u8>,
@@ -291,6 +321,10 @@ impl ProfileFile {
             c.idle = IdlePolicy::Backoff { spins };
         }
         set!(c.handoff_depth, self.handoff_depth);
+        if let Some(ms) = self.heartbeat_interval_ms {
+            c.heartbeat_interval = (ms > 0).then(|| Duration::from_millis(ms));
+        }
+        set!(c.heartbeat_misses, self.heartbeat_misses);
         set!(
             c.completion_timeout,
             self.completion_timeout_ms.map(Duration::from_millis)
@@ -416,6 +450,14 @@ mod tests {
             (
                 "completion_timeout_ms = 0",
                 "completion_timeout_ms = 0 is out of range",
+            ),
+            (
+                "slot_count = 16",
+                "slot_count = 16 is out of range: allowed at least batch_size + signal_interval = 32",
+            ),
+            (
+                "handoff_depth = 64",
+                "handoff_depth = 64 is out of range: allowed 128..=1048576",
             ),
         ];
         for (text, expected) in cases {

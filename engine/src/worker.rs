@@ -70,6 +70,8 @@ enum Note {
     Refused {
         id: u64,
     },
+    /// Heartbeats went unanswered: the worker closed the connection.
+    PeerLost,
 }
 
 /// A completion handed back by the worker; data borrowed from the engine
@@ -93,6 +95,8 @@ pub enum Completion<'a> {
     RecvFlushed,
     /// Operation `id` was refused: the connection had already failed.
     Refused { id: u64 },
+    /// The peer stopped answering heartbeats; the worker has stopped.
+    PeerLost,
 }
 
 /// What the worker did, returned when it is joined.
@@ -303,6 +307,7 @@ impl Engine {
             Note::Flushed { id } => Completion::Flushed { id },
             Note::RecvFlushed => Completion::RecvFlushed,
             Note::Refused { id } => Completion::Refused { id },
+            Note::PeerLost => Completion::PeerLost,
         })
     }
 
@@ -401,6 +406,10 @@ impl Worker {
             empty = empty.saturating_add(1);
             if empty.is_multiple_of(PEER_CHECK_INTERVAL) || stopping.is_some() {
                 self.conn.peer_gone()?;
+                if let Err(e) = self.conn.keepalive() {
+                    let _ = self.notes.push(Note::PeerLost);
+                    return Err(e);
+                }
             }
             match self.idle {
                 IdlePolicy::Spin => std::hint::spin_loop(),

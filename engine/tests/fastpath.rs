@@ -385,3 +385,28 @@ fn close_flushes_every_posted_request_before_teardown() {
         drop(server);
     }
 }
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn heartbeats_keep_a_healthy_idle_link_and_expose_a_dead_peer() {
+    let mut cfg = engine_config();
+    cfg.heartbeat_interval = Some(Duration::from_millis(50));
+    cfg.heartbeat_misses = 3;
+    cfg.completion_timeout = Duration::from_secs(1);
+    // Out-of-band: no rdma_cm to announce a departure; only heartbeats can.
+    let (mut client, server) = oob_pair(&cfg);
+    // Alive but silent for a second: heartbeats are answered by the peer's
+    // NIC, so the wait ends in its own timeout, not in a dead-peer verdict.
+    let err = client.recv().unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    assert_eq!(client.stats().failed, 0);
+    // Now the peer vanishes without a word.
+    drop(server);
+    client.set_completion_timeout(Duration::from_secs(30));
+    let err = client.recv().unwrap_err();
+    match &err {
+        Error::PeerUnresponsive { .. } => {}
+        Error::Completion(e) => assert_eq!(e.status, WcStatus::RETRY_EXC_ERR, "{err}"),
+        other => panic!("expected a dead-peer error, got {other}"),
+    }
+}

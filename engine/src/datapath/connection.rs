@@ -105,6 +105,18 @@ impl Rings {
     }
 }
 
+/// Heartbeat state of an idle connection.
+#[derive(Debug)]
+struct Heartbeat {
+    interval: Option<Duration>,
+    misses: u32,
+    last_activity: std::time::Instant,
+    /// Completions + receives when last looked at: a change is activity.
+    seen_activity: u64,
+    /// The heartbeat in flight: its sequence number and when it was sent.
+    outstanding: Option<(u64, std::time::Instant)>,
+}
+
 /// What a send-queue work request was, kept until it retires.
 #[derive(Debug, Clone, Copy, Default)]
 struct OpMeta {
@@ -113,6 +125,9 @@ struct OpMeta {
     send_slot: bool,
     read_slot: bool,
     read_len: u32,
+    /// Posted by the engine itself (heartbeat, drain marker): its
+    /// completion is bookkeeping, not an application event.
+    internal: bool,
 }
 
 /// Counters of everything that completed, for accounting and tests.
@@ -185,6 +200,7 @@ pub struct Connection {
     failure: Option<WcError>,
     /// Set by close: flushes are then expected, not failures.
     closing: bool,
+    heartbeat: Heartbeat,
     stats: Stats,
     wcs: [WorkCompletion; POLL_BATCH],
 }
@@ -212,6 +228,13 @@ impl Connection {
             completion_timeout: cfg.completion_timeout,
             failure: None,
             closing: false,
+            heartbeat: Heartbeat {
+                interval: cfg.heartbeat_interval,
+                misses: cfg.heartbeat_misses,
+                last_activity: std::time::Instant::now(),
+                seen_activity: 0,
+                outstanding: None,
+            },
             stats: Stats::default(),
             wcs: WorkCompletion::array(),
             ep,
@@ -403,6 +426,53 @@ impl Connection {
     fn check_peer(&mut self, waited: Duration) -> Result<()> {
         if waited >= PEER_CHECK_AFTER {
             self.ep.peer_gone()?;
+            self.keepalive()?;
+        }
+        Ok(())
+    }
+
+    /// Heartbeats for idle connections (slow path: reads the clock). When
+    /// nothing completed for `heartbeat_interval`, posts a signaled
+    /// zero-length RDMA WRITE; if that stays unanswered for
+    /// `heartbeat_interval × heartbeat_misses`, the peer is declared dead
+    /// and the QP is moved to ERR. Called by the waits and the worker.
+    pub fn keepalive(&mut self) -> Result<()> {
+        let Some(interval) = self.heartbeat.interval else {
+            return Ok(());
+        };
+        if self.failure.is_some() || self.closing {
+            return Ok(());
+        }
+        let now = std::time::Instant::now();
+        let activity = self.stats.completed + self.stats.received;
+        if activity != self.heartbeat.seen_activity {
+            self.heartbeat.seen_activity = activity;
+            self.heartbeat.last_activity = now;
+            self.heartbeat.outstanding = None;
+            return Ok(());
+        }
+        match self.heartbeat.outstanding {
+            Some((seq, _)) if self.is_retired(seq) => {
+                self.heartbeat.outstanding = None;
+                self.heartbeat.last_activity = now;
+            }
+            Some((_, sent)) => {
+                let waited = now - sent;
+                if waited >= interval * self.heartbeat.misses {
+                    let _ = self.ep.disconnect();
+                    return Err(Error::PeerUnresponsive { waited });
+                }
+            }
+            None if now - self.heartbeat.last_activity >= interval && self.sq.room() > 0 => {
+                let mut b = self.batch();
+                b.signal_next();
+                let seq = b.write(&[], 0, None)?;
+                b.post()?;
+                let len = self.meta.len() as u64;
+                self.meta[(seq % len) as usize].internal = true;
+                self.heartbeat.outstanding = Some((seq, now));
+            }
+            None => {}
         }
         Ok(())
     }
@@ -506,6 +576,7 @@ impl Connection {
         self.meta[(seq % self.meta.len() as u64) as usize] = OpMeta {
             opcode: Some(WcOpcode::RDMA_WRITE),
             signaled: true,
+            internal: true,
             ..OpMeta::default()
         };
         let marker = SendRequest {
@@ -526,6 +597,10 @@ impl Connection {
         Ok(())
     }
 
+    fn ep_was_disconnected(&self) -> bool {
+        self.ep.was_disconnected()
+    }
+
     /// Asks rdma_cm (without blocking) whether the peer disconnected; if
     /// so this side disconnects too and the QP flushes. Returns whether it did.
     pub fn peer_gone(&mut self) -> Result<bool> {
@@ -544,8 +619,10 @@ impl Connection {
         }
         let mut b = self.batch();
         b.signal_next();
-        b.write(&[], 0, None)?;
+        let seq = b.write(&[], 0, None)?;
         b.post()?;
+        let len = self.meta.len() as u64;
+        self.meta[(seq % len) as usize].internal = true;
         Ok(())
     }
 
@@ -606,6 +683,7 @@ impl Connection {
                                     data: &self.rings.read.as_slice()[range],
                                 });
                             }
+                            None if meta.internal => {}
                             None => on(Event::Completed {
                                 seq,
                                 opcode: meta.opcode.unwrap_or(WcOpcode::SEND),
@@ -713,11 +791,22 @@ impl Connection {
                         status: wc.status(),
                         vendor_err: wc.vendor_err(),
                     };
+                    if err.status == WcStatus::WR_FLUSH_ERR {
+                        // A flushed receive is a consequence; the cause (a
+                        // send that failed) may still sit in the send CQ.
+                        self.stats.recv_flushed += 1;
+                        if self.failure.is_none() {
+                            self.poll_send(&mut |_| {})?;
+                        }
+                        return Err(match self.failure {
+                            Some(cause) => Error::Completion(cause),
+                            None if self.ep_was_disconnected() => Error::Disconnected,
+                            None => Error::Completion(err),
+                        });
+                    }
                     if self.failure.is_none() {
                         self.failure = Some(err);
                         self.stats.failed += 1;
-                    } else {
-                        self.stats.recv_flushed += 1;
                     }
                     return Err(Error::Completion(err));
                 }
@@ -915,6 +1004,7 @@ impl<'c, 'd> Batch<'c, 'd> {
             send_slot: slots.0,
             read_slot: slots.1,
             read_len: slots.2,
+            internal: false,
         };
         Ok(seq)
     }

@@ -1,0 +1,19 @@
+//! pinpoll-tune: the tuning kit of pinpoll.
+//!
+//! - [`profile`] — the shipped engine profiles (`tuning/profiles/*.toml`):
+//!   finding them, and printing the effective configuration of one.
+//! - [`doctor`] — is this host ready for busy-poll RDMA? Every check is a
+//!   pure function over a [`SystemRoot`] (sysfs and procfs under `/`, or a
+//!   fixture tree) and an [`facts::Inventory`] of device facts (pinpoll's
+//!   verbs queries, or hand-made in tests).
+//!
+//! The `pinpoll-tune` binary is the command line over both.
+#![forbid(unsafe_code)]
+
+pub mod cpulist;
+pub mod doctor;
+pub mod facts;
+pub mod profile;
+pub mod root;
+
+pub use root::SystemRoot;

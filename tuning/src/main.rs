@@ -1,0 +1,194 @@
+//! `pinpoll-tune`: check engine profiles, and check a host for busy-poll
+//! RDMA (`doctor`).
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{anyhow, Context as _};
+use clap::{Parser, Subcommand};
+use pinpoll::EngineConfig;
+use pinpoll_tune::cpulist::{self, CpuSet};
+use pinpoll_tune::doctor::{self, CoresFrom, Inputs, Status};
+use pinpoll_tune::{facts, profile, SystemRoot};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "pinpoll-tune",
+    version,
+    about = "Tuning kit of pinpoll: check engine profiles, and check a host for busy-poll RDMA",
+    after_help = "Exit status: 0 success; 1 a doctor check failed, or `profile check` found the profile invalid;\n2 bad usage (including a doctor --profile that does not load).\nLogs: RUST_LOG=debug shows the verbs queries the doctor makes (stderr)."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Inspect this host for busy-poll RDMA and print check, status, finding and fix
+    ///
+    /// Checks: RDMA devices (hardware or SoftRoCE), port state, active vs max
+    /// MTU, link layer and GID; whether the profile fits the device; 2 MiB and
+    /// 1 GiB huge pages; the locked-memory limit; transparent huge pages; the
+    /// worker cores, their frequency governor and C-states; isolcpus,
+    /// nohz_full and rcu_nocbs; NUMA locality of the NIC; its IRQ affinity.
+    /// Every finding is read from sysfs, procfs or verbs; what cannot be read
+    /// is reported as "warn: cannot read X: reason". Exits 1 when any check
+    /// fails.
+    Doctor(DoctorArgs),
+    /// Engine profiles (tuning/profiles/*.toml)
+    #[command(subcommand)]
+    Profile(ProfileCommand),
+}
+
+#[derive(Debug, clap::Args)]
+struct DoctorArgs {
+    /// Profile whose needs are checked (huge pages, locked memory, device
+    /// limits, its `core`): a name from tuning/profiles or a path to a .toml
+    /// file [default: the engine's defaults]
+    #[arg(long, value_name = "NAME|FILE")]
+    profile: Option<String>,
+    /// Cores the busy-poll worker(s) will be pinned to, in the kernel's list
+    /// syntax (`2`, `2,3`, `2-5`); the NUMA, IRQ, governor, C-state and
+    /// isolation checks look at these [default: the profile's `core`, else
+    /// none]
+    #[arg(long, value_name = "LIST", value_parser = parse_cores)]
+    cores: Option<CpuSet>,
+    /// Examine only this RDMA device [default: every device]
+    #[arg(long, value_name = "NAME")]
+    device: Option<String>,
+    /// Print one JSON object (status, summary, checks, devices, huge pages,
+    /// memlock) instead of the table; the exit status is the same
+    #[arg(long)]
+    json: bool,
+    /// For testing: read /sys and /proc under DIR instead of /. Verbs
+    /// queries are skipped unless DIR is /, so device facts then come from
+    /// DIR's sysfs alone
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    root: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+enum ProfileCommand {
+    /// Validate a profile and print its effective configuration (every key,
+    /// defaults included, in the profile format)
+    Check {
+        /// A profile name from tuning/profiles (latency, throughput,
+        /// softroce; also $PINPOLL_PROFILE_DIR) or a path to a .toml file
+        #[arg(value_name = "NAME|FILE")]
+        profile: String,
+    },
+}
+
+fn parse_cores(text: &str) -> Result<CpuSet, String> {
+    let set = cpulist::parse(text)?;
+    if set.is_empty() {
+        return Err("an empty core list".into());
+    }
+    Ok(set)
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Doctor(args) => doctor_cmd(args),
+        Command::Profile(ProfileCommand::Check { profile }) => profile_check(&profile),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn doctor_cmd(args: DoctorArgs) -> anyhow::Result<ExitCode> {
+    let root = SystemRoot::new(&args.root);
+    if !root.dir().is_dir() {
+        return Err(anyhow!("--root {}: not a directory", args.root.display()));
+    }
+    let config = match &args.profile {
+        Some(p) => EngineConfig::load(p).map_err(|e| anyhow!(profile::load_error(&e)))?,
+        None => EngineConfig::default(),
+    };
+    let (cores, cores_from) = match (args.cores, config.core) {
+        (Some(c), _) => (c, CoresFrom::Flag),
+        (None, Some(c)) => (CpuSet::from([c]), CoresFrom::Profile),
+        (None, None) => (CpuSet::new(), CoresFrom::None),
+    };
+    let inventory = if root.is_host() {
+        facts::gather_verbs(&root, args.device.as_deref())
+    } else {
+        facts::gather_sysfs(
+            &root,
+            args.device.as_deref(),
+            &format!(
+                "verbs queries are skipped with --root {} (device facts come from its sysfs)",
+                args.root.display()
+            ),
+        )
+    };
+    let inputs = Inputs {
+        root: &root,
+        inventory: &inventory,
+        config: &config,
+        profile: args.profile.clone(),
+        device: args.device.clone(),
+        cores,
+        cores_from,
+    };
+    let report = doctor::run(&inputs);
+    let text = if args.json {
+        let mut t = serde_json::to_string_pretty(&report.to_json()).context("encoding JSON")?;
+        t.push('\n');
+        t
+    } else {
+        report.to_table()
+    };
+    write_stdout(&text)?;
+    Ok(if report.status() == Status::Fail {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn profile_check(name: &str) -> anyhow::Result<ExitCode> {
+    match profile::check(name) {
+        Ok(checked) => {
+            let from = match &checked.path {
+                Some(p) => format!(" ({})", p.display()),
+                None => String::new(),
+            };
+            write_stdout(&format!(
+                "# profile {}{from}: valid. Effective configuration:\n{}",
+                checked.name,
+                profile::effective_toml(&checked.config, &checked.set_keys)
+            ))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+/// Writes to stdout; a reader that went away (`| head`) is not an error.
+fn write_stdout(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e).context("writing to stdout"),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,395 @@
+//! Fixture system roots: fake /sys and /proc trees under a temp dir, laid
+//! out like the real ones (relative symlinks included), and hand-made device
+//! facts to go with them.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use pinpoll::gid::GidEntry;
+use pinpoll::EngineConfig;
+use pinpoll_tune::cpulist::CpuSet;
+use pinpoll_tune::doctor::{self, CoresFrom, Finding, Inputs, Report};
+use pinpoll_tune::facts::{
+    DeviceFacts, DeviceLimits, Inventory, LinkLayer, PortFacts, PortState, Source,
+};
+use pinpoll_tune::SystemRoot;
+
+/// A temp directory laid out like `/`, removed on drop.
+pub struct Fixture {
+    pub dir: PathBuf,
+}
+
+impl Fixture {
+    pub fn empty(name: &str) -> Fixture {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "pinpoll-tune-{name}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Fixture { dir }
+    }
+
+    fn at(&self, path: &str) -> PathBuf {
+        self.dir.join(path.trim_start_matches('/'))
+    }
+
+    /// Writes `content` (a trailing newline added, as sysfs has) at `path`.
+    pub fn file(&self, path: &str, content: &str) -> &Self {
+        let p = self.at(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        let _ = std::fs::remove_file(&p);
+        std::fs::write(&p, format!("{content}\n")).unwrap();
+        self
+    }
+
+    pub fn dir(&self, path: &str) -> &Self {
+        std::fs::create_dir_all(self.at(path)).unwrap();
+        self
+    }
+
+    /// A relative symlink at `path` to `target`, as sysfs makes them.
+    pub fn symlink(&self, path: &str, target: &str) -> &Self {
+        let p = self.at(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        let _ = std::fs::remove_file(&p);
+        std::os::unix::fs::symlink(target, &p).unwrap();
+        self
+    }
+
+    pub fn remove(&self, path: &str) -> &Self {
+        let p = self.at(path);
+        if p.is_dir() && !p.is_symlink() {
+            std::fs::remove_dir_all(&p).unwrap();
+        } else {
+            std::fs::remove_file(&p).unwrap();
+        }
+        self
+    }
+
+    /// Makes `path` unreadable as a file even for root: a directory where a
+    /// file is expected (reading it fails with EISDIR).
+    pub fn directory_instead(&self, path: &str) -> &Self {
+        let p = self.at(path);
+        let _ = std::fs::remove_file(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        self
+    }
+
+    /// Makes `path` a dangling symlink (reading it fails with ENOENT while
+    /// the name exists).
+    pub fn dangling(&self, path: &str) -> &Self {
+        self.symlink(path, "does-not-exist")
+    }
+
+    pub fn root(&self) -> SystemRoot {
+        SystemRoot::new(&self.dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The host-wide part of a well-tuned two-node machine with CPUs 0-3
+/// (node 0: 0-1, node 1: 2-3), workers meant for cores 2-3.
+pub fn tuned_host(fx: &Fixture) {
+    fx.file(
+        "/proc/cmdline",
+        "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro isolcpus=managed_irq,domain,2-3 nohz_full=2-3 rcu_nocbs=2-3 quiet",
+    )
+    .file(
+        "/proc/self/limits",
+        "Limit                     Soft Limit           Hard Limit           Units     \n\
+         Max cpu time              unlimited            unlimited            seconds   \n\
+         Max locked memory         unlimited            unlimited            bytes     \n\
+         Max address space         unlimited            unlimited            bytes     ",
+    )
+    .file(
+        "/proc/self/status",
+        "Name:\tpinpoll-tune\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000",
+    )
+    .file("/proc/interrupts", "           CPU0       CPU1       CPU2       CPU3\n  0:         85          0          0          0   IO-APIC   2-edge      timer\nNMI:          0          0          0          0   Non-maskable interrupts")
+    .file("/sys/devices/system/cpu/online", "0-3")
+    .file("/sys/devices/system/cpu/cpuidle/current_driver", "intel_idle")
+    .file("/sys/devices/system/node/node0/cpulist", "0-1")
+    .file("/sys/devices/system/node/node1/cpulist", "2-3")
+    .file("/sys/devices/system/node/online", "0-1")
+    .file("/sys/kernel/mm/transparent_hugepage/enabled", "always [madvise] never")
+    .file(
+        "/sys/kernel/mm/transparent_hugepage/defrag",
+        "always defer defer+madvise [madvise] never",
+    );
+    for cpu in 0..4 {
+        let base = format!("/sys/devices/system/cpu/cpu{cpu}");
+        fx.file(&format!("{base}/cpufreq/scaling_governor"), "performance");
+        for (i, name, latency, disable) in [(0, "POLL", 0, 0), (1, "C1", 2, 0), (2, "C6", 170, 1)] {
+            let s = format!("{base}/cpuidle/state{i}");
+            fx.file(&format!("{s}/name"), name)
+                .file(&format!("{s}/latency"), &latency.to_string())
+                .file(&format!("{s}/disable"), &disable.to_string());
+        }
+    }
+    hugepages(fx, "2048", 256, 256, 0);
+    hugepages(fx, "1048576", 0, 0, 0);
+}
+
+pub fn hugepages(fx: &Fixture, kb: &str, total: u64, free: u64, resv: u64) {
+    let d = format!("/sys/kernel/mm/hugepages/hugepages-{kb}kB");
+    fx.file(&format!("{d}/nr_hugepages"), &total.to_string())
+        .file(&format!("{d}/free_hugepages"), &free.to_string())
+        .file(&format!("{d}/resv_hugepages"), &resv.to_string())
+        .file(&format!("{d}/surplus_hugepages"), "0");
+}
+
+pub const MLX5_PCI: &str = "0000:3b:00.0";
+const MLX5_DEV: &str = "/sys/devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0";
+
+/// A ConnectX (mlx5_0, RoCE on ens1f0) on node 1, port ACTIVE, with three
+/// MSI-X vectors (40: async, 41-42: completions) steered to CPU 3.
+pub fn mlx5(fx: &Fixture) {
+    let ib = format!("{MLX5_DEV}/infiniband/mlx5_0");
+    fx.symlink(
+        "/sys/class/infiniband/mlx5_0",
+        "../../devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0/infiniband/mlx5_0",
+    )
+    .symlink(&format!("{ib}/device"), "../../../0000:3b:00.0")
+    .dir("/sys/bus/pci/drivers/mlx5_core")
+    .symlink(
+        &format!("{MLX5_DEV}/driver"),
+        "../../../../bus/pci/drivers/mlx5_core",
+    )
+    .file(&format!("{MLX5_DEV}/numa_node"), "1")
+    .file(&format!("{MLX5_DEV}/msi_irqs/40"), "msix")
+    .file(&format!("{MLX5_DEV}/msi_irqs/41"), "msix")
+    .file(&format!("{MLX5_DEV}/msi_irqs/42"), "msix")
+    .dir(&format!("{MLX5_DEV}/net/ens1f0"))
+    .file(&format!("{ib}/node_desc"), "host mlx5_0")
+    .file(&format!("{ib}/ports/1/state"), "4: ACTIVE")
+    .file(&format!("{ib}/ports/1/phys_state"), "5: LinkUp")
+    .file(&format!("{ib}/ports/1/link_layer"), "Ethernet")
+    .file(&format!("{ib}/ports/1/gids/0"), "fe80:0000:0000:0000:0a00:27ff:fe00:0001")
+    .file(&format!("{ib}/ports/1/gids/1"), "fe80:0000:0000:0000:0a00:27ff:fe00:0001")
+    .file(&format!("{ib}/ports/1/gids/2"), "0000:0000:0000:0000:0000:0000:0000:0000")
+    .file(&format!("{ib}/ports/1/gid_attrs/types/0"), "IB/RoCE v1")
+    .file(&format!("{ib}/ports/1/gid_attrs/types/1"), "RoCE v2")
+    .file(&format!("{ib}/ports/1/gid_attrs/ndevs/0"), "ens1f0")
+    .file(&format!("{ib}/ports/1/gid_attrs/ndevs/1"), "ens1f0")
+    .file(
+        "/proc/interrupts",
+        "           CPU0       CPU1       CPU2       CPU3\n\
+         \x20 0:         85          0          0          0   IO-APIC   2-edge      timer\n\
+         \x2040:          0          0          0         12   IR-PCI-MSI-0000:3b:00.0    0-edge      mlx5_async0@pci:0000:3b:00.0\n\
+         \x2041:          0          0          0       5033   IR-PCI-MSI-0000:3b:00.0    1-edge      mlx5_comp0@pci:0000:3b:00.0\n\
+         \x2042:          0          0          0        171   IR-PCI-MSI-0000:3b:00.0    2-edge      mlx5_comp1@pci:0000:3b:00.0\n\
+         \x2050:          3          0          0          0   IR-PCI-MSI-0000:00:1f.6    0-edge      eno1\n\
+         NMI:          0          0          0          0   Non-maskable interrupts",
+    );
+    for irq in [0, 40, 41, 42, 50] {
+        fx.file(
+            &format!("/proc/irq/{irq}/smp_affinity_list"),
+            if (40..50).contains(&irq) { "3" } else { "0-3" },
+        );
+    }
+}
+
+/// The SoftRoCE guest: rxe0 over the dummy netdev rxenet0, port ACTIVE,
+/// two CPUs, 256 2 MiB pages, no cpufreq or cpuidle.
+pub fn rxe_guest(fx: &Fixture) {
+    let ib = "/sys/devices/virtual/infiniband/rxe0";
+    fx.symlink(
+        "/sys/class/infiniband/rxe0",
+        "../../devices/virtual/infiniband/rxe0",
+    )
+    .symlink(
+        "/sys/class/net/rxenet0",
+        "../../devices/virtual/net/rxenet0",
+    )
+    .file("/sys/devices/virtual/net/rxenet0/mtu", "1500")
+    .file(&format!("{ib}/parent"), "rxenet0")
+    .file(&format!("{ib}/node_desc"), "rxe")
+    .file(&format!("{ib}/ports/1/state"), "4: ACTIVE")
+    .file(&format!("{ib}/ports/1/phys_state"), "5: LinkUp")
+    .file(&format!("{ib}/ports/1/link_layer"), "Ethernet")
+    .file(
+        &format!("{ib}/ports/1/gids/0"),
+        "fe80:0000:0000:0000:5054:00ff:fe50:0001",
+    )
+    .file(
+        &format!("{ib}/ports/1/gids/1"),
+        "0000:0000:0000:0000:0000:ffff:a9fe:0001",
+    )
+    .file(
+        &format!("{ib}/ports/1/gids/2"),
+        "0000:0000:0000:0000:0000:0000:0000:0000",
+    )
+    .file(&format!("{ib}/ports/1/gid_attrs/types/0"), "RoCE v2")
+    .file(&format!("{ib}/ports/1/gid_attrs/types/1"), "RoCE v2")
+    .file(&format!("{ib}/ports/1/gid_attrs/ndevs/0"), "rxenet0")
+    .file(&format!("{ib}/ports/1/gid_attrs/ndevs/1"), "rxenet0")
+    .file(
+        "/proc/cmdline",
+        "console=ttyS0 quiet loglevel=4 panic=-1 mitigations=off hugepagesz=2M hugepages=256",
+    )
+    .file(
+        "/proc/self/limits",
+        "Limit                     Soft Limit           Hard Limit           Units     \n\
+             Max locked memory         unlimited            unlimited            bytes     ",
+    )
+    .file(
+        "/proc/self/status",
+        "Name:\tpinpoll-tune\nCapEff:\t000001ffffffffff",
+    )
+    .file(
+        "/proc/interrupts",
+        "           CPU0       CPU1\n  0:         85          0   IO-APIC   2-edge      timer",
+    )
+    .file("/sys/devices/system/cpu/online", "0-1")
+    .dir("/sys/devices/system/cpu/cpu0")
+    .dir("/sys/devices/system/cpu/cpu1")
+    .file("/sys/devices/system/cpu/cpuidle/current_driver", "none")
+    .file("/sys/devices/system/node/node0/cpulist", "0-1")
+    .file(
+        "/sys/kernel/mm/transparent_hugepage/enabled",
+        "[always] madvise never",
+    )
+    .file(
+        "/sys/kernel/mm/transparent_hugepage/defrag",
+        "always defer defer+madvise [madvise] never",
+    );
+    hugepages(fx, "2048", 256, 256, 0);
+    hugepages(fx, "1048576", 0, 0, 0);
+}
+
+pub fn gid(index: u32, text: &str, kind: &str) -> GidEntry {
+    GidEntry {
+        index,
+        gid: text.parse::<std::net::Ipv6Addr>().unwrap().octets(),
+        kind: kind.into(),
+    }
+}
+
+pub fn active_port(mtu: u32, gids: Vec<GidEntry>) -> PortFacts {
+    PortFacts {
+        port: 1,
+        state: Ok(PortState {
+            code: 4,
+            name: "ACTIVE".into(),
+        }),
+        active_mtu: Ok(mtu),
+        max_mtu: Ok(4096),
+        link_layer: Ok(LinkLayer::Ethernet),
+        gids: Ok(gids),
+    }
+}
+
+/// What verbs say about the ConnectX of [`mlx5`].
+pub fn mlx5_facts() -> DeviceFacts {
+    DeviceFacts {
+        name: "mlx5_0".into(),
+        limits: Ok(DeviceLimits {
+            max_qp_wr: 32768,
+            max_cqe: 4_194_303,
+            max_sge: 30,
+            max_qp_rd_atom: 16,
+            phys_port_cnt: 1,
+            vendor_id: 0x02c9,
+            vendor_part_id: 4123,
+        }),
+        ports: Ok(vec![active_port(
+            4096,
+            vec![
+                gid(0, "fe80::a00:27ff:fe00:1", "IB/RoCE v1"),
+                gid(1, "fe80::a00:27ff:fe00:1", "RoCE v2"),
+            ],
+        )]),
+        max_inline_data: Ok(828),
+    }
+}
+
+/// What verbs say about rxe0 of [`rxe_guest`] (rxe in Linux 6.x).
+pub fn rxe_facts() -> DeviceFacts {
+    DeviceFacts {
+        name: "rxe0".into(),
+        limits: Ok(DeviceLimits {
+            max_qp_wr: 1_048_576,
+            max_cqe: 32767,
+            max_sge: 32,
+            max_qp_rd_atom: 128,
+            phys_port_cnt: 1,
+            vendor_id: 0x00ff_ffff,
+            vendor_part_id: 0,
+        }),
+        ports: Ok(vec![active_port(
+            1024,
+            vec![
+                gid(0, "fe80::5054:ff:fe50:1", "RoCE v2"),
+                gid(1, "::ffff:169.254.0.1", "RoCE v2"),
+            ],
+        )]),
+        max_inline_data: Ok(512),
+    }
+}
+
+pub fn inventory(devices: Vec<DeviceFacts>) -> Inventory {
+    Inventory {
+        source: Source::Verbs,
+        listing: Ok(devices.iter().map(|d| d.name.clone()).collect()),
+        devices,
+    }
+}
+
+pub fn config(toml: &str) -> EngineConfig {
+    EngineConfig::from_toml(toml).unwrap_or_else(|e| panic!("{toml}: {e}"))
+}
+
+/// Runs the doctor over a fixture, with worker `cores` from --cores.
+pub fn doctor(fx: &Fixture, inv: &Inventory, cfg: &EngineConfig, cores: &[usize]) -> Report {
+    let root = fx.root();
+    let cores: CpuSet = cores.iter().copied().collect();
+    let inputs = Inputs {
+        root: &root,
+        inventory: inv,
+        config: cfg,
+        profile: Some("test".into()),
+        device: None,
+        cores_from: if cores.is_empty() {
+            CoresFrom::None
+        } else {
+            CoresFrom::Flag
+        },
+        cores,
+    };
+    doctor::run(&inputs)
+}
+
+/// The one finding of `check` (about `subject`, if given); panics with the
+/// whole report otherwise.
+pub fn one<'a>(report: &'a Report, check: &str, subject: Option<&str>) -> &'a Finding {
+    let found: Vec<&Finding> = report
+        .findings
+        .iter()
+        .filter(|f| f.check == check && (subject.is_none() || f.subject.as_deref() == subject))
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "one {check} finding expected in:\n{}",
+        report.to_table()
+    );
+    found[0]
+}
+
+#[track_caller]
+pub fn assert_contains(text: &str, part: &str) {
+    assert!(text.contains(part), "{text:?}\n  should contain {part:?}");
+}

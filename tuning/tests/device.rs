@@ -1,0 +1,193 @@
+//! `pinpoll-tune doctor --json` on a real RDMA device: inside
+//! `scripts/softroce-vm` (PINPOLL_DEVICE=rxe0, 256 reserved 2 MiB pages).
+//! Run with `scripts/test.sh --device-only`, or
+//! `scripts/softroce-vm -- cargo test -p pinpoll-tune --test device -- --include-ignored`.
+//! Without a device these fail with the reason instead of passing silently.
+
+use serde_json::Value;
+
+fn device() -> String {
+    std::env::var("PINPOLL_DEVICE").unwrap_or_else(|_| {
+        panic!(
+            "PINPOLL_DEVICE is not set: device tests need an RDMA device. Run them with \
+             `scripts/softroce-vm -- cargo test -p pinpoll-tune -- --include-ignored` (scripts/test.sh does)"
+        )
+    })
+}
+
+/// Runs the doctor; returns its JSON and exit code.
+fn doctor(args: &[&str]) -> (Value, i32) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pinpoll-tune"))
+        .arg("doctor")
+        .arg("--json")
+        .args(args)
+        .output()
+        .expect("pinpoll-tune runs");
+    let code = out.status.code().expect("exit code");
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "doctor --json printed no valid JSON ({e}): stdout {:?}, stderr {:?}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (json, code)
+}
+
+fn meminfo(key: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .unwrap_or_else(|| panic!("no {key} in /proc/meminfo"))
+        .trim()
+        .trim_end_matches(" kB")
+        .parse()
+        .unwrap()
+}
+
+fn check<'a>(json: &'a Value, check: &str, subject: &str) -> &'a Value {
+    json["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == check && c["subject"] == subject)
+        .unwrap_or_else(|| panic!("no {check} check for {subject}: {json:#}"))
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn doctor_reports_the_softroce_guest() {
+    let dev = device();
+    let (json, code) = doctor(&[]);
+
+    // Shape: status, summary, checks (each check/subject/status/finding/fix).
+    let status = json["status"].as_str().expect("status is a string");
+    assert!(["ok", "warn", "fail"].contains(&status), "{status}");
+    assert_eq!(
+        code,
+        if status == "fail" { 1 } else { 0 },
+        "exit status follows the worst check"
+    );
+    let checks = json["checks"].as_array().expect("checks is an array");
+    assert!(!checks.is_empty());
+    for c in checks {
+        assert!(c["check"].is_string(), "{c}");
+        assert!(c["subject"].is_string() || c["subject"].is_null(), "{c}");
+        assert!(
+            ["ok", "warn", "fail"].contains(&c["status"].as_str().unwrap()),
+            "{c}"
+        );
+        assert!(c["finding"].as_str().is_some_and(|f| !f.is_empty()), "{c}");
+        match c["status"].as_str().unwrap() {
+            "ok" => assert!(c["fix"].is_null(), "{c}"),
+            _ => assert!(
+                c["fix"].as_str().is_some_and(|f| !f.is_empty()),
+                "a warning needs a fix: {c}"
+            ),
+        }
+    }
+    let counted: u64 = ["ok", "warn", "fail"]
+        .iter()
+        .map(|s| json["summary"][s].as_u64().unwrap())
+        .sum();
+    assert_eq!(counted as usize, checks.len());
+    assert_eq!(json["context"]["source"], "verbs");
+
+    // rxe0 is SoftRoCE, its port ACTIVE, facts from verbs.
+    let d = json["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == dev.as_str())
+        .unwrap_or_else(|| panic!("{dev} not among the devices: {json:#}"));
+    assert_eq!(d["softroce"], true, "{d:#}");
+    assert_eq!(d["kind"], "softroce");
+    assert_eq!(
+        d["netdev"],
+        std::env::var("PINPOLL_NETDEV").unwrap_or("rxenet0".into())
+    );
+    assert_eq!(
+        d["limits"]["vendor_id"], 0x00ff_ffff,
+        "rxe's vendor id, from ibv_query_device"
+    );
+    assert_eq!(d["ports"][0]["port"], 1);
+    assert_eq!(d["ports"][0]["state"], "ACTIVE");
+    assert_eq!(d["ports"][0]["link_layer"], "Ethernet");
+    assert!(d["ports"][0]["active_mtu"].as_u64().unwrap() >= 256);
+    assert!(d["ports"][0]["selected_gid"].is_u64(), "{d:#}");
+    let kind = check(&json, "device.kind", &dev);
+    assert_eq!(kind["status"], "warn");
+    assert!(
+        kind["finding"].as_str().unwrap().contains("SoftRoCE (rxe)"),
+        "{kind}"
+    );
+    assert!(
+        kind["finding"]
+            .as_str()
+            .unwrap()
+            .contains("functional, not hardware"),
+        "{kind}"
+    );
+    let port = format!("{dev}/1");
+    assert_eq!(check(&json, "port.state", &port)["status"], "ok");
+    assert_eq!(check(&json, "port.gid", &port)["status"], "ok");
+
+    // The huge pages the guest reserved.
+    let total = meminfo("HugePages_Total");
+    if std::env::var_os("PINPOLL_VM_HUGEPAGES").is_none() {
+        assert_eq!(total, 256, "scripts/softroce-vm reserves 256 2 MiB pages");
+    }
+    assert_eq!(json["hugepages"]["2M"]["total"], total);
+    assert_eq!(json["hugepages"]["2M"]["free"], meminfo("HugePages_Free"));
+    let rows = json["checks"].as_array().unwrap();
+    let huge = rows.iter().find(|c| c["check"] == "hugepages.2M").unwrap();
+    assert!(
+        huge["finding"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{total} reserved")),
+        "{huge}"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn the_softroce_profile_fits_rxe() {
+    let dev = device();
+    let (json, _) = doctor(&["--profile", "softroce", "--device", &dev, "--cores", "1"]);
+    let fit = check(&json, "profile.fit", &dev);
+    assert_eq!(fit["status"], "ok", "{fit}");
+    let max_inline = json["devices"][0]["max_inline_data"]
+        .as_u64()
+        .expect("the inline probe ran");
+    let cfg = pinpoll::EngineConfig::load("softroce").unwrap();
+    assert!(
+        u64::from(cfg.inline_threshold) <= max_inline,
+        "softroce inline {} > rxe's {max_inline}",
+        cfg.inline_threshold
+    );
+    assert_eq!(json["context"]["cores"], serde_json::json!([1]));
+    assert_eq!(
+        json["devices"].as_array().unwrap().len(),
+        1,
+        "--device filters"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn verbs_and_sysfs_facts_agree() {
+    let dev = device();
+    let root = pinpoll_tune::SystemRoot::host();
+    let verbs = pinpoll_tune::facts::gather_verbs(&root, Some(&dev));
+    let sysfs = pinpoll_tune::facts::gather_sysfs(&root, Some(&dev), "sysfs only");
+    let (v, s) = (&verbs.devices[0], &sysfs.devices[0]);
+    assert!(v.limits.is_ok(), "{:?}", v.limits);
+    let (vp, sp) = (v.ports.as_ref().unwrap(), s.ports.as_ref().unwrap());
+    assert_eq!(vp.len(), sp.len());
+    for (a, b) in vp.iter().zip(sp) {
+        assert_eq!(a.state, b.state);
+        assert_eq!(a.link_layer, b.link_layer);
+        assert_eq!(a.gids, b.gids);
+    }
+}
