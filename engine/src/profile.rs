@@ -187,6 +187,20 @@ impl EngineConfig {
         Ok(())
     }
 
+    /// Bytes of the send, RDMA-target and READ rings (`slot_count` slots
+    /// each) and of the receive ring (`recv_queue_depth` slots): what one
+    /// connection registers, and so locks.
+    pub fn ring_bytes(&self) -> [u64; 4] {
+        let slot = u64::from(self.slot_size);
+        let ring = slot * u64::from(self.slot_count);
+        [ring, ring, ring, slot * u64::from(self.qp.max_recv_wr)]
+    }
+
+    /// Bytes one connection registers and locks (the sum of [`ring_bytes`](Self::ring_bytes)).
+    pub fn registered_bytes(&self) -> u64 {
+        self.ring_bytes().iter().sum()
+    }
+
     /// Parses a profile; every key is optional and defaults as in
     /// [`EngineConfig::default`].
     pub fn from_toml(text: &str) -> Result<EngineConfig> {
@@ -201,7 +215,7 @@ impl EngineConfig {
     /// profile in `tuning/profiles/` (found next to the executable's
     /// workspace, or under `$PINPOLL_PROFILE_DIR`).
     pub fn load(name_or_path: &str) -> Result<EngineConfig> {
-        let path = resolve_profile(name_or_path)?;
+        let path = locate_profile(name_or_path)?;
         let text = std::fs::read_to_string(&path)
             .map_err(|e| Error::Config(format!("cannot read profile {}: {e}", path.display())))?;
         Self::from_toml(&text).map_err(|e| match e {
@@ -211,19 +225,26 @@ impl EngineConfig {
     }
 }
 
-fn profile_dirs() -> Vec<PathBuf> {
+/// Where a profile name is looked for, in order: `$PINPOLL_PROFILE_DIR`,
+/// the workspace's `tuning/profiles`, then `./tuning/profiles`.
+pub fn profile_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     if let Some(dir) = std::env::var_os("PINPOLL_PROFILE_DIR") {
         dirs.push(PathBuf::from(dir));
     }
-    dirs.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tuning/profiles"));
+    // The workspace this engine was built in (engine/ is one level down).
+    if let Some(workspace) = Path::new(env!("CARGO_MANIFEST_DIR")).parent() {
+        dirs.push(workspace.join("tuning/profiles"));
+    }
     if let Ok(cwd) = std::env::current_dir() {
         dirs.push(cwd.join("tuning/profiles"));
     }
     dirs
 }
 
-fn resolve_profile(name_or_path: &str) -> Result<PathBuf> {
+/// The file `name_or_path` refers to: a path to a `.toml` file, or a
+/// profile name looked up in [`profile_dirs`].
+pub fn locate_profile(name_or_path: &str) -> Result<PathBuf> {
     let direct = Path::new(name_or_path);
     if name_or_path.ends_with(".toml") || name_or_path.contains('/') {
         return Ok(direct.to_path_buf());

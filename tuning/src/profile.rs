@@ -18,30 +18,9 @@ pub fn shipped_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles")
 }
 
-/// Where a profile name is looked for, in [`EngineConfig::load`]'s order:
-/// `$PINPOLL_PROFILE_DIR`, the workspace's `tuning/profiles`, then
-/// `./tuning/profiles`.
-pub fn profile_dirs() -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
-    if let Some(dir) = std::env::var_os("PINPOLL_PROFILE_DIR") {
-        dirs.push(PathBuf::from(dir));
-    }
-    dirs.push(shipped_dir());
-    if let Ok(cwd) = std::env::current_dir() {
-        dirs.push(cwd.join("tuning/profiles"));
-    }
-    dirs
-}
-
 /// The file a name or path refers to, as [`EngineConfig::load`] resolves it.
 pub fn locate(name_or_path: &str) -> Option<PathBuf> {
-    if name_or_path.ends_with(".toml") || name_or_path.contains('/') {
-        return Some(PathBuf::from(name_or_path));
-    }
-    profile_dirs()
-        .into_iter()
-        .map(|d| d.join(format!("{name_or_path}.toml")))
-        .find(|p| p.is_file())
+    pinpoll::profile::locate_profile(name_or_path).ok()
 }
 
 /// A profile that loaded and validated.

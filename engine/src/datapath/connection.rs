@@ -47,7 +47,7 @@ impl Rings {
         cfg.validate()?;
         let layout = SlotLayout::new(cfg.slot_size as usize, cfg.slot_count as usize);
         let recv_layout = SlotLayout::new(cfg.slot_size as usize, cfg.qp.max_recv_wr as usize);
-        crate::sys::mem::check_memlock((3 * layout.bytes() + recv_layout.bytes()) as u64)?;
+        crate::sys::mem::check_memlock(cfg.registered_bytes())?;
         let send = ep.register(layout.bytes(), cfg.pages, Access::LOCAL_READ)?;
         let recv = ep.register(recv_layout.bytes(), cfg.pages, Access::LOCAL_WRITE)?;
         let target = ep.register(

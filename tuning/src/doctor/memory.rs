@@ -63,8 +63,7 @@ pub fn read_pool(root: &SystemRoot, page: PageSize) -> Result<Option<HugePool>, 
 /// `recv_queue_depth` slots, all `slot_size` bytes — what
 /// `pinpoll::datapath` checks against the memlock limit.
 pub fn pinned_bytes(cfg: &EngineConfig) -> u64 {
-    let slot = u64::from(cfg.slot_size);
-    3 * slot * u64::from(cfg.slot_count) + slot * u64::from(cfg.qp.max_recv_wr)
+    cfg.registered_bytes()
 }
 
 /// Huge pages of `page` size one connection maps: each of the four rings is
@@ -75,10 +74,10 @@ pub fn pages_needed(cfg: &EngineConfig, page: PageSize) -> u64 {
         return 0;
     }
     let bytes = page.bytes() as u64;
-    let slot = u64::from(cfg.slot_size);
-    let ring = (slot * u64::from(cfg.slot_count)).div_ceil(bytes);
-    let recv = (slot * u64::from(cfg.qp.max_recv_wr)).div_ceil(bytes);
-    3 * ring + recv
+    cfg.ring_bytes()
+        .iter()
+        .map(|ring| ring.div_ceil(bytes))
+        .sum()
 }
 
 pub fn check_hugepages(inputs: &Inputs<'_>) -> Vec<Finding> {
