@@ -5,43 +5,23 @@ mod common;
 
 use std::time::Duration;
 
-use common::{cm_addr, pattern};
-use pinpoll::connect::cm::Listener;
-use pinpoll::{Completion, Connection, Engine, EngineConfig, Error, QpConfig, WcOpcode};
+use common::{cm_pair, pattern};
+use pinpoll::{Completion, Engine, EngineConfig, Error, QpConfig, WcOpcode};
 
+/// Deeper queues than the fast-path tests: the worker batches what it takes.
 fn engine_config() -> EngineConfig {
+    let base = common::engine_config();
     EngineConfig {
         qp: QpConfig {
             max_send_wr: 64,
             max_recv_wr: 64,
             cq_depth: 128,
-            max_inline_data: 64,
-            timeout: 10,
-            retry_count: 3,
-            rnr_retry: 3,
-            connect_timeout: Duration::from_secs(10),
-            ..QpConfig::default()
+            ..base.qp
         },
-        batch_size: 8,
-        signal_interval: 4,
-        inline_threshold: 64,
-        slot_size: 4096,
         slot_count: 64,
         handoff_depth: 128,
-        completion_timeout: Duration::from_secs(10),
-        ..EngineConfig::default()
+        ..base
     }
-}
-
-fn cm_pair(cfg: &EngineConfig) -> (Connection, Connection) {
-    let listener = Listener::bind(cm_addr()).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let scfg = cfg.clone();
-    let server = std::thread::spawn(move || {
-        Connection::accept(&listener, &scfg, Duration::from_secs(10)).unwrap()
-    });
-    let client = Connection::connect(addr, cfg).unwrap();
-    (client, server.join().unwrap())
 }
 
 #[test]

@@ -4,62 +4,10 @@
 
 mod common;
 
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use common::{cm_addr, device, pattern};
-use pinpoll::connect::cm::Listener;
-use pinpoll::{Connection, EngineConfig, Error, Event, QpConfig, RemoteSlice, WcStatus};
-
-fn engine_config() -> EngineConfig {
-    EngineConfig {
-        qp: QpConfig {
-            max_send_wr: 16,
-            max_recv_wr: 32,
-            cq_depth: 64,
-            max_inline_data: 64,
-            timeout: 10,
-            retry_count: 3,
-            rnr_retry: 3,
-            connect_timeout: Duration::from_secs(10),
-            ..QpConfig::default()
-        },
-        batch_size: 8,
-        signal_interval: 4,
-        inline_threshold: 64,
-        slot_size: 4096,
-        slot_count: 32,
-        completion_timeout: Duration::from_secs(10),
-        ..EngineConfig::default()
-    }
-}
-
-/// (client, server) over rdma_cm.
-fn cm_pair(cfg: &EngineConfig) -> (Connection, Connection) {
-    let listener = Listener::bind(cm_addr()).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let scfg = cfg.clone();
-    let server = std::thread::spawn(move || {
-        Connection::accept(&listener, &scfg, Duration::from_secs(10)).unwrap()
-    });
-    let client = Connection::connect(addr, cfg).unwrap();
-    (client, server.join().unwrap())
-}
-
-/// (client, server) over the TCP exchange.
-fn oob_pair(cfg: &EngineConfig) -> (Connection, Connection) {
-    let tcp = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-    let addr = tcp.local_addr().unwrap();
-    let scfg = cfg.clone();
-    let dev = device();
-    let server = std::thread::spawn(move || {
-        let (mut s, _) = tcp.accept().unwrap();
-        Connection::over_tcp(&mut s, Some(&dev), &scfg).unwrap()
-    });
-    let mut stream = TcpStream::connect(addr).unwrap();
-    let client = Connection::over_tcp(&mut stream, Some(&device()), cfg).unwrap();
-    (client, server.join().unwrap())
-}
+use common::{cm_pair, engine_config, oob_pair, pattern};
+use pinpoll::{Error, Event, RemoteSlice, WcStatus};
 
 #[test]
 #[ignore = "needs an RDMA device"]
@@ -134,6 +82,18 @@ fn batches_beyond_the_send_queue_meet_backpressure_not_overflow() {
     assert_eq!(client.outstanding(), 0, "a dropped batch rolls back");
 }
 
+/// Completed count, failures and flushed sequence numbers, as events come.
+type Tally = (u64, Vec<pinpoll::WcError>, Vec<u64>);
+
+fn tally(events: &mut Tally, ev: Event<'_>) {
+    match ev {
+        Event::Completed { .. } => events.0 += 1,
+        Event::Failed(e) => events.1.push(e),
+        Event::Flushed { seq, .. } => events.2.push(seq),
+        _ => {}
+    }
+}
+
 #[test]
 #[ignore = "needs an RDMA device"]
 fn an_error_in_the_middle_of_unsignaled_work_is_reported_once_and_everything_is_accounted() {
@@ -145,7 +105,7 @@ fn an_error_in_the_middle_of_unsignaled_work_is_reported_once_and_everything_is_
     };
     let data = pattern(100, 42);
     let (total, bad_seq) = (40u64, 20u64);
-    let mut events = (0u64, Vec::new(), Vec::new());
+    let mut events: Tally = (0, Vec::new(), Vec::new());
     let mut posted = 0;
     while posted < total {
         let mut batch = client.batch();
@@ -170,14 +130,7 @@ fn an_error_in_the_middle_of_unsignaled_work_is_reported_once_and_everything_is_
         if client.failure().is_some() {
             break;
         }
-        client
-            .poll(|ev| match ev {
-                Event::Completed { .. } => events.0 += 1,
-                Event::Failed(e) => events.1.push(e),
-                Event::Flushed { seq, .. } => events.2.push(seq),
-                _ => {}
-            })
-            .unwrap();
+        client.poll(|ev| tally(&mut events, ev)).unwrap();
     }
     // Drain until every posted request is accounted for.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -187,14 +140,7 @@ fn an_error_in_the_middle_of_unsignaled_work_is_reported_once_and_everything_is_
             "requests never completed: {:?}",
             client.stats()
         );
-        client
-            .poll(|ev| match ev {
-                Event::Completed { .. } => events.0 += 1,
-                Event::Failed(e) => events.1.push(e),
-                Event::Flushed { seq, .. } => events.2.push(seq),
-                _ => {}
-            })
-            .unwrap();
+        client.poll(|ev| tally(&mut events, ev)).unwrap();
     }
     let stats = client.stats();
     assert_eq!(events.1.len(), 1, "exactly one failure: {:?}", events.1);

@@ -845,6 +845,25 @@ impl Drop for Connection {
     }
 }
 
+/// Claims the next slot of a ring for `len` bytes: its byte range.
+fn claim_slot(
+    cursor: &mut RingCursor,
+    layout: SlotLayout,
+    len: usize,
+    ring: &'static str,
+) -> Result<std::ops::Range<usize>> {
+    if len > layout.size() {
+        return Err(Error::Config(format!(
+            "{len} bytes exceed the slot size {}",
+            layout.size()
+        )));
+    }
+    let pos = cursor
+        .claim(layout.count())
+        .ok_or(Error::Full { what: ring })?;
+    Ok(layout.range(layout.slot(pos), len))
+}
+
 /// Requests gathered for one doorbell. Dropping it unposted forgets them
 /// (the accounting rolls back); nothing reaches the NIC.
 #[must_use = "a batch posts nothing until .post() is called"]
@@ -910,19 +929,7 @@ impl<'c, 'd> Batch<'c, 'd> {
         len: usize,
         fill: impl FnOnce(&mut [u8]) -> std::io::Result<()>,
     ) -> Result<(Payload<'d>, bool)> {
-        if len > self.layout.size() {
-            return Err(Error::Config(format!(
-                "{len} bytes exceed the slot size {}",
-                self.layout.size()
-            )));
-        }
-        let pos = self
-            .send_cursor
-            .claim(self.layout.count())
-            .ok_or(Error::Full {
-                what: "the send ring",
-            })?;
-        let range = self.layout.range(self.layout.slot(pos), len);
+        let range = claim_slot(self.send_cursor, self.layout, len, "the send ring")?;
         if let Err(source) = fill(&mut self.send_ring.as_mut_slice()[range.clone()]) {
             self.send_cursor.head -= 1;
             return Err(Error::Exchange {
@@ -1046,20 +1053,8 @@ impl<'c, 'd> Batch<'c, 'd> {
     /// target ring; the data arrive with [`Event::ReadCompleted`].
     #[inline]
     pub fn read(&mut self, remote_offset: u64, len: usize) -> Result<u64> {
-        if len > self.layout.size() {
-            return Err(Error::Config(format!(
-                "{len} bytes exceed the slot size {}",
-                self.layout.size()
-            )));
-        }
         let remote = self.peer.sub(remote_offset, len as u64)?;
-        let pos = self
-            .read_cursor
-            .claim(self.layout.count())
-            .ok_or(Error::Full {
-                what: "the read ring",
-            })?;
-        let range = self.layout.range(self.layout.slot(pos), len);
+        let range = claim_slot(self.read_cursor, self.layout, len, "the read ring")?;
         let local = self.read_ring.slice(range)?;
         self.push(
             SendOpcode::Read,

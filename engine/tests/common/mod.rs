@@ -10,7 +10,9 @@ use std::time::Duration;
 use pinpoll::connect::cm::{Connector, Listener};
 use pinpoll::connect::oob::Prepared;
 use pinpoll::connect::{parse_socket_addr, RegionDescriptor};
-use pinpoll::{Access, Endpoint, MemoryRegion, PageSize, QpConfig, RemoteSlice};
+use pinpoll::{
+    Access, Connection, Endpoint, EngineConfig, MemoryRegion, PageSize, QpConfig, RemoteSlice,
+};
 
 pub const REGION: usize = 64 * 1024;
 /// Receives are posted into the upper half of `local`, in slots of this size.
@@ -94,12 +96,12 @@ fn post_receives(ep: &mut Endpoint, local: &MemoryRegion) {
 /// A connected (client, server) pair.
 pub fn pair(method: Method) -> (Side, Side) {
     match method {
-        Method::Cm => cm_pair(),
-        Method::Oob => oob_pair(),
+        Method::Cm => cm_sides(),
+        Method::Oob => oob_sides(),
     }
 }
 
-fn cm_pair() -> (Side, Side) {
+fn cm_sides() -> (Side, Side) {
     let listener = Listener::bind(cm_addr()).expect("rdma_cm listen on the rxe address");
     let addr = listener.local_addr().expect("bound address");
     let server = std::thread::spawn(move || {
@@ -158,7 +160,7 @@ fn oob_side(stream: &mut TcpStream) -> Side {
     }
 }
 
-fn oob_pair() -> (Side, Side) {
+fn oob_sides() -> (Side, Side) {
     let tcp = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind loopback");
     let addr = tcp.local_addr().unwrap();
     let server = std::thread::spawn(move || {
@@ -175,4 +177,56 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
         .collect()
+}
+
+/// Small queues and rings, short timeouts: back-pressure and errors show
+/// within a few operations.
+pub fn engine_config() -> EngineConfig {
+    EngineConfig {
+        qp: QpConfig {
+            max_send_wr: 16,
+            max_recv_wr: 32,
+            cq_depth: 64,
+            max_inline_data: 64,
+            timeout: 10,
+            retry_count: 3,
+            rnr_retry: 3,
+            connect_timeout: Duration::from_secs(10),
+            ..QpConfig::default()
+        },
+        batch_size: 8,
+        signal_interval: 4,
+        inline_threshold: 64,
+        slot_size: 4096,
+        slot_count: 32,
+        completion_timeout: Duration::from_secs(10),
+        ..EngineConfig::default()
+    }
+}
+
+/// A connected (client, server) pair of fast-path connections over rdma_cm.
+pub fn cm_pair(cfg: &EngineConfig) -> (Connection, Connection) {
+    let listener = Listener::bind(cm_addr()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let scfg = cfg.clone();
+    let server = std::thread::spawn(move || {
+        Connection::accept(&listener, &scfg, Duration::from_secs(10)).unwrap()
+    });
+    let client = Connection::connect(addr, cfg).unwrap();
+    (client, server.join().unwrap())
+}
+
+/// The same over the out-of-band TCP exchange.
+pub fn oob_pair(cfg: &EngineConfig) -> (Connection, Connection) {
+    let tcp = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let scfg = cfg.clone();
+    let dev = device();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = tcp.accept().unwrap();
+        Connection::over_tcp(&mut s, Some(&dev), &scfg).unwrap()
+    });
+    let mut stream = TcpStream::connect(addr).unwrap();
+    let client = Connection::over_tcp(&mut stream, Some(&device()), cfg).unwrap();
+    (client, server.join().unwrap())
 }
