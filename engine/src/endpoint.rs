@@ -41,6 +41,8 @@ pub struct Endpoint {
     remote_region: Option<RemoteSlice>,
     connected: bool,
     ever_connected: bool,
+    /// The device event that ended the connection, if one did.
+    ended_by: Option<&'static str>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -92,6 +94,7 @@ impl Endpoint {
             remote_region: None,
             connected: false,
             ever_connected: false,
+            ended_by: None,
         })
     }
 
@@ -175,18 +178,45 @@ impl Endpoint {
         self.ever_connected && !self.connected
     }
 
-    /// Whether rdma_cm reported that the peer disconnected (or the device
-    /// went away). If so, disconnects this side too, which moves the QP to
-    /// ERR: every posted request then completes, flushed, so waits end.
-    /// A non-blocking check (one system call); without rdma_cm a dead peer
-    /// shows as a transport timeout instead (RETRY_EXC_ERR).
+    /// Why the connection ended, as an error: a device event, or the peer.
+    pub fn end_error(&self) -> Error {
+        match self.ended_by {
+            Some(event) => Error::DeviceEvent {
+                device: self.device_name().to_owned(),
+                event,
+            },
+            None => Error::Disconnected,
+        }
+    }
+
+    /// Whether the connection ended under us: the device reported a port
+    /// error or a fatal error (any connection method), or rdma_cm reported
+    /// that the peer disconnected. If so, this side disconnects too and the
+    /// QP goes to ERR: every posted request then completes, flushed, so
+    /// waits end. Non-blocking (a system call or two); a peer that dies
+    /// silently shows as a transport timeout or an unanswered heartbeat.
     pub fn peer_gone(&mut self) -> Result<bool> {
-        let Some(id) = &self.cm_id else {
-            return Ok(false);
-        };
         if !self.connected {
             return Ok(false);
         }
+        // The device: a port that went down or a fatal error ends the
+        // connection whichever way it was made.
+        while let Some(ev) = self.pd.context().try_async_event()? {
+            if ev.ends_connection(self.qp.handle()) {
+                tracing::debug!(event = ev.name(), "device event ends the connection");
+                self.connected = false;
+                self.ended_by = Some(ev.name());
+                let _ = self.qp.to_error();
+                if let Some(id) = &self.cm_id {
+                    let _ = id.disconnect();
+                }
+                return Ok(true);
+            }
+            tracing::debug!(event = ev.name(), "device event");
+        }
+        let Some(id) = &self.cm_id else {
+            return Ok(false);
+        };
         while let Some(ev) = id.channel().try_event()? {
             use crate::sys::cm::event;
             if matches!(ev.kind, event::DISCONNECTED | event::DEVICE_REMOVAL) {
@@ -215,9 +245,9 @@ impl Endpoint {
                         byte_len: c.byte_len(),
                         imm: c.imm(),
                     }),
-                    // Flushed because the peer left: say that, not "flushed".
+                    // Flushed because the peer or the port went: say that.
                     Err(e) if gone && e.status == crate::completion::WcStatus::WR_FLUSH_ERR => {
-                        Err(Error::Disconnected)
+                        Err(self.end_error())
                     }
                     Err(e) => Err(e.into()),
                 };

@@ -105,6 +105,8 @@ pub enum Error {
     Rejected { reason: Option<String> },
     #[error("the peer disconnected")]
     Disconnected,
+    #[error("{device} reported {event}: the port or device failed (check `ibv_devinfo` and the netdev's link); the connection is closed")]
+    DeviceEvent { device: String, event: &'static str },
     #[error("the peer did not answer a heartbeat for {waited:?} (heartbeat_interval x heartbeat_misses); it is dead or unreachable, the connection is closed")]
     PeerUnresponsive { waited: Duration },
     #[error("timed out after {waited:?} waiting for {what}")]

@@ -597,10 +597,6 @@ impl Connection {
         Ok(())
     }
 
-    fn ep_was_disconnected(&self) -> bool {
-        self.ep.was_disconnected()
-    }
-
     /// Asks rdma_cm (without blocking) whether the peer disconnected; if
     /// so this side disconnects too and the QP flushes. Returns whether it did.
     pub fn peer_gone(&mut self) -> Result<bool> {
@@ -800,7 +796,7 @@ impl Connection {
                         }
                         return Err(match self.failure {
                             Some(cause) => Error::Completion(cause),
-                            None if self.ep_was_disconnected() => Error::Disconnected,
+                            None if self.ep.was_disconnected() => self.ep.end_error(),
                             None => Error::Completion(err),
                         });
                     }

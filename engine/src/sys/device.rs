@@ -148,6 +148,7 @@ impl Context {
                 source: last_os_error(),
             });
         }
+        set_nonblocking_async_fd(ptr);
         Ok(Arc::new(Context {
             ptr,
             name,
@@ -166,6 +167,7 @@ impl Context {
         let name = unsafe { CStr::from_ptr(ffi::ibv_get_device_name((*ptr).device)) }
             .to_string_lossy()
             .into_owned();
+        set_nonblocking_async_fd(ptr);
         Arc::new(Context {
             ptr,
             name,
@@ -176,6 +178,45 @@ impl Context {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The next asynchronous event of the device (port errors, fatal
+    /// device or QP errors), if one is queued; acknowledged on receipt.
+    /// Never blocks. Events are per device context: with several
+    /// connections sharing one (rdma_cm's), each event reaches one reader.
+    pub fn try_async_event(&self) -> Result<Option<AsyncEvent>> {
+        let mut raw = RawAsyncEvent {
+            element: 0,
+            event_type: 0,
+        };
+        // SAFETY: ptr is a live context whose async fd is non-blocking;
+        // RawAsyncEvent has ibv_async_event's layout (an 8-byte union, then
+        // the enum as u32), read as plain integers so an unknown event type
+        // is not an invalid Rust enum.
+        let rc = unsafe {
+            ffi::ibv_get_async_event(
+                self.ptr,
+                (&mut raw as *mut RawAsyncEvent).cast::<ffi::ibv_async_event>(),
+            )
+        };
+        if rc != 0 {
+            let err = last_os_error();
+            return match err.raw_os_error() {
+                Some(libc::EAGAIN) => Ok(None),
+                _ => Err(Error::QueryDevice(err)),
+            };
+        }
+        // SAFETY: the event was filled by ibv_get_async_event and is
+        // acknowledged exactly once.
+        unsafe {
+            ffi::ibv_ack_async_event(
+                (&mut raw as *mut RawAsyncEvent).cast::<ffi::ibv_async_event>(),
+            )
+        };
+        Ok(Some(AsyncEvent {
+            kind: raw.event_type,
+            element: raw.element,
+        }))
     }
 
     pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_context {
@@ -254,6 +295,79 @@ impl Drop for Context {
             if rc != 0 {
                 tracing::warn!(device = %self.name, error = %last_os_error(), "ibv_close_device failed");
             }
+        }
+    }
+}
+
+/// `struct ibv_async_event` with the event type as a plain integer.
+#[repr(C)]
+struct RawAsyncEvent {
+    element: u64,
+    event_type: u32,
+}
+
+/// Makes `ibv_get_async_event` return EAGAIN instead of blocking.
+fn set_nonblocking_async_fd(ctx: *mut ffi::ibv_context) {
+    // SAFETY: ctx is a live context; async_fd is its open descriptor.
+    let fd = unsafe { (*ctx).async_fd };
+    // SAFETY: fcntl on a valid descriptor.
+    let ok = unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) == 0
+    };
+    if !ok {
+        tracing::warn!(error = %last_os_error(), "cannot make the async event fd non-blocking");
+    }
+}
+
+/// An asynchronous device event (`enum ibv_event_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AsyncEvent {
+    pub kind: u32,
+    /// The QP/CQ pointer or port number the event is about.
+    element: u64,
+}
+
+impl AsyncEvent {
+    pub const QP_FATAL: u32 = 1;
+    pub const DEVICE_FATAL: u32 = 8;
+    pub const PORT_ACTIVE: u32 = 9;
+    pub const PORT_ERR: u32 = 10;
+
+    pub fn name(&self) -> &'static str {
+        const NAMES: [&str; 20] = [
+            "CQ_ERR",
+            "QP_FATAL",
+            "QP_REQ_ERR",
+            "QP_ACCESS_ERR",
+            "COMM_EST",
+            "SQ_DRAINED",
+            "PATH_MIG",
+            "PATH_MIG_ERR",
+            "DEVICE_FATAL",
+            "PORT_ACTIVE",
+            "PORT_ERR",
+            "LID_CHANGE",
+            "PKEY_CHANGE",
+            "SM_CHANGE",
+            "SRQ_ERR",
+            "SRQ_LIMIT_REACHED",
+            "QP_LAST_WQE_REACHED",
+            "CLIENT_REREGISTER",
+            "GID_CHANGE",
+            "WQ_FATAL",
+        ];
+        NAMES.get(self.kind as usize).copied().unwrap_or("UNKNOWN")
+    }
+
+    /// Whether the event ends every connection on the device or port
+    /// (`PORT_ERR`, `DEVICE_FATAL`), or the one whose QP it names
+    /// (`QP_FATAL`, `QP_REQ_ERR`, `QP_ACCESS_ERR`, `CQ_ERR`).
+    pub fn ends_connection(&self, qp: *const std::ffi::c_void) -> bool {
+        match self.kind {
+            Self::PORT_ERR | Self::DEVICE_FATAL => true,
+            0..=3 => self.element == qp as u64 || self.kind == 0,
+            _ => false,
         }
     }
 }

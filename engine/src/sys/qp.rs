@@ -217,6 +217,11 @@ impl QueuePair {
         self.ptr
     }
 
+    /// This QP's identity, for matching asynchronous events to it.
+    pub fn handle(&self) -> *const std::ffi::c_void {
+        self.ptr.cast()
+    }
+
     pub fn qp_num(&self) -> u32 {
         // SAFETY: ptr is a live QP.
         unsafe { (*self.ptr).qp_num }
