@@ -96,8 +96,13 @@ while IFS=$'\t' read -r dir exe kind; do
     fi
 done < "$list"
 echo
-echo "device tests: $passed passed, $failed failed"
+echo "device: $passed passed, $failed failed"
 [ "${#bad[@]}" -eq 0 ] || { echo "failing binaries: ${bad[*]}" >&2; exit 1; }
 RUNNER
 chmod +x "$top/target/pinpoll-device-tests.sh"
 scripts/softroce-vm --timeout "${PINPOLL_TEST_TIMEOUT:-2400}" -- "$top/target/pinpoll-device-tests.sh" "$list"
+
+step "two-guest fault suite (scripts/softroce-vm --hosts 2)"
+# Faults that need a real link between two machines (tc netem, a peer with
+# no server, an address with no host); see scripts/fault-suite.sh.
+scripts/softroce-vm --hosts 2 --timeout "${PINPOLL_FAULT_TIMEOUT:-1200}" -- scripts/fault-suite.sh "$top/target/debug"
