@@ -7,6 +7,9 @@
 //!   fixture tree) and an [`facts::Inventory`] of device facts (pinpoll's
 //!   verbs queries, or hand-made in tests).
 //!
+//! - [`sweep`] — measure `pinpoll-perf` workloads over a grid of engine
+//!   parameters (medians of repeats), plot them, recommend a profile.
+//!
 //! The `pinpoll-tune` binary is the command line over both.
 #![forbid(unsafe_code)]
 
@@ -15,5 +18,6 @@ pub mod doctor;
 pub mod facts;
 pub mod profile;
 pub mod root;
+pub mod sweep;
 
 pub use root::SystemRoot;

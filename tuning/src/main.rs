@@ -1,5 +1,6 @@
-//! `pinpoll-tune`: check engine profiles, and check a host for busy-poll
-//! RDMA (`doctor`).
+//! `pinpoll-tune`: check engine profiles, check a host for busy-poll
+//! RDMA (`doctor`), and measure a parameter grid to recommend a profile
+//! (`sweep`).
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -10,14 +11,15 @@ use clap::{Parser, Subcommand};
 use pinpoll::EngineConfig;
 use pinpoll_tune::cpulist::{self, CpuSet};
 use pinpoll_tune::doctor::{self, CoresFrom, Inputs, Status};
+use pinpoll_tune::sweep::measure::Workload;
 use pinpoll_tune::{facts, profile, SystemRoot};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "pinpoll-tune",
     version,
-    about = "Tuning kit of pinpoll: check engine profiles, and check a host for busy-poll RDMA",
-    after_help = "Exit status: 0 success; 1 a doctor check failed, or `profile check` found the profile invalid;\n2 bad usage (including a doctor --profile that does not load).\nLogs: RUST_LOG=debug shows the verbs queries the doctor makes (stderr)."
+    about = "Tuning kit of pinpoll: check engine profiles, check a host for busy-poll RDMA, sweep engine parameters",
+    after_help = "Exit status: 0 success; 1 a doctor check failed, `profile check` found the profile invalid,\nor a sweep workload has no point measured at every size; 2 bad usage (including a doctor\n--profile that does not load, and a sweep that cannot start: no pinpoll-perf, a bad grid).\nLogs: RUST_LOG=debug shows the verbs queries the doctor makes (stderr)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -40,6 +42,85 @@ enum Command {
     /// Engine profiles (tuning/profiles/*.toml)
     #[command(subcommand)]
     Profile(ProfileCommand),
+    /// Measure pinpoll-perf workloads over a grid of engine parameters and
+    /// message sizes, and recommend a profile for this host
+    ///
+    /// Every grid point is a profile (the base profile with the point's
+    /// keys) run as `pinpoll-perf WORKLOAD --loopback -s SIZE --profile
+    /// POINT.toml --json`, --repeat times (repeats outermost, so a noisy
+    /// spell hits every point alike); figures are medians of the repeats.
+    /// Invalid combinations (the engine's relations, the device's inline
+    /// limit) are skipped and reported. Writes into --out: runs.csv (every
+    /// run), medians.csv (one row per point and size), WORKLOAD.svg (median
+    /// p50/p99 or bandwidth against each swept key), and
+    /// recommended-WORKLOAD.toml / recommended.toml: latency workloads
+    /// minimize median p50 (tie-break p99), bandwidth workloads maximize
+    /// median MiB/s.
+    Sweep(SweepArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct SweepArgs {
+    /// pinpoll-perf workloads, comma-separated: write-lat, send-lat,
+    /// read-lat, write-bw, send-bw, read-bw. The first one's
+    /// recommendation is also written as recommended.toml
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "write-lat,write-bw"
+    )]
+    workloads: Vec<Workload>,
+    /// Message sizes in bytes, comma-separated
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "64,4096"
+    )]
+    sizes: Vec<usize>,
+    /// Keys to sweep and their values: KEY=V1,V2,... (one or more; keys:
+    /// batch_size, signal_interval, inline_threshold, send_queue_depth,
+    /// recv_queue_depth, cq_depth, slot_size, slot_count, idle,
+    /// backoff_spins, hugepages) [default: batch_size=1,16
+    /// signal_interval=1,16 unless --grid-file is given]
+    #[arg(long, value_name = "KEY=V1,V2", num_args = 1..)]
+    grid: Vec<String>,
+    /// A TOML grid file: KEY = [V1, V2, ...] per line (combined with --grid)
+    #[arg(long, value_name = "FILE")]
+    grid_file: Option<PathBuf>,
+    /// Runs per point and size; the figures are their medians
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    repeat: u32,
+    /// pinpoll-perf iterations per run (-n). The default keeps the default
+    /// grid to a few minutes on rxe in the TCG guest; raise it on hardware
+    /// (pinpoll-perf's own defaults are 1000 for latency, 5000 for bandwidth)
+    #[arg(short = 'n', long, value_name = "N", default_value_t = 200)]
+    iterations: u64,
+    /// Directory for the CSV, SVG and recommended profiles (created)
+    #[arg(long, value_name = "DIR", default_value = "pinpoll-sweep")]
+    out: PathBuf,
+    /// Profile every point starts from: a name from tuning/profiles or a
+    /// path [default: softroce on an rxe device, else pinpoll-perf's
+    /// default for the workload: latency or throughput]
+    #[arg(long, value_name = "NAME|FILE")]
+    base_profile: Option<String>,
+    /// RDMA device [default: $PINPOLL_DEVICE, else pinpoll-perf's choice]
+    #[arg(short = 'd', long, value_name = "DEV")]
+    device: Option<String>,
+    /// pinpoll-perf's --mode: direct, or engine (a pinned worker owns the
+    /// connection; `idle` only matters there)
+    #[arg(long, value_name = "MODE", default_value = "direct", value_parser = ["direct", "engine"])]
+    mode: String,
+    /// Kill a pinpoll-perf run that takes longer than this (seconds)
+    #[arg(long, value_name = "SECONDS", default_value_t = 120.0)]
+    timeout: f64,
+    /// The pinpoll-perf binary [default: next to pinpoll-tune, else in PATH]
+    #[arg(long, value_name = "PATH")]
+    perf: Option<PathBuf>,
+    /// List the grid points (and which are invalid) without running anything
+    #[arg(long)]
+    dry_run: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -101,6 +182,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Doctor(args) => doctor_cmd(args),
         Command::Profile(ProfileCommand::Check { profile }) => profile_check(&profile),
+        Command::Sweep(args) => sweep_cmd::run(args),
     };
     match result {
         Ok(code) => code,
@@ -182,6 +264,8 @@ fn profile_check(name: &str) -> anyhow::Result<ExitCode> {
         }
     }
 }
+
+mod sweep_cmd;
 
 /// Writes to stdout; a reader that went away (`| head`) is not an error.
 fn write_stdout(text: &str) -> anyhow::Result<()> {

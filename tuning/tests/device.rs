@@ -4,6 +4,8 @@
 //! `scripts/softroce-vm -- cargo test -p pinpoll-tune --test device -- --include-ignored`.
 //! Without a device these fail with the reason instead of passing silently.
 
+mod common;
+
 use serde_json::Value;
 
 fn device() -> String {
@@ -189,5 +191,101 @@ fn verbs_and_sysfs_facts_agree() {
         assert_eq!(a.state, b.state);
         assert_eq!(a.link_layer, b.link_layer);
         assert_eq!(a.gids, b.gids);
+    }
+}
+
+/// A tiny `pinpoll-tune sweep` on the device: two workloads, one size, a
+/// 2 x 2 grid of which one value is beyond any device's inline limit
+/// (skipped), two repeats. Checks the CSVs, the SVGs and that the
+/// recommended profile loads back and validates.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_tiny_sweep_runs_end_to_end() {
+    let dev = device();
+    let fx = common::Fixture::empty("sweep-device");
+    let out = fx.path().join("out");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_pinpoll-tune"))
+        .args([
+            "sweep",
+            "-d",
+            &dev,
+            "--workloads",
+            "write-lat,write-bw",
+            "--sizes",
+            "64",
+            "--grid",
+            "signal_interval=1,16",
+            "inline_threshold=64,8192",
+            "--repeat",
+            "2",
+            "-n",
+            "100",
+            "--timeout",
+            "120",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .expect("pinpoll-tune runs");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    // inline_threshold=8192 is beyond the probe's 4096 cap: skipped, reported.
+    assert_eq!(stderr.matches("skipped:").count(), 4, "{stderr}");
+    common::assert_contains(&stderr, "max_inline_data");
+
+    // runs.csv: header + 2 workloads x 2 valid points x 1 size x 2 repeats.
+    let runs = std::fs::read_to_string(out.join("runs.csv")).unwrap();
+    let lines: Vec<&str> = runs.lines().collect();
+    let head = pinpoll_tune::sweep::csv::split(lines[0]);
+    let col = |n: &str| head.iter().position(|h| h == n).unwrap();
+    assert_eq!(lines.len(), 1 + 8, "{runs}");
+    for l in &lines[1..] {
+        let f = pinpoll_tune::sweep::csv::split(l);
+        assert_eq!(f[col("status")], "ok", "{l}");
+        assert_eq!(f[col("inline_threshold")], "64");
+        if f[col("workload")] == "write-lat" {
+            let p50: f64 = f[col("p50_us")].parse().unwrap();
+            let p99: f64 = f[col("p99_us")].parse().unwrap();
+            assert!(p50 > 0.0 && p99 >= p50, "{l}");
+            // -Q carries the point's signal_interval to the latency test.
+            assert_eq!(
+                f[col("conn_signal_interval")],
+                f[col("signal_interval")],
+                "{l}"
+            );
+        } else {
+            assert!(f[col("mib_per_sec")].parse::<f64>().unwrap() > 0.0, "{l}");
+        }
+    }
+    // medians.csv: every point of every workload, the skipped ones too.
+    let medians = std::fs::read_to_string(out.join("medians.csv")).unwrap();
+    assert_eq!(medians.lines().count(), 1 + 2 * 4, "{medians}");
+    assert_eq!(medians.matches(",invalid,").count(), 4);
+    assert_eq!(
+        medians.matches(",yes,").count(),
+        2,
+        "one recommended point per workload"
+    );
+
+    for (w, series) in [("write-lat", "p50 64 B"), ("write-bw", "MiB/s 64 B")] {
+        let svg = std::fs::read_to_string(out.join(format!("{w}.svg"))).unwrap();
+        common::assert_well_formed(&svg);
+        common::assert_contains(&svg, &format!("data-series=\"{series}\""));
+        common::assert_contains(&svg, ">signal_interval</text>");
+        common::assert_contains(&svg, ">inline_threshold</text>");
+    }
+    for f in [
+        "recommended.toml",
+        "recommended-write-lat.toml",
+        "recommended-write-bw.toml",
+    ] {
+        let path = out.join(f);
+        let text = std::fs::read_to_string(&path).unwrap();
+        common::assert_contains(&text, &format!("device {dev}"));
+        let cfg = pinpoll::EngineConfig::load(path.to_str().unwrap())
+            .unwrap_or_else(|e| panic!("{f} does not load: {e}\n{text}"));
+        cfg.validate().unwrap();
+        assert_eq!(cfg.inline_threshold, 64);
     }
 }

@@ -393,3 +393,68 @@ pub fn one<'a>(report: &'a Report, check: &str, subject: Option<&str>) -> &'a Fi
 pub fn assert_contains(text: &str, part: &str) {
     assert!(text.contains(part), "{text:?}\n  should contain {part:?}");
 }
+
+/// Checks that `svg` is well-formed XML as we write it: every element
+/// closed in order, attributes quoted, only the five entities.
+#[track_caller]
+pub fn assert_well_formed(svg: &str) {
+    let body = svg
+        .strip_prefix("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n")
+        .expect("an XML declaration");
+    let mut stack: Vec<String> = Vec::new();
+    let mut rest = body;
+    let mut roots = 0;
+    while let Some(open) = rest.find('<') {
+        let text = &rest[..open];
+        check_text(text);
+        let close = rest[open..].find('>').expect("a tag closes") + open;
+        let tag = &rest[open + 1..close];
+        if let Some(name) = tag.strip_prefix('/') {
+            assert_eq!(
+                stack.pop().as_deref(),
+                Some(name.trim()),
+                "mismatched </{name}>"
+            );
+        } else {
+            let self_closing = tag.ends_with('/');
+            let tag = tag.trim_end_matches('/');
+            let name = tag.split_whitespace().next().expect("a tag name");
+            assert!(
+                name.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == ':'),
+                "{name}"
+            );
+            let attrs = &tag[name.len()..];
+            assert_eq!(
+                attrs.matches('"').count() % 2,
+                0,
+                "unbalanced quotes in <{tag}>"
+            );
+            check_text(attrs);
+            if stack.is_empty() {
+                roots += 1;
+            }
+            if !self_closing {
+                stack.push(name.to_owned());
+            }
+        }
+        rest = &rest[close + 1..];
+    }
+    assert!(stack.is_empty(), "unclosed {stack:?}");
+    assert_eq!(roots, 1, "one root element");
+    assert!(rest.trim().is_empty());
+}
+
+fn check_text(text: &str) {
+    assert!(!text.contains('<'));
+    let mut parts = text.split('&');
+    parts.next();
+    for p in parts {
+        assert!(
+            ["amp;", "lt;", "gt;", "quot;", "apos;"]
+                .iter()
+                .any(|e| p.starts_with(e)),
+            "a bare & in {text:?}"
+        );
+    }
+}

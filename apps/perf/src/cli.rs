@@ -1,0 +1,407 @@
+//! The command line: perftest's flags where they mean the same thing,
+//! plus ours, checked into [`Settings`] before anything touches a device.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::plan::{Kind, Mode, Overrides, MAX_SIZE};
+
+/// perftest's default port.
+pub const DEFAULT_PORT: u16 = 18515;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "pinpoll-perf",
+    version,
+    about = "perftest-style latency and bandwidth tests of pinpoll",
+    long_about = "perftest-style latency and bandwidth tests of pinpoll.\n\n\
+        Run one side without HOST (the server: it waits for one client and follows the \
+        client's parameters) and the other with HOST (the client: it measures and reports), \
+        or both sides in one process with --loopback. Connections use rdma_cm unless --oob \
+        asks for perftest's TCP exchange.\n\n\
+        Examples:\n  \
+        pinpoll-perf write-lat --loopback -d rxe0 -s 8\n  \
+        pinpoll-perf write-bw                       # server\n  \
+        pinpoll-perf write-bw 169.254.0.1 -s 65536  # client"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// RDMA WRITE ping-pong latency (half a round trip; each side spins on
+    /// the last byte of the peer's write, as ib_write_lat does).
+    #[command(name = "write-lat")]
+    WriteLat(PerfArgs),
+    /// SEND/RECV ping-pong latency (half a round trip, as ib_send_lat).
+    #[command(name = "send-lat")]
+    SendLat(PerfArgs),
+    /// RDMA READ latency (a full round trip, as ib_read_lat).
+    #[command(name = "read-lat")]
+    ReadLat(PerfArgs),
+    /// RDMA WRITE bandwidth and message rate (as ib_write_bw).
+    #[command(name = "write-bw")]
+    WriteBw(PerfArgs),
+    /// SEND bandwidth and message rate (as ib_send_bw).
+    #[command(name = "send-bw")]
+    SendBw(PerfArgs),
+    /// RDMA READ bandwidth and message rate (as ib_read_bw).
+    #[command(name = "read-bw")]
+    ReadBw(PerfArgs),
+}
+
+impl Command {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Command::WriteLat(_) => Kind::WriteLat,
+            Command::SendLat(_) => Kind::SendLat,
+            Command::ReadLat(_) => Kind::ReadLat,
+            Command::WriteBw(_) => Kind::WriteBw,
+            Command::SendBw(_) => Kind::SendBw,
+            Command::ReadBw(_) => Kind::ReadBw,
+        }
+    }
+
+    pub fn args(&self) -> &PerfArgs {
+        match self {
+            Command::WriteLat(a)
+            | Command::SendLat(a)
+            | Command::ReadLat(a)
+            | Command::WriteBw(a)
+            | Command::SendBw(a)
+            | Command::ReadBw(a) => a,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PerfArgs {
+    /// The server to connect to (IPv4, or IPv6 with %interface for
+    /// link-local). Without HOST (and without --loopback) this side is
+    /// the server.
+    pub host: Option<String>,
+
+    /// RDMA device, e.g. rxe0 (perftest's -d). Used by --oob and
+    /// --loopback, which open the device themselves; rdma_cm picks the
+    /// device that owns the address. Default: $PINPOLL_DEVICE, else the
+    /// first device with an active port.
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    pub device: Option<String>,
+
+    /// Port to listen on (server) or connect to (client): rdma_cm's port,
+    /// or with --oob the TCP port of the exchange.
+    #[arg(short = 'p', long, value_name = "PORT", default_value_t = DEFAULT_PORT)]
+    pub port: u16,
+
+    /// Message size in bytes, 1..=8388608 (latency default 2, bandwidth
+    /// default 65536, as perftest).
+    #[arg(short = 's', long, value_name = "BYTES")]
+    pub size: Option<usize>,
+
+    /// Measured iterations (at least 5; latency default 1000, bandwidth
+    /// default 5000, as perftest).
+    #[arg(short = 'n', long = "iters", value_name = "N")]
+    pub iters: Option<u64>,
+
+    /// Run every size from 2 to 2^23 bytes, doubling (perftest's -a).
+    #[arg(short = 'a', long = "all", conflicts_with = "size")]
+    pub all: bool,
+
+    /// Send-queue depth in work requests (perftest's --tx-depth).
+    /// Default: the profile's send_queue_depth.
+    #[arg(short = 't', long = "tx-depth", value_name = "DEPTH")]
+    pub tx_depth: Option<u32>,
+
+    /// Work requests posted per doorbell (perftest's --post_list; our
+    /// batch_size). Default: the profile's.
+    #[arg(short = 'l', long = "post_list", value_name = "N")]
+    pub post_list: Option<u32>,
+
+    /// One signaled completion per this many sends (perftest's --cq-mod;
+    /// our signal_interval). Default: 16 for latency tests (perftest
+    /// signals one in 100), the profile's for bandwidth tests.
+    #[arg(short = 'Q', long = "cq-mod", value_name = "N")]
+    pub cq_mod: Option<u32>,
+
+    /// Largest payload posted inline, 0 to never inline (perftest's
+    /// --inline_size). Default: the profile's inline_threshold. The
+    /// device may refuse a large value when the queue pair is created.
+    #[arg(short = 'I', long = "inline_size", value_name = "BYTES")]
+    pub inline_size: Option<u32>,
+
+    /// Report bandwidth in Gb/s (10^9 bit/s) instead of MiB/s. The JSON
+    /// output always has both.
+    #[arg(long = "report_gbits")]
+    pub report_gbits: bool,
+
+    /// Who posts on the client: `direct` (the measuring thread owns the
+    /// connection) or `engine` (a pinned pinpoll::Engine worker owns it).
+    /// The server is always direct.
+    #[arg(long, value_enum, default_value_t = Mode::Direct)]
+    pub mode: Mode,
+
+    /// Core of the busy thread that owns the connection: the measuring
+    /// thread in direct mode, the worker in engine mode. With --loopback
+    /// the default is core 1 (core 0 is the server's); otherwise unpinned.
+    #[arg(long, value_name = "N")]
+    pub core: Option<usize>,
+
+    /// Engine mode: core of the measuring (application) thread. With
+    /// --loopback the default is core 2 when the machine has 3 or more,
+    /// else unpinned.
+    #[arg(long, value_name = "N")]
+    pub app_core: Option<usize>,
+
+    /// --loopback: core of the server thread (default 0).
+    #[arg(long, value_name = "N")]
+    pub server_core: Option<usize>,
+
+    /// Tuning profile: a name in tuning/profiles/ or a path to a .toml
+    /// file (default: `latency` for latency tests, `throughput` for
+    /// bandwidth tests). Flags above override its keys.
+    #[arg(long, value_name = "NAME|PATH")]
+    pub profile: Option<String>,
+
+    /// Put the rings on 2 MiB huge pages (needs reserved pages,
+    /// /proc/sys/vm/nr_hugepages).
+    #[arg(long)]
+    pub hugepages: bool,
+
+    /// Print one JSON document with every figure and the configuration
+    /// used, instead of the table.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Run the server and the client in this process, on two pinned
+    /// threads, connected by the TCP exchange over 127.0.0.1.
+    #[arg(long, conflicts_with = "host")]
+    pub loopback: bool,
+
+    /// Connect by perftest's out-of-band TCP exchange instead of rdma_cm
+    /// (works where the RDMA netdev has no IP address).
+    #[arg(long)]
+    pub oob: bool,
+
+    /// Server: local address to listen on (default: every address).
+    #[arg(long, value_name = "ADDR")]
+    pub bind: Option<String>,
+
+    /// Latency: iterations run before measuring and not counted (default
+    /// a tenth of -n, 10..=1000). Bandwidth: operations streamed before
+    /// the timed run (default 0, as perftest).
+    #[arg(long, value_name = "N")]
+    pub warmup: Option<u64>,
+
+    /// Bound in seconds on every wait: connecting, each completion, the
+    /// server waiting for its client.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
+    pub timeout: f64,
+}
+
+/// Which side this process plays.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    Server,
+    Client { host: String },
+    Loopback,
+}
+
+/// How the connection is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    RdmaCm,
+    Tcp,
+}
+
+impl Transport {
+    pub fn name(self, role: &Role) -> &'static str {
+        match (role, self) {
+            (Role::Loopback, _) => "loopback (TCP exchange on 127.0.0.1)",
+            (_, Transport::RdmaCm) => "rdma_cm",
+            (_, Transport::Tcp) => "tcp-exchange",
+        }
+    }
+}
+
+/// The command line, checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub kind: Kind,
+    pub role: Role,
+    pub transport: Transport,
+    pub device: Option<String>,
+    pub port: u16,
+    pub bind: Option<String>,
+    pub sizes: Vec<usize>,
+    pub iters: u64,
+    pub warmup: u64,
+    pub mode: Mode,
+    pub overrides: Overrides,
+    pub profile: String,
+    pub report_gbits: bool,
+    pub json: bool,
+    pub core: Option<usize>,
+    pub app_core: Option<usize>,
+    pub server_core: Option<usize>,
+    pub timeout: Duration,
+}
+
+/// perftest's -a sizes: 2, 4, ... 2^23.
+pub fn all_sizes() -> Vec<usize> {
+    (1..=23).map(|e| 1usize << e).collect()
+}
+
+impl Settings {
+    /// Checks the flags of `kind`; `cores` is how many cores this process
+    /// may use. The error is one line, for `error: ...`.
+    pub fn from_args(kind: Kind, a: &PerfArgs, cores: usize) -> Result<Settings, String> {
+        let role = match (&a.host, a.loopback) {
+            (Some(h), false) => Role::Client { host: h.clone() },
+            (None, true) => Role::Loopback,
+            (None, false) => Role::Server,
+            (Some(_), true) => return Err("--loopback takes no HOST".into()),
+        };
+        if !a.timeout.is_finite() || a.timeout <= 0.0 || a.timeout > 86_400.0 {
+            return Err(format!(
+                "--timeout {} is out of range: give 0 < SECONDS <= 86400",
+                a.timeout
+            ));
+        }
+        if role == Role::Server {
+            let given: Vec<&str> = [
+                (a.size.is_some(), "-s"),
+                (a.iters.is_some(), "-n"),
+                (a.all, "-a"),
+                (a.tx_depth.is_some(), "-t"),
+                (a.post_list.is_some(), "-l"),
+                (a.cq_mod.is_some(), "-Q"),
+                (a.inline_size.is_some(), "-I"),
+                (a.mode != Mode::Direct, "--mode"),
+                (a.profile.is_some(), "--profile"),
+                (a.hugepages, "--hugepages"),
+                (a.warmup.is_some(), "--warmup"),
+                (a.app_core.is_some(), "--app-core"),
+                (a.server_core.is_some(), "--server-core"),
+                (a.report_gbits, "--report_gbits"),
+            ]
+            .into_iter()
+            .filter_map(|(set, flag)| set.then_some(flag))
+            .collect();
+            if !given.is_empty() {
+                return Err(format!(
+                    "{} chosen by the client: the server follows the client's parameters (give them to the client, or use --loopback)",
+                    if given.len() == 1 {
+                        format!("{} is", given[0])
+                    } else {
+                        format!("{} are", given.join(", "))
+                    }
+                ));
+            }
+        } else if a.bind.is_some() {
+            return Err("--bind is for the server (run without HOST)".into());
+        }
+        let sizes = if a.all {
+            all_sizes()
+        } else {
+            vec![a.size.unwrap_or(kind.default_size())]
+        };
+        for &s in &sizes {
+            if s == 0 || s > MAX_SIZE {
+                return Err(format!("-s {s} is out of range: give 1..={MAX_SIZE} bytes"));
+            }
+        }
+        let iters = a.iters.unwrap_or(kind.default_iters());
+        if iters < 5 {
+            return Err(format!(
+                "-n {iters} is too small: give at least 5 iterations"
+            ));
+        }
+        if iters > 1 << 40 {
+            return Err(format!("-n {iters} is too large"));
+        }
+        let warmup = a.warmup.unwrap_or(if kind.is_latency() {
+            (iters / 10).clamp(10, 1000)
+        } else {
+            0
+        });
+        for (flag, v) in [("-t", a.tx_depth), ("-l", a.post_list), ("-Q", a.cq_mod)] {
+            if v == Some(0) {
+                return Err(format!("{flag} 0 is out of range: give at least 1"));
+            }
+        }
+        if a.tx_depth.is_some_and(|t| t > 1 << 16) {
+            return Err("-t is out of range: give 1..=65536".into());
+        }
+        if a.inline_size.is_some_and(|i| i > 4096) {
+            return Err("-I is out of range: give 0..=4096 bytes".into());
+        }
+        let check_core = |flag: &str, c: Option<usize>| -> Result<(), String> {
+            match c {
+                Some(c) if c >= cores => Err(format!(
+                    "{flag} {c} does not exist: this process may use cores 0..={}",
+                    cores.saturating_sub(1)
+                )),
+                _ => Ok(()),
+            }
+        };
+        check_core("--core", a.core)?;
+        check_core("--app-core", a.app_core)?;
+        check_core("--server-core", a.server_core)?;
+        if a.app_core.is_some() && a.mode != Mode::Engine {
+            return Err("--app-core is for --mode engine".into());
+        }
+        if a.server_core.is_some() && role != Role::Loopback {
+            return Err("--server-core is for --loopback (a server process uses --core)".into());
+        }
+        let (mut core, mut app_core, mut server_core) = (a.core, a.app_core, a.server_core);
+        if role == Role::Loopback {
+            server_core = server_core.or(Some(0));
+            core = core.or(Some(if cores > 1 { 1 } else { 0 }));
+            if a.mode == Mode::Engine && app_core.is_none() && cores >= 3 {
+                app_core = Some(2);
+            }
+        }
+        let device = a.device.clone().or_else(|| {
+            std::env::var("PINPOLL_DEVICE")
+                .ok()
+                .filter(|d| !d.is_empty())
+        });
+        Ok(Settings {
+            kind,
+            transport: if a.oob || role == Role::Loopback {
+                Transport::Tcp
+            } else {
+                Transport::RdmaCm
+            },
+            role,
+            device,
+            port: a.port,
+            bind: a.bind.clone(),
+            sizes,
+            iters,
+            warmup,
+            mode: a.mode,
+            overrides: Overrides {
+                tx_depth: a.tx_depth,
+                post_list: a.post_list,
+                cq_mod: a.cq_mod,
+                inline_size: a.inline_size,
+                hugepages: a.hugepages,
+                timeout: Some(Duration::from_secs_f64(a.timeout)),
+            },
+            profile: a
+                .profile
+                .clone()
+                .unwrap_or_else(|| kind.default_profile().to_owned()),
+            report_gbits: a.report_gbits,
+            json: a.json,
+            core,
+            app_core,
+            server_core,
+            timeout: Duration::from_secs_f64(a.timeout),
+        })
+    }
+}

@@ -1,0 +1,213 @@
+//! The client and server agree on every measurement over a control
+//! channel: the TCP stream of the out-of-band exchange (`--oob`), or a
+//! small rdma_cm connection of its own. Messages are JSON; the client
+//! sends [`Msg::Params`], the server answers [`Msg::Ready`] and follows.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use pinpoll::{Connection, EngineConfig, Event, QpConfig};
+use serde::{Deserialize, Serialize};
+
+use crate::plan::Params;
+
+/// Largest control message.
+const MAX_MSG: usize = 4096;
+/// How long a waiting side naps between two looks at the channel.
+const NAP: Duration = Duration::from_millis(1);
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum Msg {
+    /// The client's next measurement.
+    Params(Params),
+    /// The server has its side ready; connect.
+    Ready,
+    /// The client finished the measurement.
+    Done,
+    /// The server finished its side (it answered this many pings or
+    /// consumed this many messages).
+    Served { messages: u64 },
+    /// No more measurements.
+    End,
+    /// The sender cannot go on.
+    Error { message: String },
+}
+
+/// The control connection's own small configuration.
+pub fn control_config(timeout: Duration) -> EngineConfig {
+    EngineConfig {
+        qp: QpConfig {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            cq_depth: 32,
+            max_inline_data: 0,
+            connect_timeout: timeout,
+            ..QpConfig::default()
+        },
+        batch_size: 1,
+        signal_interval: 1,
+        inline_threshold: 0,
+        slot_size: MAX_MSG as u32,
+        slot_count: 16,
+        completion_timeout: timeout,
+        ..EngineConfig::default()
+    }
+}
+
+#[derive(Debug)]
+pub enum Control {
+    Tcp(TcpStream),
+    Rdma(Box<Connection>),
+}
+
+impl Control {
+    pub fn send(&mut self, msg: &Msg) -> Result<()> {
+        let bytes = serde_json::to_vec(msg).context("encoding a control message")?;
+        if bytes.len() > MAX_MSG {
+            bail!("control message of {} bytes is too long", bytes.len());
+        }
+        match self {
+            Control::Tcp(s) => {
+                s.set_nonblocking(false)?;
+                let mut frame = (bytes.len() as u32).to_le_bytes().to_vec();
+                frame.extend_from_slice(&bytes);
+                s.write_all(&frame)
+                    .context("sending on the control stream")?;
+            }
+            Control::Rdma(c) => {
+                c.send(&bytes)
+                    .context("sending on the control connection")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The next message, if one has arrived; never waits.
+    pub fn try_recv(&mut self) -> Result<Option<Msg>> {
+        let bytes = match self {
+            Control::Tcp(s) => {
+                s.set_nonblocking(true)?;
+                let mut len = [0u8; 4];
+                match s.peek(&mut len) {
+                    Ok(0) => bail!("the peer closed the control stream"),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+                    Err(e) => return Err(e).context("reading the control stream"),
+                }
+                s.set_nonblocking(false)?;
+                s.set_read_timeout(Some(Duration::from_secs(10)))?;
+                s.read_exact(&mut len)
+                    .context("reading the control stream")?;
+                let len = u32::from_le_bytes(len) as usize;
+                if len > MAX_MSG {
+                    bail!("control message of {len} bytes is too long");
+                }
+                let mut buf = vec![0u8; len];
+                s.read_exact(&mut buf)
+                    .context("reading the control stream")?;
+                buf
+            }
+            Control::Rdma(c) => {
+                let mut got = None;
+                let mut failed = None;
+                c.poll(|ev| match ev {
+                    Event::Received { data } if got.is_none() => got = Some(data.to_vec()),
+                    Event::Failed(e) => failed = Some(e),
+                    _ => {}
+                })?;
+                if let Some(e) = failed {
+                    return Err(anyhow!(e)).context("the control connection failed");
+                }
+                match got {
+                    Some(bytes) => bytes,
+                    None => {
+                        if c.peer_gone()? {
+                            bail!("the peer closed the control connection");
+                        }
+                        return Ok(None);
+                    }
+                }
+            }
+        };
+        let msg: Msg = serde_json::from_slice(&bytes).with_context(|| {
+            format!(
+                "bad control message {:?}",
+                String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
+            )
+        })?;
+        Ok(Some(msg))
+    }
+
+    /// The next message, waiting (napping) up to `timeout` for it.
+    pub fn recv(&mut self, timeout: Duration, what: &str) -> Result<Msg> {
+        let start = Instant::now();
+        loop {
+            if let Some(msg) = self.try_recv()? {
+                if let Msg::Error { message } = &msg {
+                    bail!("the peer reported: {message}");
+                }
+                return Ok(msg);
+            }
+            if start.elapsed() > timeout {
+                bail!("timed out after {timeout:?} waiting for {what}");
+            }
+            std::thread::sleep(NAP);
+        }
+    }
+
+    /// The TCP stream, for the out-of-band exchange of a data connection.
+    pub fn stream(&mut self) -> Option<&mut TcpStream> {
+        match self {
+            Control::Tcp(s) => {
+                let _ = s.set_nonblocking(false);
+                Some(s)
+            }
+            Control::Rdma(_) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{data_config, Kind, Mode, Overrides, WireConfig};
+
+    #[test]
+    fn messages_travel_over_a_tcp_control_stream() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let t = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            let mut ctl = Control::Tcp(s);
+            let got = ctl.recv(Duration::from_secs(5), "params").unwrap();
+            ctl.send(&Msg::Ready).unwrap();
+            got
+        });
+        let mut ctl = Control::Tcp(TcpStream::connect(addr).unwrap());
+        assert!(ctl.try_recv().unwrap().is_none());
+        let cfg = data_config(
+            &EngineConfig::default(),
+            Kind::WriteLat,
+            8,
+            &Overrides::default(),
+        )
+        .unwrap();
+        let params = Msg::Params(Params {
+            kind: Kind::WriteLat,
+            mode: Mode::Direct,
+            size: 8,
+            iters: 10,
+            warmup: 1,
+            config: WireConfig::from_config(&cfg),
+        });
+        ctl.send(&params).unwrap();
+        assert_eq!(
+            ctl.recv(Duration::from_secs(5), "ready").unwrap(),
+            Msg::Ready
+        );
+        assert_eq!(t.join().unwrap(), params);
+    }
+}

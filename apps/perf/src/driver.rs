@@ -1,0 +1,773 @@
+//! The measured loops: the client's side of every test in direct mode
+//! ([`DirectClient`]) and engine mode ([`EngineClient`]), and the server's
+//! side ([`serve`]), which is always direct. Nothing here allocates once
+//! a driver is built, and every wait is bounded.
+
+use std::time::Duration;
+
+use pinpoll::datapath::Stats;
+use pinpoll::{Completion, Connection, Engine, EngineConfig, Error, Event, Result};
+
+use crate::clock;
+use crate::plan::{Kind, Mode, Plan};
+
+/// Spins between two reads of the clock in our own busy-waits.
+const SPINS_PER_CHECK: u32 = 256;
+
+/// A bounded busy-wait of our own, on the cheap clock. It reads no clock
+/// at all until it has spun [`SPINS_PER_CHECK`] times, so a wait that
+/// ends at once costs nothing.
+struct Spin {
+    start: u64,
+    limit: Duration,
+    spins: u32,
+    what: &'static str,
+}
+
+impl Spin {
+    #[inline]
+    fn new(limit: Duration, what: &'static str) -> Spin {
+        Spin {
+            start: 0,
+            limit,
+            spins: 0,
+            what,
+        }
+    }
+
+    /// `Ok(true)` when the clock was read (time for slower checks).
+    #[inline]
+    fn tick(&mut self) -> Result<bool> {
+        self.spins = self.spins.wrapping_add(1);
+        if !self.spins.is_multiple_of(SPINS_PER_CHECK) {
+            std::hint::spin_loop();
+            return Ok(false);
+        }
+        let now = clock::ticks();
+        if self.start == 0 {
+            self.start = now;
+            return Ok(true);
+        }
+        let waited = clock::to_duration(now.saturating_sub(self.start));
+        if waited >= self.limit {
+            return Err(Error::Timeout {
+                what: self.what,
+                waited,
+            });
+        }
+        Ok(true)
+    }
+
+    /// Starts over (the awaited thing happened).
+    #[inline]
+    fn reset(&mut self) {
+        self.start = 0;
+        self.spins = 0;
+    }
+
+    /// How long this wait has lasted, as of the last clock read.
+    fn waited(&self) -> Duration {
+        if self.start == 0 {
+            Duration::ZERO
+        } else {
+            clock::to_duration(clock::ticks().saturating_sub(self.start))
+        }
+    }
+}
+
+/// The value a ping carries in its last byte: never 0 (the ring's initial
+/// contents), never equal to the previous one.
+#[inline]
+fn ping_value(counter: u64) -> u8 {
+    (counter % 255) as u8 + 1
+}
+
+/// The client side of a measurement.
+pub trait Driver {
+    /// One latency iteration: a ping-pong (write, send) or a READ.
+    fn round_trip(&mut self) -> Result<()>;
+    /// `n` operations of a bandwidth test, through to the completion of
+    /// the last one.
+    fn stream(&mut self, n: u64) -> Result<()>;
+    /// Counters so far (in engine mode: those the worker reports at
+    /// shutdown; `None` until then).
+    fn stats(&self) -> Option<Stats>;
+    /// The largest payload posted inline.
+    fn inline_threshold(&self) -> usize;
+    /// Waits until every operation posted so far has completed (the
+    /// peer's queue pair must still be there to acknowledge them).
+    fn quiesce(&mut self) -> Result<()>;
+    /// Drains in-flight work and releases the connection; returns the
+    /// final counters.
+    fn finish(self: Box<Self>) -> Result<Stats>;
+}
+
+/// Direct mode: this thread owns the connection.
+#[derive(Debug)]
+pub struct DirectClient {
+    conn: Connection,
+    plan: Plan,
+    buf: Vec<u8>,
+    counter: u64,
+    posted: u64,
+    acked: u64,
+    depth: u64,
+    timeout: Duration,
+}
+
+impl DirectClient {
+    pub fn new(conn: Connection, plan: Plan, cfg: &EngineConfig) -> DirectClient {
+        let mut buf = vec![0u8; plan.size];
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        DirectClient {
+            conn,
+            plan,
+            buf,
+            counter: 0,
+            posted: 0,
+            acked: 0,
+            depth: u64::from(cfg.qp.max_send_wr),
+            timeout: cfg.completion_timeout,
+        }
+    }
+
+    pub fn connection(&mut self) -> &mut Connection {
+        &mut self.conn
+    }
+
+    /// Takes credits (the server's count of consumed messages) and send
+    /// completions; returns how many completions it took.
+    #[inline]
+    fn poll_credits(&mut self) -> Result<usize> {
+        let mut acked = self.acked;
+        let mut failed = None;
+        let n = self.conn.poll(|ev| match ev {
+            Event::Received { data } => {
+                if let Some(count) = read_credit(data) {
+                    acked = acked.max(count);
+                }
+            }
+            Event::Failed(e) => failed = Some(e),
+            _ => {}
+        })?;
+        self.acked = acked;
+        match failed {
+            Some(e) => Err(Error::Completion(e)),
+            None => Ok(n),
+        }
+    }
+}
+
+/// A credit: the server's running count of messages consumed.
+#[inline]
+pub fn read_credit(data: &[u8]) -> Option<u64> {
+    let bytes: [u8; 8] = data.get(..8)?.try_into().ok()?;
+    Some(u64::from_le_bytes(bytes))
+}
+
+/// Posts one operation in a batch of its own, reaping send completions
+/// while the send queue (or a ring) is full. The connection's own
+/// `write`/`send`/`read` do the same but start a clock-reading bounded
+/// wait on every call; this reads no clock unless it has to wait.
+#[inline]
+fn post_one<'d>(
+    conn: &mut Connection,
+    timeout: Duration,
+    mut op: impl for<'c> FnMut(&mut pinpoll::Batch<'c, 'd>) -> Result<u64>,
+) -> Result<u64> {
+    let mut spin = Spin::new(timeout, "send-queue room");
+    loop {
+        let mut b = conn.batch();
+        match op(&mut b) {
+            Ok(seq) => {
+                b.post()?;
+                return Ok(seq);
+            }
+            Err(Error::Full { .. }) => {
+                drop(b);
+                if conn.reap()? == 0 {
+                    spin.tick()?;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+impl Driver for DirectClient {
+    #[inline]
+    fn round_trip(&mut self) -> Result<()> {
+        let size = self.plan.size;
+        let timeout = self.timeout;
+        match self.plan.kind {
+            Kind::WriteLat => {
+                self.counter += 1;
+                let v = ping_value(self.counter);
+                let last = size - 1;
+                self.buf[last] = v;
+                let buf = &self.buf[..];
+                post_one(&mut self.conn, timeout, |b| b.write(buf, 0, None))?;
+                let mut spin = Spin::new(timeout, "the peer's RDMA WRITE (write-lat pong)");
+                while self.conn.target_byte(last) != v {
+                    if spin.tick()? {
+                        // Surfaces a failed write instead of waiting it out.
+                        self.conn.reap()?;
+                    }
+                }
+                Ok(())
+            }
+            Kind::SendLat => {
+                let buf = &self.buf[..];
+                post_one(&mut self.conn, timeout, |b| b.send(buf))?;
+                let mut spin = Spin::new(timeout, "the peer's SEND (send-lat pong)");
+                loop {
+                    let mut got = None;
+                    let mut failed = None;
+                    self.conn.poll(|ev| match ev {
+                        Event::Received { data } => got = Some(data.len()),
+                        Event::Failed(e) => failed = Some(e),
+                        _ => {}
+                    })?;
+                    if let Some(e) = failed {
+                        return Err(Error::Completion(e));
+                    }
+                    match got {
+                        Some(len) if len == size => return Ok(()),
+                        Some(len) => {
+                            return Err(Error::Config(format!(
+                                "send-lat: the server answered {len} bytes, expected {size}"
+                            )))
+                        }
+                        None => {
+                            spin.tick()?;
+                        }
+                    }
+                }
+            }
+            Kind::ReadLat => {
+                let seq = post_one(&mut self.conn, timeout, |b| b.read(0, size))?;
+                // Only the send CQ: the READ's completion retires it (the
+                // data stay in the READ ring; perftest does not look either).
+                let mut spin = Spin::new(timeout, "an RDMA READ completion");
+                loop {
+                    self.conn.reap()?;
+                    if self.conn.is_retired(seq) {
+                        return Ok(());
+                    }
+                    spin.tick()?;
+                }
+            }
+            other => Err(Error::Config(format!(
+                "{} is a bandwidth test, not a latency test",
+                other.name()
+            ))),
+        }
+    }
+
+    fn stream(&mut self, n: u64) -> Result<()> {
+        let kind = self.plan.kind;
+        if kind.is_latency() {
+            return Err(Error::Config(format!(
+                "{} is a latency test, not a bandwidth test",
+                kind.name()
+            )));
+        }
+        let credits = kind.consumes_receives();
+        let end = self.posted + n;
+        let mut spin = Spin::new(self.timeout, "send-queue room");
+        while self.posted < end {
+            let mut allowed = end - self.posted;
+            if credits {
+                let window = self.acked + self.plan.recv_depth - self.posted;
+                if window == 0 {
+                    if self.poll_credits()? == 0 {
+                        spin.tick()?;
+                    }
+                    continue;
+                }
+                allowed = allowed.min(window);
+            }
+            if self.conn.outstanding() + 1 > self.depth {
+                if self.reap_or_credits(credits)? == 0 {
+                    spin.tick()?;
+                }
+                continue;
+            }
+            let (conn, buf) = (&mut self.conn, &self.buf[..]);
+            let mut b = conn.batch();
+            let mut k = 0u64;
+            let last = end - 1;
+            let imm = (self.posted & 0xffff_ffff) as u32;
+            while k < allowed {
+                if self.posted + k == last {
+                    b.signal_next();
+                }
+                let r = match kind {
+                    Kind::WriteBw => b.write(buf, 0, None),
+                    Kind::WriteImmBw => b.write(buf, 0, Some(imm.wrapping_add(k as u32))),
+                    Kind::SendBw => b.send(buf),
+                    Kind::ReadBw => b.read(0, buf.len()),
+                    _ => unreachable!("latency kinds returned above"),
+                };
+                match r {
+                    Ok(_) => k += 1,
+                    Err(Error::Full { .. }) => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            let posted = b.post()? as u64;
+            self.posted += posted;
+            if posted == 0 || credits {
+                if self.reap_or_credits(credits)? == 0 && posted == 0 {
+                    spin.tick()?;
+                }
+            } else {
+                spin = Spin::new(self.timeout, "send-queue room");
+            }
+        }
+        self.conn.wait_idle(|_| {})?;
+        if let Some(e) = self.conn.failure() {
+            return Err(Error::Completion(*e));
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> Option<Stats> {
+        Some(self.conn.stats())
+    }
+
+    fn inline_threshold(&self) -> usize {
+        self.conn.inline_threshold()
+    }
+
+    fn quiesce(&mut self) -> Result<()> {
+        self.conn.wait_idle(|_| {})
+    }
+
+    fn finish(mut self: Box<Self>) -> Result<Stats> {
+        self.conn.wait_idle(|_| {})?;
+        Ok(self.conn.stats())
+    }
+}
+
+impl DirectClient {
+    #[inline]
+    fn reap_or_credits(&mut self, credits: bool) -> Result<usize> {
+        if credits {
+            self.poll_credits()
+        } else {
+            self.conn.reap()
+        }
+    }
+}
+
+/// Engine mode: a pinned worker owns the connection.
+#[derive(Debug)]
+pub struct EngineClient {
+    engine: Engine,
+    plan: Plan,
+    buf: Vec<u8>,
+    counter: u64,
+    next_id: u64,
+    posted: u64,
+    acked: u64,
+    inline_threshold: usize,
+    timeout: Duration,
+}
+
+impl EngineClient {
+    pub fn new(conn: Connection, plan: Plan, cfg: &EngineConfig) -> Result<EngineClient> {
+        let inline_threshold = conn.inline_threshold();
+        let engine = Engine::spawn(conn, cfg)?;
+        let buf = (0..plan.size).map(|i| (i % 251) as u8).collect();
+        Ok(EngineClient {
+            engine,
+            plan,
+            buf,
+            counter: 0,
+            next_id: 0,
+            posted: 0,
+            acked: 0,
+            inline_threshold,
+            timeout: cfg.completion_timeout,
+        })
+    }
+
+    pub fn worker_affinity(&self) -> &[usize] {
+        self.engine.worker_affinity()
+    }
+
+    /// Submits one operation, taking completions while the hand-off
+    /// queues are full. Returns its id.
+    #[inline]
+    fn submit(&mut self, signal: bool) -> Result<u64> {
+        let mut spin = Spin::new(self.timeout, "room in the engine's queues");
+        loop {
+            if signal {
+                self.engine.signal_next();
+            }
+            let size = self.plan.size;
+            let r = match self.plan.kind {
+                Kind::WriteLat | Kind::WriteBw => self.engine.write(&self.buf, 0, None),
+                Kind::WriteImmBw => {
+                    let imm = (self.next_id & 0xffff_ffff) as u32;
+                    self.engine.write(&self.buf, 0, Some(imm))
+                }
+                Kind::SendLat | Kind::SendBw => self.engine.send(&self.buf),
+                Kind::ReadLat | Kind::ReadBw => self.engine.read(0, size),
+            };
+            match r {
+                Ok(id) => {
+                    self.next_id = id + 1;
+                    return Ok(id);
+                }
+                Err(Error::Full { .. }) => {
+                    if self.drain()? == 0 {
+                        spin.tick()?;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Takes every completion handed back so far; returns how many.
+    #[inline]
+    fn drain(&mut self) -> Result<usize> {
+        let mut n = 0;
+        let mut acked = self.acked;
+        while let Some(c) = self.engine.poll() {
+            n += 1;
+            match c {
+                Completion::Received { data } => {
+                    if let Some(count) = read_credit(data) {
+                        acked = acked.max(count);
+                    }
+                }
+                Completion::Failed(e) => return Err(Error::Completion(e)),
+                Completion::Refused { id } => {
+                    return Err(Error::Config(format!(
+                        "the worker refused operation {id}: the connection had failed"
+                    )))
+                }
+                _ => {}
+            }
+        }
+        self.acked = acked;
+        Ok(n)
+    }
+
+    /// Waits for the completion `want` picks out (others are dropped).
+    /// Spins on `Engine::poll` with our cheap clock rather than
+    /// `Engine::wait`, which reads the OS clock on every call.
+    #[inline]
+    fn wait_for(&mut self, mut want: impl FnMut(&Completion<'_>) -> bool) -> Result<()> {
+        let mut spin = Spin::new(self.timeout, "a completion from the worker");
+        loop {
+            match self.engine.poll() {
+                Some(Completion::Failed(e)) => return Err(Error::Completion(e)),
+                Some(Completion::Refused { id }) => {
+                    return Err(Error::Config(format!(
+                        "the worker refused operation {id}: the connection had failed"
+                    )))
+                }
+                Some(ref c) if want(c) => return Ok(()),
+                Some(_) => {}
+                None => {
+                    spin.tick()?;
+                }
+            }
+        }
+    }
+}
+
+impl Driver for EngineClient {
+    #[inline]
+    fn round_trip(&mut self) -> Result<()> {
+        let size = self.plan.size;
+        match self.plan.kind {
+            Kind::WriteLat => {
+                self.counter += 1;
+                let v = ping_value(self.counter);
+                self.buf[size - 1] = v;
+                self.submit(false)?;
+                let v = u32::from(v);
+                self.wait_for(|c| matches!(c, Completion::WriteImm { imm, .. } if *imm == v))
+            }
+            Kind::SendLat => {
+                self.submit(false)?;
+                self.wait_for(|c| matches!(c, Completion::Received { .. }))
+            }
+            Kind::ReadLat => {
+                let id = self.submit(false)?;
+                self.wait_for(
+                    |c| matches!(c, Completion::ReadCompleted { id: done, .. } if *done == id),
+                )
+            }
+            other => Err(Error::Config(format!(
+                "{} is a bandwidth test, not a latency test",
+                other.name()
+            ))),
+        }
+    }
+
+    fn stream(&mut self, n: u64) -> Result<()> {
+        let kind = self.plan.kind;
+        if kind.is_latency() {
+            return Err(Error::Config(format!(
+                "{} is a latency test, not a bandwidth test",
+                kind.name()
+            )));
+        }
+        let credits = kind.consumes_receives();
+        let reads = kind == Kind::ReadBw;
+        let end = self.posted + n;
+        let mut reads_done = 0u64;
+        let mut last_id = 0;
+        let mut spin = Spin::new(self.timeout, "credits from the server");
+        while self.posted < end {
+            if credits && self.posted >= self.acked + self.plan.recv_depth {
+                if self.drain()? == 0 {
+                    spin.tick()?;
+                }
+                continue;
+            }
+            let last = self.posted + 1 == end;
+            if reads {
+                // Count READ completions as they come back.
+                let mut done = 0;
+                while let Some(c) = self.engine.poll() {
+                    match c {
+                        Completion::ReadCompleted { .. } => done += 1,
+                        Completion::Failed(e) => return Err(Error::Completion(e)),
+                        _ => {}
+                    }
+                }
+                reads_done += done;
+                last_id = self.submit_counting(&mut reads_done)?;
+            } else {
+                last_id = self.submit(last)?;
+                if self.posted.is_multiple_of(16) {
+                    self.drain()?;
+                }
+            }
+            self.posted += 1;
+            spin = Spin::new(self.timeout, "credits from the server");
+        }
+        if reads {
+            let mut spin = Spin::new(self.timeout, "the last READ completions");
+            while reads_done < n {
+                match self.engine.poll() {
+                    Some(Completion::ReadCompleted { .. }) => reads_done += 1,
+                    Some(Completion::Failed(e)) => return Err(Error::Completion(e)),
+                    Some(_) => {}
+                    None => {
+                        spin.tick()?;
+                    }
+                }
+            }
+            Ok(())
+        } else {
+            self.wait_for(|c| matches!(c, Completion::Completed { id, .. } if *id == last_id))
+        }
+    }
+
+    fn stats(&self) -> Option<Stats> {
+        None
+    }
+
+    fn inline_threshold(&self) -> usize {
+        self.inline_threshold
+    }
+
+    fn quiesce(&mut self) -> Result<()> {
+        // The engine has no wait-idle: a signaled empty WRITE behind
+        // everything submitted retires it all when it completes.
+        self.drain()?;
+        let mut spin = Spin::new(self.timeout, "room in the engine's queues");
+        let id = loop {
+            match self.engine.signal_next().write(&[], 0, None) {
+                Ok(id) => break id,
+                Err(Error::Full { .. }) => {
+                    if self.drain()? == 0 {
+                        spin.tick()?;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        self.wait_for(|c| matches!(c, Completion::Completed { id: done, .. } if *done == id))
+    }
+
+    fn finish(self: Box<Self>) -> Result<Stats> {
+        Ok(self.engine.shutdown()?.stats)
+    }
+}
+
+impl EngineClient {
+    /// `submit` for READs, counting READ completions met while the queues
+    /// are full.
+    fn submit_counting(&mut self, reads_done: &mut u64) -> Result<u64> {
+        let mut spin = Spin::new(self.timeout, "room in the engine's queues");
+        loop {
+            match self.engine.read(0, self.plan.size) {
+                Ok(id) => return Ok(id),
+                Err(Error::Full { .. }) => {
+                    let mut any = false;
+                    while let Some(c) = self.engine.poll() {
+                        any = true;
+                        match c {
+                            Completion::ReadCompleted { .. } => *reads_done += 1,
+                            Completion::Failed(e) => return Err(Error::Completion(e)),
+                            _ => {}
+                        }
+                    }
+                    if !any {
+                        spin.tick()?;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// Builds the client driver for `plan.mode`.
+pub fn client(conn: Connection, plan: Plan, cfg: &EngineConfig) -> Result<Box<dyn Driver + Send>> {
+    Ok(match plan.mode {
+        Mode::Direct => Box::new(DirectClient::new(conn, plan, cfg)),
+        Mode::Engine => Box::new(EngineClient::new(conn, plan, cfg)?),
+    })
+}
+
+/// What the server did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Served {
+    /// Pings answered (latency) or messages consumed (SEND, WRITE_WITH_IMM).
+    pub messages: u64,
+    pub stats: Stats,
+}
+
+/// How long the server sleeps between checks while the client works
+/// alone (READ and WRITE streams need nothing from the server's CPU).
+const PASSIVE_NAP: Duration = Duration::from_millis(1);
+
+/// How long nothing must arrive before the server asks `stop`.
+const QUIET: Duration = Duration::from_millis(1);
+
+/// The server's side of `plan`, until `stop` says so. `stop` is asked only
+/// when nothing arrived for a while (never on the fast path); `idle_limit`
+/// bounds how long the server waits with nothing arriving. `timeout`
+/// bounds each of its own completion waits.
+pub fn serve(
+    conn: &mut Connection,
+    plan: Plan,
+    timeout: Duration,
+    idle_limit: Duration,
+    stop: &mut dyn FnMut() -> Result<bool>,
+) -> Result<Served> {
+    let size = plan.size;
+    let buf: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+    let mut buf = buf;
+    let mut served = 0u64;
+    // Idle: our spin's clock starts at its first check; after QUIET the
+    // server asks `stop`, after idle_limit it gives up.
+    let mut idle = Spin::new(idle_limit, "the client's next operation (server idle)");
+    match plan.kind {
+        Kind::WriteLat => {
+            let last = size - 1;
+            let mut seen = 0u8;
+            let reply_imm = plan.reply_with_imm();
+            loop {
+                let v = conn.target_byte(last);
+                if v != seen {
+                    seen = v;
+                    buf[last] = v;
+                    let imm = reply_imm.then_some(u32::from(v));
+                    let data = &buf[..];
+                    post_one(conn, timeout, |b| b.write(data, 0, imm))?;
+                    served += 1;
+                    idle.reset();
+                    continue;
+                }
+                if idle.tick()? && idle.waited() > QUIET {
+                    if stop()? {
+                        break;
+                    }
+                    conn.reap()?;
+                }
+            }
+        }
+        Kind::SendLat => loop {
+            let mut got = None;
+            let mut failed = None;
+            conn.poll(|ev| match ev {
+                Event::Received { data } => got = Some(data.len()),
+                Event::Failed(e) => failed = Some(e),
+                _ => {}
+            })?;
+            if let Some(e) = failed {
+                return Err(Error::Completion(e));
+            }
+            if let Some(len) = got {
+                let data = &buf[..len.min(size)];
+                post_one(conn, timeout, |b| b.send(data))?;
+                served += 1;
+                idle.reset();
+                continue;
+            }
+            if idle.tick()? && idle.waited() > QUIET && stop()? {
+                break;
+            }
+        },
+        Kind::ReadLat | Kind::WriteBw | Kind::ReadBw => loop {
+            // The client's READs and WRITEs need nothing from this CPU:
+            // nap, so the core is free for the device (rxe runs in the
+            // kernel) and the client.
+            if stop()? {
+                break;
+            }
+            conn.reap()?;
+            if conn.peer_gone()? {
+                return Err(Error::Disconnected);
+            }
+            std::thread::sleep(PASSIVE_NAP);
+        },
+        Kind::SendBw | Kind::WriteImmBw => {
+            let mut credited = 0u64;
+            loop {
+                let mut got = 0u64;
+                let mut failed = None;
+                conn.poll(|ev| match ev {
+                    Event::Received { .. } | Event::WriteImm { .. } => got += 1,
+                    Event::Failed(e) => failed = Some(e),
+                    _ => {}
+                })?;
+                if let Some(e) = failed {
+                    return Err(Error::Completion(e));
+                }
+                if got > 0 {
+                    served += got;
+                    idle.reset();
+                    if served - credited >= plan.credit_window {
+                        credited = served;
+                        let credit = credited.to_le_bytes();
+                        post_one(conn, timeout, |b| b.send(&credit))?;
+                    }
+                    continue;
+                }
+                if idle.tick()? && idle.waited() > QUIET && stop()? {
+                    break;
+                }
+            }
+        }
+    }
+    conn.set_completion_timeout(timeout);
+    conn.wait_idle(|_| {})?;
+    Ok(Served {
+        messages: served,
+        stats: conn.stats(),
+    })
+}

@@ -1,0 +1,555 @@
+//! Running measurements: both sides in this process (`--loopback`, and
+//! the criterion benches), the client of a server elsewhere, or that server.
+
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use pinpoll::connect::cm::Listener;
+use pinpoll::connect::parse_socket_addr;
+use pinpoll::{Connection, EngineConfig};
+
+use crate::cli::{Role, Settings, Transport};
+use crate::clock;
+use crate::control::{control_config, Control, Msg};
+use crate::driver::{self, Driver, Served};
+use crate::plan::{data_config, Kind, Mode, Params, Plan, WireConfig};
+use crate::report::{self, Bandwidth, Doorbells, Point, Report, RunInfo, Samples};
+
+/// Pins the calling thread to `core`.
+pub fn pin(core: usize) -> Result<()> {
+    if core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+        Ok(())
+    } else {
+        bail!("cannot pin a thread to core {core}")
+    }
+}
+
+/// Accepts one TCP connection, waiting at most `timeout`.
+fn accept_within(listener: &TcpListener, timeout: Duration, what: &str) -> Result<TcpStream> {
+    listener.set_nonblocking(true)?;
+    let start = Instant::now();
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false)?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if start.elapsed() > timeout {
+                    bail!("timed out after {timeout:?} waiting for {what}");
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => return Err(e).with_context(|| format!("accepting {what}")),
+        }
+    }
+}
+
+/// Two connected connections in this process over the TCP exchange on
+/// 127.0.0.1: (client, server).
+pub fn loopback_pair(cfg: &EngineConfig, device: Option<&str>) -> Result<(Connection, Connection)> {
+    let tcp = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("binding 127.0.0.1")?;
+    let addr = tcp.local_addr()?;
+    let (scfg, dev) = (cfg.clone(), device.map(str::to_owned));
+    let timeout = cfg.qp.connect_timeout;
+    let server = std::thread::Builder::new()
+        .name("pinpoll-perf-accept".into())
+        .spawn(move || -> Result<Connection> {
+            let mut s = accept_within(&tcp, timeout, "the loopback client")?;
+            Ok(Connection::over_tcp(&mut s, dev.as_deref(), &scfg)?)
+        })?;
+    let client = TcpStream::connect(addr)
+        .context("connecting to 127.0.0.1")
+        .and_then(|mut s| Ok(Connection::over_tcp(&mut s, device, cfg)?));
+    let server = server
+        .join()
+        .map_err(|_| anyhow!("the loopback server thread panicked"))?;
+    match (client, server) {
+        (Ok(c), Ok(s)) => Ok((c, s)),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    }
+}
+
+/// A server thread of this process serving one plan until dropped.
+#[derive(Debug)]
+pub struct ServerThread {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Result<(Served, Connection)>>>,
+}
+
+impl ServerThread {
+    /// Serves `plan` on `conn` on a new thread pinned to `core`.
+    pub fn spawn(
+        mut conn: Connection,
+        plan: Plan,
+        core: Option<usize>,
+        timeout: Duration,
+    ) -> Result<ServerThread> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("pinpoll-perf-server".into())
+            .spawn(move || -> Result<(Served, Connection)> {
+                if let Some(c) = core {
+                    pin(c)?;
+                }
+                // In this process nothing is lost if the client stalls:
+                // the client's own waits are bounded; the server waits
+                // only for the stop flag.
+                let idle = Duration::from_secs(24 * 3600);
+                let served = driver::serve(&mut conn, plan, timeout, idle, &mut || {
+                    Ok(flag.load(Ordering::Relaxed))
+                })?;
+                // The connection goes back to the caller, who drops it
+                // only after the client side has finished with its own.
+                Ok((served, conn))
+            })?;
+        Ok(ServerThread {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops the server (once it has no work in flight) and returns what
+    /// it did, with its connection still open.
+    pub fn finish(mut self) -> Result<(Served, Connection)> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .take()
+            .expect("joined once")
+            .join()
+            .map_err(|_| anyhow!("the server thread panicked"))?
+            .context("server side")
+    }
+}
+
+impl Drop for ServerThread {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Both sides of one plan in this process: the client driver on the
+/// calling thread, the server on a pinned thread.
+pub struct Loopback {
+    pub driver: Box<dyn Driver + Send>,
+    pub server: ServerThread,
+}
+
+impl std::fmt::Debug for Loopback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loopback").finish_non_exhaustive()
+    }
+}
+
+impl Loopback {
+    /// Connects a pair on `device` and starts the server thread. In
+    /// engine mode the worker is pinned to `cfg.core`.
+    pub fn start(
+        plan: Plan,
+        cfg: &EngineConfig,
+        device: Option<&str>,
+        server_core: Option<usize>,
+    ) -> Result<Loopback> {
+        let (client, server) = loopback_pair(cfg, device)?;
+        let server = ServerThread::spawn(server, plan, server_core, cfg.completion_timeout)?;
+        let driver = driver::client(client, plan, cfg)?;
+        Ok(Loopback { driver, server })
+    }
+
+    /// Ends both sides in the order that leaves nothing unacknowledged:
+    /// the client's work completes, the server stops and drains, the
+    /// client closes, then the server's connection closes. Returns the
+    /// client's counters.
+    pub fn finish(mut self) -> Result<pinpoll::datapath::Stats> {
+        let quiet = self.driver.quiesce();
+        let server = self.server.finish();
+        let client = self.driver.finish();
+        quiet.context("client side")?;
+        let stats = client.context("client side")?;
+        server?;
+        Ok(stats)
+    }
+}
+
+/// The measured figures of one size.
+pub struct Figures {
+    pub latency: Option<report::Latency>,
+    pub bandwidth: Option<Bandwidth>,
+}
+
+/// Runs the warm-up and the measured iterations of `kind` on `driver`.
+pub fn measure(
+    driver: &mut dyn Driver,
+    kind: Kind,
+    size: usize,
+    iters: u64,
+    warmup: u64,
+) -> pinpoll::Result<Figures> {
+    if kind.is_latency() {
+        for _ in 0..warmup {
+            driver.round_trip()?;
+        }
+        let mut samples = Samples::new();
+        // One TSC read per iteration, as perftest's get_cycles: the OS
+        // clock costs ~1.3 µs per read in the TCG guest (see clock.rs).
+        let scale = clock::ns_per_tick();
+        let mut prev = clock::ticks();
+        for _ in 0..iters {
+            driver.round_trip()?;
+            let now = clock::ticks();
+            samples.record(Duration::from_nanos(
+                (now.saturating_sub(prev) as f64 * scale) as u64,
+            ));
+            prev = now;
+        }
+        let factor = if kind.reports_half_round_trip() {
+            0.5
+        } else {
+            1.0
+        };
+        Ok(Figures {
+            latency: Some(samples.summary(factor)),
+            bandwidth: None,
+        })
+    } else {
+        if warmup > 0 {
+            driver.stream(warmup)?;
+        }
+        let start = clock::ticks();
+        driver.stream(iters)?;
+        let elapsed = clock::to_duration(clock::ticks().saturating_sub(start));
+        Ok(Figures {
+            latency: None,
+            bandwidth: Some(Bandwidth::new(size, iters, elapsed)),
+        })
+    }
+}
+
+/// The configuration of a client run, with the tuning profile loaded.
+fn base_config(s: &Settings) -> Result<EngineConfig> {
+    let mut base = EngineConfig::load(&s.profile)?;
+    base.core = None;
+    base.completion_timeout = s.timeout;
+    base.qp.connect_timeout = s.timeout;
+    Ok(base)
+}
+
+fn run_info(s: &Settings, role: &'static str) -> RunInfo {
+    RunInfo {
+        test: s.kind.name(),
+        role,
+        mode: s.mode.name(),
+        transport: s.transport.name(&s.role),
+        device: s.device.clone(),
+        host: match &s.role {
+            Role::Client { host } => Some(host.clone()),
+            _ => None,
+        },
+        port: s.port,
+        profile: s.profile.clone(),
+        hugepages: s.overrides.hugepages,
+        iterations: s.iters,
+        warmup: s.warmup,
+        sizes: s.sizes.clone(),
+        tx_depth: s.overrides.tx_depth,
+        post_list: s.overrides.post_list,
+        cq_mod: s.overrides.cq_mod,
+        inline_size: s.overrides.inline_size,
+        report_gbits: s.report_gbits,
+        client_core: if s.mode == Mode::Engine {
+            s.app_core
+        } else {
+            s.core
+        },
+        worker_core: if s.mode == Mode::Engine { s.core } else { None },
+        server_core: match s.role {
+            Role::Server => s.core,
+            _ => s.server_core,
+        },
+        timeout_secs: s.timeout.as_secs_f64(),
+    }
+}
+
+/// Runs what `s` asks; `emit` receives the text output line by line (not
+/// called with --json, whose document is the returned report).
+pub fn run(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
+    match s.role {
+        Role::Server => run_server(s, emit),
+        Role::Loopback | Role::Client { .. } => run_client(s, emit),
+    }
+}
+
+fn point(
+    p: &Params,
+    figures: Figures,
+    stats: &pinpoll::datapath::Stats,
+    inline_threshold: usize,
+) -> Point {
+    Point {
+        bytes: p.size,
+        iterations: p.iters,
+        warmup: p.warmup,
+        inline: p.size <= inline_threshold,
+        latency: figures.latency,
+        bandwidth: figures.bandwidth,
+        work_requests: Doorbells::new(stats),
+        connection: p.config.clone(),
+    }
+}
+
+fn run_client(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
+    let base = base_config(s)?;
+    let role = if s.role == Role::Loopback {
+        "loopback"
+    } else {
+        "client"
+    };
+    let mut report = Report::new(run_info(s, role));
+    // The measuring thread: in direct mode it owns the connection.
+    let measuring_core = match s.mode {
+        Mode::Direct => s.core,
+        Mode::Engine => s.app_core,
+    };
+    if let Some(c) = measuring_core {
+        pin(c)?;
+    }
+    if !s.json {
+        emit(&report::header(s.kind, &report.config));
+        emit(&report::columns(s.kind, s.report_gbits));
+    }
+    let mut control = match &s.role {
+        Role::Client { host } => Some(connect_control(s, host)?),
+        _ => None,
+    };
+    for &size in &s.sizes {
+        let mut cfg = data_config(&base, s.kind, size, &s.overrides)
+            .with_context(|| format!("the configuration for {size} bytes"))?;
+        if s.mode == Mode::Engine {
+            cfg.core = s.core;
+        }
+        let params = Params {
+            kind: s.kind,
+            mode: s.mode,
+            size,
+            iters: s.iters,
+            warmup: s.warmup,
+            config: WireConfig::from_config(&cfg),
+        };
+        let plan = params.plan();
+        let p = match (&s.role, control.as_mut()) {
+            (Role::Client { host }, Some(ctl)) => client_point(s, host, ctl, &params, &cfg)?,
+            _ => {
+                let mut lb = Loopback::start(plan, &cfg, s.device.as_deref(), s.server_core)
+                    .with_context(|| format!("setting up the loopback pair for {size} bytes"))?;
+                let inline = lb.driver.inline_threshold();
+                let figures = measure(lb.driver.as_mut(), s.kind, size, s.iters, s.warmup);
+                let stats = lb.finish();
+                let figures =
+                    figures.with_context(|| format!("{} at {size} bytes", s.kind.name()))?;
+                point(&params, figures, &stats?, inline)
+            }
+        };
+        if !s.json {
+            emit(&report::line(&p, s.report_gbits));
+        }
+        report.results.push(p);
+    }
+    if let Some(mut ctl) = control {
+        ctl.send(&Msg::End)?;
+    }
+    Ok(report)
+}
+
+fn connect_control(s: &Settings, host: &str) -> Result<Control> {
+    match s.transport {
+        Transport::Tcp => {
+            let addr = parse_socket_addr(host, s.port)?;
+            let stream = TcpStream::connect_timeout(&addr, s.timeout)
+                .with_context(|| format!("connecting to the server at {addr} (TCP)"))?;
+            stream.set_nodelay(true)?;
+            Ok(Control::Tcp(stream))
+        }
+        Transport::RdmaCm => {
+            let addr = parse_socket_addr(host, s.port)?;
+            let conn = Connection::connect(addr, &control_config(s.timeout))
+                .with_context(|| format!("connecting to the server at {addr} (rdma_cm)"))?;
+            Ok(Control::Rdma(Box::new(conn)))
+        }
+    }
+}
+
+fn client_point(
+    s: &Settings,
+    host: &str,
+    ctl: &mut Control,
+    params: &Params,
+    cfg: &EngineConfig,
+) -> Result<Point> {
+    ctl.send(&Msg::Params(params.clone()))?;
+    match ctl.recv(s.timeout, "the server to get ready")? {
+        Msg::Ready => {}
+        other => bail!("the server answered {other:?} instead of ready"),
+    }
+    let conn = match s.transport {
+        Transport::RdmaCm => Connection::connect(parse_socket_addr(host, s.port)?, cfg)?,
+        Transport::Tcp => Connection::over_tcp(
+            ctl.stream().expect("a TCP control stream"),
+            s.device.as_deref(),
+            cfg,
+        )?,
+    };
+    let mut driver = driver::client(conn, params.plan(), cfg)?;
+    let inline = driver.inline_threshold();
+    let figures = measure(
+        driver.as_mut(),
+        params.kind,
+        params.size,
+        params.iters,
+        params.warmup,
+    );
+    let figures = figures.with_context(|| format!("{} at {} bytes", s.kind.name(), params.size))?;
+    // Everything acknowledged before the server closes its side.
+    driver
+        .quiesce()
+        .context("waiting for the last completions")?;
+    ctl.send(&Msg::Done)?;
+    match ctl.recv(s.timeout, "the server to finish")? {
+        Msg::Served { .. } => {}
+        other => bail!("the server answered {other:?} instead of served"),
+    }
+    let stats = driver.finish()?;
+    Ok(point(params, figures, &stats, inline))
+}
+
+fn run_server(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
+    let report = Report::new(run_info(s, "server"));
+    if let Some(c) = s.core {
+        pin(c)?;
+    }
+    let mut base = EngineConfig {
+        completion_timeout: s.timeout,
+        ..EngineConfig::default()
+    };
+    base.qp.connect_timeout = s.timeout;
+    let (mut ctl, listener) = match s.transport {
+        Transport::Tcp => {
+            let bind: SocketAddr = match &s.bind {
+                Some(b) => parse_socket_addr(b, s.port)?,
+                None => SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), s.port),
+            };
+            let tcp = TcpListener::bind(bind)
+                .or_else(|e| {
+                    if s.bind.is_none() {
+                        TcpListener::bind((Ipv4Addr::UNSPECIFIED, s.port))
+                    } else {
+                        Err(e)
+                    }
+                })
+                .with_context(|| format!("listening on TCP port {}", s.port))?;
+            if !s.json {
+                emit(&format!(
+                    " Waiting for a client on TCP port {} (--oob) ...",
+                    s.port
+                ));
+            }
+            let stream = accept_within(&tcp, s.timeout, "a client")?;
+            stream.set_nodelay(true)?;
+            (Control::Tcp(stream), None)
+        }
+        Transport::RdmaCm => {
+            let bind = match &s.bind {
+                Some(b) => parse_socket_addr(b, s.port)?,
+                None => SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), s.port),
+            };
+            let listener =
+                Listener::bind(bind).with_context(|| format!("rdma_cm listening on {bind}"))?;
+            if !s.json {
+                emit(&format!(" Waiting for a client on {bind} (rdma_cm) ..."));
+            }
+            let conn = Connection::accept(&listener, &control_config(s.timeout), s.timeout)
+                .context("accepting the client's control connection")?;
+            (Control::Rdma(Box::new(conn)), Some(listener))
+        }
+    };
+    let mut served_sizes = 0u64;
+    loop {
+        let params = match ctl.recv(s.timeout, "the client's next parameters")? {
+            Msg::Params(p) => p,
+            Msg::End => break,
+            other => bail!("the client sent {other:?} instead of parameters"),
+        };
+        if params.kind != s.kind {
+            let message = format!(
+                "the server runs {} but the client asked for {}",
+                s.kind.name(),
+                params.kind.name()
+            );
+            let _ = ctl.send(&Msg::Error {
+                message: message.clone(),
+            });
+            bail!(message);
+        }
+        let cfg = match params.config.apply(&base) {
+            Ok(c) => c,
+            Err(e) => {
+                let message = format!("the client's configuration is invalid here: {e}");
+                let _ = ctl.send(&Msg::Error {
+                    message: message.clone(),
+                });
+                bail!(message);
+            }
+        };
+        ctl.send(&Msg::Ready)?;
+        let mut conn = match (&listener, s.transport) {
+            (Some(l), _) => Connection::accept(l, &cfg, s.timeout)
+                .context("accepting the client's data connection")?,
+            (None, _) => Connection::over_tcp(
+                ctl.stream().expect("a TCP control stream"),
+                s.device.as_deref(),
+                &cfg,
+            )
+            .context("the TCP exchange of the data connection")?,
+        };
+        let mut stopped = false;
+        let served = driver::serve(&mut conn, params.plan(), s.timeout, s.timeout, &mut || {
+            if stopped {
+                return Ok(true);
+            }
+            match ctl.try_recv() {
+                Ok(Some(Msg::Done)) => {
+                    stopped = true;
+                    Ok(true)
+                }
+                Ok(Some(other)) => Err(pinpoll::Error::Config(format!(
+                    "the client sent {other:?} during the measurement"
+                ))),
+                Ok(None) => Ok(false),
+                Err(e) => Err(pinpoll::Error::Config(format!("{e:#}"))),
+            }
+        })
+        .with_context(|| format!("serving {} at {} bytes", params.kind.name(), params.size))?;
+        ctl.send(&Msg::Served {
+            messages: served.messages,
+        })?;
+        drop(conn);
+        served_sizes += 1;
+        if !s.json {
+            emit(&format!(
+                " served {} bytes x {} (+{} warm-up): {} messages answered or consumed",
+                params.size, params.iters, params.warmup, served.messages
+            ));
+        }
+    }
+    if !s.json {
+        emit(&format!(" done: {served_sizes} sizes served"));
+    }
+    Ok(report)
+}
