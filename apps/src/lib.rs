@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cli;
+pub mod filexfer;
 pub mod output;
 pub mod protocol;
 pub mod run;

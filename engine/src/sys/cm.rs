@@ -59,6 +59,11 @@ pub struct CmEvent {
     pub initiator_depth: u8,
 }
 
+// SAFETY: the only raw pointer is the id of a CONNECT_REQUEST, a handle
+// this event's receiver owns (librdmacm allows using an id from any
+// thread); moving the event moves that ownership with it.
+unsafe impl Send for CmEvent {}
+
 impl CmEvent {
     pub fn name(&self) -> &'static str {
         super::cm_event_str(self.kind)

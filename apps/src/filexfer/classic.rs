@@ -1,0 +1,336 @@
+//! Serving clients of the classic "rdma-file-transfer" example, unchanged.
+//!
+//! Its protocol: no connect private data; control messages are a 24-byte
+//! C struct `{int32 id; pad 4; uint64 addr; uint32 rkey; pad 4}` in host
+//! byte order, sent with SEND (`MSG_MR=1, MSG_READY=2, MSG_DONE=3`). The
+//! server registers a 10 MiB buffer (local + remote write) and SENDs
+//! `MSG_MR` with its address and rkey; the client RDMA-writes the file
+//! name (NUL-terminated) with WRITE_WITH_IMM whose immediate is the
+//! length; the server opens the file and SENDs `MSG_READY`; each chunk of
+//! up to 10 MiB goes the same way; a zero-length write ends the file and
+//! the server answers `MSG_DONE`. The server posts a zero-SGE receive for
+//! each write-with-imm.
+//!
+//! This server applies the same rules as to native clients: the name is
+//! validated, the data go to a temporary file that is fsynced and linked
+//! into place without overwriting (the classic protocol has no checksum,
+//! so integrity rests on RC's own CRCs).
+
+use std::fs::{File, OpenOptions};
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context as _};
+use pinpoll::{Access, Endpoint, MemoryRegion, PageSize, SendFlags, WcOpcode};
+
+use crate::filexfer::name::{self, RESERVED_PREFIX};
+use crate::filexfer::{explain_link, summary};
+use crate::output::{printable, Output};
+
+/// The classic server's buffer: 10 MiB.
+pub const BUFFER: usize = 10 << 20;
+pub const MSG_MR: i32 = 1;
+pub const MSG_READY: i32 = 2;
+pub const MSG_DONE: i32 = 3;
+/// Bytes of a control message.
+pub const MSG_LEN: usize = 24;
+
+const WR_RECV: u64 = 1;
+const WR_SEND: u64 = 2;
+
+/// A control message in the classic layout (host byte order).
+pub fn encode(id: i32, addr: u64, rkey: u32) -> [u8; MSG_LEN] {
+    let mut b = [0u8; MSG_LEN];
+    b[0..4].copy_from_slice(&id.to_ne_bytes());
+    b[8..16].copy_from_slice(&addr.to_ne_bytes());
+    b[16..20].copy_from_slice(&rkey.to_ne_bytes());
+    b
+}
+
+/// `(id, addr, rkey)` of a control message.
+pub fn decode(b: &[u8]) -> anyhow::Result<(i32, u64, u32)> {
+    ensure!(
+        b.len() == MSG_LEN,
+        "a classic message of {} bytes, expected {MSG_LEN}",
+        b.len()
+    );
+    Ok((
+        i32::from_ne_bytes(b[0..4].try_into().expect("4 bytes")),
+        u64::from_ne_bytes(b[8..16].try_into().expect("8 bytes")),
+        u32::from_ne_bytes(b[16..20].try_into().expect("4 bytes")),
+    ))
+}
+
+/// A classic connection's memory, registered (and its first receive
+/// posted) before accepting.
+pub struct ClassicSide {
+    buffer: MemoryRegion,
+    msg: MemoryRegion,
+}
+
+impl ClassicSide {
+    pub fn prepare(ep: &mut Endpoint, pages: PageSize) -> anyhow::Result<ClassicSide> {
+        let buffer = ep
+            .register(BUFFER, pages, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .context("registering the classic 10 MiB buffer")?;
+        let msg = ep
+            .register(MSG_LEN, PageSize::Base, Access::LOCAL_READ)
+            .context("registering the message buffer")?;
+        ep.qp()
+            .post_recv(WR_RECV, None)
+            .context("posting a receive")?;
+        Ok(ClassicSide { buffer, msg })
+    }
+
+    fn send(&mut self, ep: &mut Endpoint, id: i32, timeout: Duration) -> anyhow::Result<()> {
+        let m = encode(id, self.buffer.addr(), self.buffer.rkey());
+        self.msg.as_mut_slice().copy_from_slice(&m);
+        ep.qp()
+            .post_send(WR_SEND, self.msg.slice(0..MSG_LEN)?, SendFlags::SIGNALED)
+            .context("sending a control message")?;
+        let c = ep
+            .wait_send(timeout)
+            .map_err(|e| explain_link(e, "client"))?;
+        ensure!(
+            c.wr_id == WR_SEND && c.opcode == WcOpcode::SEND,
+            "unexpected send completion"
+        );
+        Ok(())
+    }
+
+    /// Waits for the next write-with-imm, re-posting the receive; returns
+    /// the immediate (the length written).
+    fn next_write(&self, ep: &mut Endpoint, timeout: Duration) -> anyhow::Result<usize> {
+        let c = ep
+            .wait_recv(timeout)
+            .map_err(|e| explain_link(e, "client"))?;
+        ensure!(
+            c.opcode == WcOpcode::RECV_RDMA_WITH_IMM,
+            "the classic client sent a {} instead of a write with immediate",
+            c.opcode
+        );
+        ep.qp()
+            .post_recv(WR_RECV, None)
+            .context("posting a receive")?;
+        let len = c.imm.unwrap_or(0) as usize;
+        ensure!(
+            len <= BUFFER,
+            "the classic client announced {len} bytes; the buffer has {BUFFER}"
+        );
+        Ok(len)
+    }
+
+    /// Serves one classic client.
+    pub fn serve(
+        mut self,
+        mut ep: Endpoint,
+        dir: PathBuf,
+        serial: u64,
+        timeout: Duration,
+        peer: &str,
+        out: Output,
+    ) -> anyhow::Result<()> {
+        self.send(&mut ep, MSG_MR, timeout)?;
+        let len = self
+            .next_write(&mut ep, timeout)
+            .context("waiting for the file name")?;
+        let raw = &self.buffer.as_slice()[..len];
+        let raw = raw.strip_suffix(&[0]).unwrap_or(raw);
+        // The classic client sends a path: keep its last component only.
+        let base = raw.rsplit(|b| *b == b'/').next().unwrap_or(raw);
+        let name = name::validate(base)?.to_owned();
+        let shown = printable(name.as_bytes());
+        let target = dir.join(&name);
+        if std::fs::symlink_metadata(&target).is_ok() {
+            bail!("{shown} already exists on the server");
+        }
+        let temp = dir.join(format!(
+            "{RESERVED_PREFIX}{}-{serial}.tmp",
+            std::process::id()
+        ));
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temp)
+            .context("creating a temporary file")?;
+        let began = Instant::now();
+        let result = (|| -> anyhow::Result<u64> {
+            out.progress(format_args!("client {peer}: receiving {shown} (classic)"))?;
+            self.send(&mut ep, MSG_READY, timeout)?;
+            let mut total = 0u64;
+            loop {
+                let len = self
+                    .next_write(&mut ep, timeout)
+                    .context("receiving the file")?;
+                if len == 0 {
+                    break;
+                }
+                file.write_all(&self.buffer.as_slice()[..len])
+                    .context("writing the file")?;
+                total += len as u64;
+                self.send(&mut ep, MSG_READY, timeout)?;
+            }
+            file.sync_all().context("fsync")?;
+            std::fs::hard_link(&temp, &target)
+                .with_context(|| format!("linking {shown} into place"))?;
+            File::open(&dir)
+                .and_then(|d| d.sync_all())
+                .context("fsync of the directory")?;
+            Ok(total)
+        })();
+        if let Err(e) = std::fs::remove_file(&temp) {
+            tracing::warn!(error = %e, "removing the temporary file");
+        }
+        let total = result?;
+        self.send(&mut ep, MSG_DONE, timeout)?;
+        out.progress(format_args!(
+            "client {peer}: received {shown} (classic): {}",
+            summary(total, began.elapsed())
+        ))?;
+        // The classic client disconnects after MSG_DONE.
+        let _ = ep.wait_recv(timeout.min(Duration::from_secs(2)));
+        let _ = ep.disconnect();
+        Ok(())
+    }
+}
+
+/// `filexfer send --classic`: sends `path` (under the name `name`) to a
+/// classic rdma-file-transfer server.
+pub fn send(
+    path: &std::path::Path,
+    name: &str,
+    addr: std::net::SocketAddr,
+    cfg: &pinpoll::EngineConfig,
+    device: Option<&str>,
+    out: Output,
+) -> anyhow::Result<()> {
+    use std::os::unix::fs::FileExt as _;
+    let timeout = cfg.completion_timeout;
+    let shown = printable(name.as_bytes());
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let size = file
+        .metadata()
+        .with_context(|| format!("reading {}", path.display()))?
+        .len();
+    let mut connector = pinpoll::connect::cm::Connector::resolve(addr, &cfg.qp)
+        .with_context(|| format!("connecting to {addr}"))?;
+    crate::session::check_device(connector.endpoint(), device)
+        .with_context(|| format!("connecting to {addr}"))?;
+    let ep = connector.endpoint();
+    let recv = ep
+        .register(MSG_LEN, PageSize::Base, Access::LOCAL_WRITE)
+        .context("registering the message buffer")?;
+    let mut src = ep
+        .register(BUFFER, cfg.pages, Access::LOCAL_READ)
+        .context("registering the 10 MiB send buffer")?;
+    ep.qp()
+        .post_recv(WR_RECV, Some(recv.slice(0..MSG_LEN)?))
+        .context("posting a receive")?;
+    let mut ep = connector
+        .connect(&[])
+        .with_context(|| format!("connecting to {addr}"))?;
+    out.progress(format_args!(
+        "connected to {addr} on {} (classic)",
+        ep.device_name()
+    ))?;
+    let began = Instant::now();
+    let next_msg = |ep: &mut Endpoint, want: i32, what: &str| -> anyhow::Result<(u64, u32)> {
+        let c = ep
+            .wait_recv(timeout)
+            .map_err(|e| explain_link(e, "server"))
+            .with_context(|| format!("waiting for {what}"))?;
+        ensure!(
+            c.opcode == WcOpcode::RECV,
+            "the server sent a {} instead of a message",
+            c.opcode
+        );
+        let (id, raddr, rkey) = decode(&recv.as_slice()[..c.byte_len as usize])?;
+        ensure!(
+            id == want,
+            "the server sent message {id} instead of {what} ({want})"
+        );
+        ep.qp()
+            .post_recv(WR_RECV, Some(recv.slice(0..MSG_LEN)?))
+            .context("posting a receive")?;
+        Ok((raddr, rkey))
+    };
+    let (raddr, rkey) = next_msg(&mut ep, MSG_MR, "the server's buffer (MSG_MR)")?;
+    let remote = pinpoll::RemoteSlice {
+        addr: raddr,
+        len: BUFFER as u64,
+        rkey,
+    };
+    let write = |ep: &mut Endpoint, src: &MemoryRegion, len: usize| -> anyhow::Result<()> {
+        ep.qp()
+            .post_write(
+                WR_SEND,
+                src.slice(0..len)?,
+                remote.sub(0, len as u64)?,
+                Some(len as u32),
+                SendFlags::SIGNALED,
+            )
+            .context("posting an RDMA write")?;
+        let c = ep
+            .wait_send(timeout)
+            .map_err(|e| explain_link(e, "server"))
+            .context("writing into the server's buffer")?;
+        ensure!(
+            c.opcode == WcOpcode::RDMA_WRITE,
+            "unexpected {} completion",
+            c.opcode
+        );
+        Ok(())
+    };
+    let name_len = name.len() + 1;
+    src.as_mut_slice()[..name.len()].copy_from_slice(name.as_bytes());
+    src.as_mut_slice()[name.len()] = 0;
+    write(&mut ep, &src, name_len)?;
+    next_msg(
+        &mut ep,
+        MSG_READY,
+        "the server to open the file (MSG_READY)",
+    )?;
+    let mut offset = 0u64;
+    while offset < size {
+        let len = (size - offset).min(BUFFER as u64) as usize;
+        file.read_exact_at(&mut src.as_mut_slice()[..len], offset)
+            .with_context(|| format!("reading {} at byte {offset}", path.display()))?;
+        write(&mut ep, &src, len)?;
+        next_msg(
+            &mut ep,
+            MSG_READY,
+            "the server to store a chunk (MSG_READY)",
+        )?;
+        offset += len as u64;
+    }
+    write(&mut ep, &src, 0)?;
+    next_msg(
+        &mut ep,
+        MSG_DONE,
+        "the server to finish the file (MSG_DONE)",
+    )?;
+    let elapsed = began.elapsed();
+    if let Err(e) = ep.disconnect() {
+        tracing::debug!(error = %e, "disconnecting");
+    }
+    out.progress(format_args!(
+        "sent {shown} (classic): {}",
+        summary(size, elapsed)
+    ))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_use_the_c_layout() {
+        let m = encode(MSG_MR, 0x1122_3344_5566_7788, 0xabcd);
+        assert_eq!(&m[0..4], &1i32.to_ne_bytes());
+        assert_eq!(&m[4..8], &[0; 4]);
+        assert_eq!(decode(&m).unwrap(), (1, 0x1122_3344_5566_7788, 0xabcd));
+        assert!(decode(&m[..23]).is_err());
+    }
+}

@@ -1,0 +1,261 @@
+//! `filexfer send`: one file to a server, every server slot kept busy.
+
+use std::fs::File;
+use std::io::IsTerminal as _;
+use std::os::unix::fs::FileExt as _;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{bail, ensure, Context as _};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use pinpoll::connect::cm::Connector;
+use pinpoll::connect::RegionDescriptor;
+use pinpoll::datapath::Rings;
+use pinpoll::{Access, Connection};
+use sha2::{Digest, Sha256};
+
+use crate::cli::{socket_addr, CommonArgs};
+use crate::filexfer::name;
+use crate::filexfer::protocol::{Msg, HELLO};
+use crate::filexfer::server::{send_and_wait, settle};
+use crate::filexfer::{chunk_len, engine_config, explain_link, pin, summary, BATCH, TRAILER};
+use crate::output::{printable, Output};
+use crate::session::{check_device, device_exists};
+
+/// What `send` needs from the command line.
+#[derive(Debug, Clone)]
+pub struct SendOptions {
+    pub host: String,
+    pub file: std::path::PathBuf,
+    pub port: u16,
+    pub hugepages: bool,
+    pub core: Option<usize>,
+    /// Speak the classic rdma-file-transfer protocol.
+    pub classic: bool,
+}
+
+/// The file's name as sent: its last path component, under the rules of
+/// [`name::validate`].
+pub fn wire_name(path: &Path) -> anyhow::Result<String> {
+    let Some(last) = path.file_name() else {
+        bail!("{}: no file name to send", path.display());
+    };
+    let bytes = last.as_encoded_bytes();
+    let name = name::validate(bytes).with_context(|| format!("{}", path.display()))?;
+    Ok(name.to_owned())
+}
+
+/// Sends `opts.file`; success only once the server said the file is
+/// verified, durable and in place.
+pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Result<()> {
+    let path = &opts.file;
+    let name = wire_name(path)?;
+    let shown = printable(name.as_bytes());
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let meta = file
+        .metadata()
+        .with_context(|| format!("reading {}", path.display()))?;
+    ensure!(meta.is_file(), "{}: not a regular file", path.display());
+    let size = meta.len();
+    pin(opts.core)?;
+
+    let cfg = engine_config(common.timeout, opts.hugepages);
+    cfg.validate()?;
+    let addr = socket_addr(&opts.host, opts.port)?;
+    if let Some(device) = &common.device {
+        device_exists(device)?;
+    }
+    if opts.classic {
+        return crate::filexfer::classic::send(
+            path,
+            &name,
+            addr,
+            &cfg,
+            common.device.as_deref(),
+            out,
+        );
+    }
+    let mut connector = Connector::resolve(addr, &cfg.qp)
+        .map_err(|e| {
+            if addr.ip().is_loopback() {
+                anyhow::Error::new(e).context(
+                    "a loopback address is not reachable through an RDMA device; use the address of the RDMA netdev",
+                )
+            } else {
+                e.into()
+            }
+        })
+        .with_context(|| format!("connecting to {addr}"))?;
+    check_device(connector.endpoint(), common.device.as_deref())
+        .with_context(|| format!("connecting to {addr}"))?;
+    // This side exposes nothing: its target ring gets no remote access.
+    let rings = Rings::prepare(connector.endpoint(), &cfg, Access::LOCAL_WRITE)
+        .context("registering the send ring")?;
+    let ep = connector
+        .connect(&HELLO)
+        .with_context(|| format!("connecting to {addr}"))?;
+    let peer = RegionDescriptor::decode(ep.peer_private_data())
+        .context("the server's accept data (is it a filexfer server?)")?
+        .0;
+    let mut conn = Connection::new(ep, rings, peer, &cfg)?;
+    out.progress(format_args!(
+        "connected to {addr} on {}",
+        conn.endpoint().device_name()
+    ))?;
+    let link = |e| explain_link(e, "server");
+    let timeout = common.timeout;
+
+    let began = Instant::now();
+    send_and_wait(
+        &mut conn,
+        &Msg::Start {
+            size,
+            name: name.as_bytes().to_vec(),
+        }
+        .encode(),
+        timeout,
+    )
+    .context("sending the file's name and size")?;
+    let ready = {
+        let m = conn
+            .recv()
+            .map_err(link)
+            .context("waiting for the server to be ready")?;
+        ensure!(m.imm.is_none(), "the server wrote into this side's memory");
+        Msg::decode(m.data)?
+    };
+    let (slots, slot_size) = match ready {
+        Msg::Ready { slots, slot_size } => (slots, slot_size),
+        Msg::Fail { message, .. } => bail!("the server refused {shown}: {message}"),
+        other => bail!("the server sent {} instead of Ready", other.name()),
+    };
+    ensure!(
+        (1..=1 << 16).contains(&slots)
+            && slot_size as usize > TRAILER
+            && slot_size as usize <= conn.slot_size()
+            && u64::from(slots) * u64::from(slot_size) <= peer.len,
+        "the server offered {slots} slots of {slot_size} bytes, which its ring of {} bytes or this side's {}-byte slots cannot hold",
+        peer.len,
+        conn.slot_size()
+    );
+    let chunk = chunk_len(slot_size);
+    let chunks = size.div_ceil(chunk);
+    let bar = progress_bar(size, common.quiet, &shown);
+
+    let mut hasher = Sha256::new();
+    let (mut next, mut credits) = (0u64, u64::from(slots));
+    while next < chunks {
+        if credits == 0 {
+            let msg = {
+                let m = conn.recv().map_err(link).with_context(|| {
+                    format!(
+                        "sending {shown} ({} of {size} bytes posted)",
+                        (next * chunk).min(size)
+                    )
+                })?;
+                ensure!(m.imm.is_none(), "the server wrote into this side's memory");
+                Msg::decode(m.data)?
+            };
+            match msg {
+                Msg::Credit { count } => {
+                    credits += u64::from(count);
+                    ensure!(
+                        credits <= u64::from(slots),
+                        "the server returned more credits than it has slots"
+                    );
+                }
+                Msg::Fail { message, .. } => {
+                    bail!("the server failed the transfer of {shown}: {message}")
+                }
+                other => bail!("the server sent {} during the transfer", other.name()),
+            }
+            continue;
+        }
+        settle(&mut conn, timeout)?;
+        let n = credits.min(u64::from(BATCH)).min(chunks - next);
+        let mut b = conn.batch();
+        for _ in 0..n {
+            let offset = next * chunk;
+            let len = chunk.min(size - offset) as usize;
+            let slot = (next % u64::from(slots)) as u32;
+            let remote = u64::from(slot) * u64::from(slot_size);
+            let hasher = &mut hasher;
+            let file = &file;
+            b.write_from(len + TRAILER, remote, Some(slot), move |buf| {
+                let (data, trailer) = buf.split_at_mut(len);
+                file.read_exact_at(data, offset)?;
+                trailer.copy_from_slice(&crc32c::crc32c(data).to_be_bytes());
+                hasher.update(&*data);
+                Ok(())
+            })
+            .map_err(|e| match e {
+                pinpoll::Error::Exchange { source, .. } => {
+                    anyhow::Error::new(source).context(format!(
+                        "reading {} at byte {offset} (did the file change?)",
+                        path.display()
+                    ))
+                }
+                e => link(e),
+            })?;
+            next += 1;
+        }
+        b.post().map_err(link).context("posting chunks")?;
+        credits -= n;
+        if let Some(bar) = &bar {
+            bar.set_position((next * chunk).min(size));
+        }
+    }
+    let sha256: [u8; 32] = hasher.finalize().into();
+    send_and_wait(&mut conn, &Msg::Finish { size, sha256 }.encode(), timeout)
+        .context("sending the file's SHA-256")?;
+    loop {
+        let msg = {
+            let m = conn
+                .recv()
+                .map_err(link)
+                .context("waiting for the server to store the file")?;
+            ensure!(m.imm.is_none(), "the server wrote into this side's memory");
+            Msg::decode(m.data)?
+        };
+        match msg {
+            Msg::Credit { .. } => continue,
+            Msg::Complete { size: stored } => {
+                ensure!(stored == size, "the server stored {stored} bytes of {size}");
+                break;
+            }
+            Msg::Fail { message, .. } => {
+                bail!("the server failed the transfer of {shown}: {message}")
+            }
+            other => bail!("the server sent {} instead of Complete", other.name()),
+        }
+    }
+    let elapsed = began.elapsed();
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    // The file is verified and durable on the server: a teardown that
+    // does not drain cleanly no longer changes the outcome.
+    conn.set_completion_timeout(timeout.min(std::time::Duration::from_secs(2)));
+    if let Err(e) = conn.close() {
+        tracing::debug!(error = %e, "closing the connection after Complete");
+    }
+    out.progress(format_args!("sent {shown}: {}", summary(size, elapsed)))?;
+    Ok(())
+}
+
+/// A progress bar with rate and ETA on stderr, only when stderr is a
+/// terminal and not `--quiet`.
+fn progress_bar(size: u64, quiet: bool, shown: &str) -> Option<ProgressBar> {
+    if quiet || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = ProgressBar::with_draw_target(Some(size), ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template(
+        "{msg} [{bar:30}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta}",
+    )
+    .map(|s| s.progress_chars("=> "))
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar.set_message(shown.to_owned());
+    Some(bar)
+}

@@ -1,0 +1,142 @@
+//! `filexfer`: a pipelined, checksummed, durable file transfer over RDMA.
+//!
+//! - [`name`] — the one rule for a file name that crosses the wire.
+//! - [`protocol`] — the native wire formats (connect hello, control
+//!   messages) with their bounds-checked decoders.
+//! - [`server`] — `filexfer serve`: the accept loop (a thread per
+//!   transfer, at most `--max-clients` at once) and one transfer's receive
+//!   side: per-chunk CRC32C, whole-file SHA-256, temp file, fsync, link
+//!   into place without overwriting, fsync of the directory.
+//! - [`classic`] — serving clients of the classic rdma-file-transfer
+//!   example unchanged (told apart by their all-zero private data).
+//! - [`client`] — `filexfer send`: keeps every server slot busy with
+//!   RDMA WRITE_WITH_IMM straight from the file into registered memory.
+//!
+//! # The native protocol
+//!
+//! 1. The client connects over rdma_cm with the private data
+//!    [`protocol::HELLO`] (`PPFX`, version 1). The server registers a ring
+//!    of [`SLOTS`] chunk slots of [`SLOT_SIZE`] bytes with remote write
+//!    only, posts its receives, and accepts with the ring's
+//!    [`pinpoll::connect::RegionDescriptor`] as private data. Anything else
+//!    is rejected with a reason; an extra client beyond `--max-clients` is
+//!    rejected with `server busy: ...`.
+//! 2. Client SENDs `Start{size, name}`; the server validates the name
+//!    ([`name::validate`]), refuses an existing target (unless
+//!    `--overwrite`), creates a temp file with `create_new` in `--dir`, and
+//!    answers `Ready{slots, slot_size}` or `Fail{code, message}`.
+//! 3. Chunk `i` (of [`chunk_len`] bytes, the last one shorter) goes to
+//!    slot `i % slots` by WRITE_WITH_IMM, the immediate naming the slot,
+//!    with its CRC32C (big-endian) as a 4-byte trailer. The client has at
+//!    most `slots` chunks in flight; the server checks slot, length and
+//!    CRC, writes the chunk at its offset, hashes it, and SENDs
+//!    `Credit{1}` for the slot.
+//! 4. Client SENDs `Finish{size, sha256}`; the server checks both,
+//!    fsyncs, links the temp file to the final name (refusing an existing
+//!    one), removes the temp name, fsyncs the directory, and only then
+//!    SENDs `Complete{size}`. Any failure is `Fail` and the temp file is
+//!    removed: a bad or partial file never appears under the final name.
+
+pub mod classic;
+pub mod client;
+pub mod name;
+pub mod protocol;
+pub mod server;
+
+use std::time::Duration;
+
+use pinpoll::{EngineConfig, IdlePolicy, PageSize, QpConfig};
+
+/// Default rdma_cm port (the classic example's).
+pub const DEFAULT_PORT: u16 = 12345;
+/// Bytes per chunk slot in the server's ring (data plus CRC trailer).
+pub const SLOT_SIZE: u32 = 256 * 1024;
+/// Chunk slots in the server's ring: the chunks in flight.
+pub const SLOTS: u32 = 16;
+/// The CRC32C trailer after each chunk's data.
+pub const TRAILER: usize = 4;
+/// Chunks posted with one doorbell, at most.
+pub(crate) const BATCH: u32 = 4;
+
+/// The data bytes of a chunk that fills a slot of `slot_size` bytes.
+pub fn chunk_len(slot_size: u32) -> u64 {
+    u64::from(slot_size) - TRAILER as u64
+}
+
+/// The data bytes of every chunk but the last with the default geometry.
+pub const CHUNK: u64 = SLOT_SIZE as u64 - TRAILER as u64;
+
+/// The engine configuration of both sides: `SLOTS` slots of `SLOT_SIZE`
+/// bytes, receive queues deep enough for every chunk in flight plus the
+/// control messages, every wait bounded by `timeout`.
+pub fn engine_config(timeout: Duration, hugepages: bool) -> EngineConfig {
+    EngineConfig {
+        qp: QpConfig {
+            max_send_wr: 64,
+            max_recv_wr: 2 * SLOTS,
+            cq_depth: 64,
+            max_inline_data: 128,
+            connect_timeout: timeout,
+            ..QpConfig::default()
+        },
+        batch_size: BATCH,
+        signal_interval: BATCH,
+        inline_threshold: 128,
+        slot_size: SLOT_SIZE,
+        slot_count: SLOTS,
+        pages: if hugepages {
+            PageSize::Huge2M
+        } else {
+            PageSize::Base
+        },
+        core: None,
+        idle: IdlePolicy::Spin,
+        handoff_depth: 1024,
+        completion_timeout: timeout,
+        ..EngineConfig::default()
+    }
+}
+
+/// Pins the calling thread to `core` (`--core`), if given.
+pub fn pin(core: Option<usize>) -> anyhow::Result<()> {
+    let Some(core) = core else { return Ok(()) };
+    let ids = core_affinity::get_core_ids().unwrap_or_default();
+    let Some(id) = ids.into_iter().find(|c| c.id == core) else {
+        anyhow::bail!("--core {core}: no such core available to this process");
+    };
+    if !core_affinity::set_for_current(id) {
+        anyhow::bail!("--core {core}: pinning the thread failed");
+    }
+    Ok(())
+}
+
+/// `N bytes in S s (R MiB/s)`.
+pub fn summary(bytes: u64, elapsed: Duration) -> String {
+    let secs = elapsed.as_secs_f64();
+    let rate = if secs > 0.0 {
+        bytes as f64 / secs / (1024.0 * 1024.0)
+    } else {
+        0.0
+    };
+    format!("{bytes} bytes in {secs:.3} s ({rate:.1} MiB/s)")
+}
+
+/// Names the usual causes of a failed wait on the connection.
+pub fn explain_link(err: pinpoll::Error, peer: &str) -> anyhow::Error {
+    use pinpoll::WcStatus;
+    let status = err.completion().map(|c| c.status);
+    let hint = match (&err, status) {
+        (pinpoll::Error::Disconnected, _) | (_, Some(WcStatus::WR_FLUSH_ERR)) => {
+            Some(format!("the {peer} disconnected (did it stop or fail?)"))
+        }
+        (_, Some(WcStatus::RETRY_EXC_ERR)) => Some(format!("the {peer} stopped answering")),
+        (pinpoll::Error::Timeout { .. }, _) => Some(format!(
+            "the {peer} sent nothing within --timeout (is it stuck or gone?)"
+        )),
+        _ => None,
+    };
+    match hint {
+        Some(hint) => anyhow::Error::new(err).context(hint),
+        None => err.into(),
+    }
+}

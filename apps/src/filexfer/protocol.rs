@@ -1,0 +1,478 @@
+//! The native filexfer wire formats. Big-endian, versioned, and decoded
+//! field by field with every length checked: these bytes come from the
+//! network.
+//!
+//! Connect private data ([`HELLO`], 8 bytes): `PPFX`, version, 3 zero
+//! bytes. rdma_cm pads private data with zeros, so a classic client's
+//! (none) arrives as all zeros and never matches.
+//!
+//! Every control message (SEND) starts with an 8-byte header: `PPFX`,
+//! version, kind, 2 zero bytes; then the kind's body, exact length:
+//!
+//! | kind | message    | body |
+//! |------|------------|------|
+//! | 1    | `Start`    | size u64, name length u16, name (1..=255 bytes) |
+//! | 2    | `Ready`    | slots u32, slot size u32 |
+//! | 3    | `Credit`   | count u32 |
+//! | 4    | `Finish`   | size u64, SHA-256 (32 bytes) |
+//! | 5    | `Complete` | size u64 |
+//! | 6    | `Fail`     | code u16, message length u16, message (UTF-8, ≤ 1024) |
+
+use std::fmt;
+
+use crate::filexfer::name::MAX_NAME;
+
+const MAGIC: [u8; 4] = *b"PPFX";
+/// The protocol version; a peer with another one is refused.
+pub const VERSION: u8 = 1;
+/// The client's connect private data.
+pub const HELLO: [u8; 8] = [b'P', b'P', b'F', b'X', VERSION, 0, 0, 0];
+/// The longest `Fail` message.
+pub const MAX_FAIL: usize = 1024;
+const HEADER: usize = 8;
+/// Bytes of an encoded `Credit` (the hot path's only message).
+pub const CREDIT_LEN: usize = HEADER + 4;
+
+/// What the connect private data says the client speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hello {
+    /// `PPFX` version 1.
+    Native,
+    /// No private data at all (all zeros): a classic client.
+    Classic,
+}
+
+/// Classifies connect private data.
+pub fn classify_hello(private: &[u8]) -> Result<Hello, String> {
+    if private.len() >= HELLO.len() && private[..4] == MAGIC {
+        if private[4] != VERSION {
+            return Err(format!(
+                "filexfer protocol version {} is not supported (this server speaks {VERSION})",
+                private[4]
+            ));
+        }
+        return Ok(Hello::Native);
+    }
+    if private.iter().all(|b| *b == 0) {
+        return Ok(Hello::Classic);
+    }
+    Err("the connect request is not from a filexfer client (unknown private data)".into())
+}
+
+/// Why a transfer failed, as the peer is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailCode {
+    /// The request was malformed (e.g. a bad file name).
+    BadRequest,
+    /// The target file already exists.
+    Exists,
+    /// A local I/O error (create, write, fsync, link).
+    Io,
+    /// A CRC or SHA-256 mismatch, or a size that does not add up.
+    Integrity,
+    /// A message or write that breaks the protocol.
+    Protocol,
+    /// Any code this side does not know.
+    Other(u16),
+}
+
+impl FailCode {
+    pub fn code(self) -> u16 {
+        match self {
+            FailCode::BadRequest => 1,
+            FailCode::Exists => 2,
+            FailCode::Io => 3,
+            FailCode::Integrity => 4,
+            FailCode::Protocol => 5,
+            FailCode::Other(n) => n,
+        }
+    }
+
+    pub fn from_code(code: u16) -> FailCode {
+        match code {
+            1 => FailCode::BadRequest,
+            2 => FailCode::Exists,
+            3 => FailCode::Io,
+            4 => FailCode::Integrity,
+            5 => FailCode::Protocol,
+            n => FailCode::Other(n),
+        }
+    }
+}
+
+/// A control message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Msg {
+    Start { size: u64, name: Vec<u8> },
+    Ready { slots: u32, slot_size: u32 },
+    Credit { count: u32 },
+    Finish { size: u64, sha256: [u8; 32] },
+    Complete { size: u64 },
+    Fail { code: FailCode, message: String },
+}
+
+/// A message that could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadMessage(pub String);
+
+impl fmt::Display for BadMessage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "bad message from the peer: {}", self.0)
+    }
+}
+
+impl std::error::Error for BadMessage {}
+
+fn header(kind: u8) -> [u8; HEADER] {
+    [MAGIC[0], MAGIC[1], MAGIC[2], MAGIC[3], VERSION, kind, 0, 0]
+}
+
+/// `Credit{count}` into a fixed array: no allocation per chunk.
+pub fn credit(count: u32) -> [u8; CREDIT_LEN] {
+    let mut b = [0u8; CREDIT_LEN];
+    b[..HEADER].copy_from_slice(&header(3));
+    b[HEADER..].copy_from_slice(&count.to_be_bytes());
+    b
+}
+
+impl Msg {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Msg::Start { .. } => "Start",
+            Msg::Ready { .. } => "Ready",
+            Msg::Credit { .. } => "Credit",
+            Msg::Finish { .. } => "Finish",
+            Msg::Complete { .. } => "Complete",
+            Msg::Fail { .. } => "Fail",
+        }
+    }
+
+    /// The bytes of this message. A `Start` name or `Fail` message longer
+    /// than its limit is cut to it (a name too long is refused before).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(64);
+        match self {
+            Msg::Start { size, name } => {
+                let name = &name[..name.len().min(MAX_NAME)];
+                b.extend_from_slice(&header(1));
+                b.extend_from_slice(&size.to_be_bytes());
+                b.extend_from_slice(&(name.len() as u16).to_be_bytes());
+                b.extend_from_slice(name);
+            }
+            Msg::Ready { slots, slot_size } => {
+                b.extend_from_slice(&header(2));
+                b.extend_from_slice(&slots.to_be_bytes());
+                b.extend_from_slice(&slot_size.to_be_bytes());
+            }
+            Msg::Credit { count } => b.extend_from_slice(&credit(*count)),
+            Msg::Finish { size, sha256 } => {
+                b.extend_from_slice(&header(4));
+                b.extend_from_slice(&size.to_be_bytes());
+                b.extend_from_slice(sha256);
+            }
+            Msg::Complete { size } => {
+                b.extend_from_slice(&header(5));
+                b.extend_from_slice(&size.to_be_bytes());
+            }
+            Msg::Fail { code, message } => {
+                let mut cut = message.len().min(MAX_FAIL);
+                while !message.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                let message = &message.as_bytes()[..cut];
+                b.extend_from_slice(&header(6));
+                b.extend_from_slice(&code.code().to_be_bytes());
+                b.extend_from_slice(&(message.len() as u16).to_be_bytes());
+                b.extend_from_slice(message);
+            }
+        }
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Msg, BadMessage> {
+        let bad = |m: String| Err(BadMessage(m));
+        if b.len() < HEADER {
+            return bad(format!(
+                "{} bytes, shorter than the {HEADER}-byte header",
+                b.len()
+            ));
+        }
+        if b[..4] != MAGIC {
+            return bad("wrong magic: not a filexfer message".into());
+        }
+        if b[4] != VERSION {
+            return bad(format!("version {} (this side speaks {VERSION})", b[4]));
+        }
+        if b[6..8] != [0, 0] {
+            return bad("reserved header bytes are not zero".into());
+        }
+        let body = &b[HEADER..];
+        let u16_at = |i: usize| u16::from_be_bytes([body[i], body[i + 1]]);
+        let u32_at = |i: usize| u32::from_be_bytes(body[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_be_bytes(body[i..i + 8].try_into().expect("8 bytes"));
+        let exact = |name: &str, want: usize| {
+            if body.len() == want {
+                Ok(())
+            } else {
+                Err(BadMessage(format!(
+                    "{name} with a {}-byte body, expected {want}",
+                    body.len()
+                )))
+            }
+        };
+        match b[5] {
+            1 => {
+                if body.len() < 10 {
+                    return bad(format!(
+                        "Start with a {}-byte body, expected at least 10",
+                        body.len()
+                    ));
+                }
+                let len = usize::from(u16_at(8));
+                if len == 0 || len > MAX_NAME {
+                    return bad(format!(
+                        "Start with a {len}-byte name, expected 1..={MAX_NAME}"
+                    ));
+                }
+                exact("Start", 10 + len)?;
+                Ok(Msg::Start {
+                    size: u64_at(0),
+                    name: body[10..].to_vec(),
+                })
+            }
+            2 => {
+                exact("Ready", 8)?;
+                Ok(Msg::Ready {
+                    slots: u32_at(0),
+                    slot_size: u32_at(4),
+                })
+            }
+            3 => {
+                exact("Credit", 4)?;
+                Ok(Msg::Credit { count: u32_at(0) })
+            }
+            4 => {
+                exact("Finish", 40)?;
+                Ok(Msg::Finish {
+                    size: u64_at(0),
+                    sha256: body[8..40].try_into().expect("32 bytes"),
+                })
+            }
+            5 => {
+                exact("Complete", 8)?;
+                Ok(Msg::Complete { size: u64_at(0) })
+            }
+            6 => {
+                if body.len() < 4 {
+                    return bad(format!(
+                        "Fail with a {}-byte body, expected at least 4",
+                        body.len()
+                    ));
+                }
+                let len = usize::from(u16_at(2));
+                if len > MAX_FAIL {
+                    return bad(format!(
+                        "Fail with a {len}-byte message, at most {MAX_FAIL}"
+                    ));
+                }
+                exact("Fail", 4 + len)?;
+                Ok(Msg::Fail {
+                    code: FailCode::from_code(u16_at(0)),
+                    message: String::from_utf8_lossy(&body[4..]).into_owned(),
+                })
+            }
+            k => bad(format!("unknown message kind {k}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn samples() -> Vec<Msg> {
+        vec![
+            Msg::Start {
+                size: 0,
+                name: b"a".to_vec(),
+            },
+            Msg::Start {
+                size: u64::MAX,
+                name: vec![b'n'; 255],
+            },
+            Msg::Ready {
+                slots: 16,
+                slot_size: 262144,
+            },
+            Msg::Credit { count: 1 },
+            Msg::Finish {
+                size: 7,
+                sha256: [9; 32],
+            },
+            Msg::Complete { size: 1 << 40 },
+            Msg::Fail {
+                code: FailCode::Exists,
+                message: "already there".into(),
+            },
+            Msg::Fail {
+                code: FailCode::Other(77),
+                message: String::new(),
+            },
+        ]
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        for m in samples() {
+            assert_eq!(Msg::decode(&m.encode()), Ok(m.clone()), "{m:?}");
+        }
+        assert_eq!(credit(3).to_vec(), Msg::Credit { count: 3 }.encode());
+    }
+
+    #[test]
+    fn bad_bytes_are_named() {
+        let good = Msg::Ready {
+            slots: 1,
+            slot_size: 64,
+        }
+        .encode();
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (good[..5].to_vec(), "shorter than"),
+            (
+                {
+                    let mut b = good.clone();
+                    b[0] = b'X';
+                    b
+                },
+                "wrong magic",
+            ),
+            (
+                {
+                    let mut b = good.clone();
+                    b[4] = 2;
+                    b
+                },
+                "version 2",
+            ),
+            (
+                {
+                    let mut b = good.clone();
+                    b[5] = 42;
+                    b
+                },
+                "unknown message kind 42",
+            ),
+            (
+                {
+                    let mut b = good.clone();
+                    b[7] = 1;
+                    b
+                },
+                "reserved",
+            ),
+            (
+                {
+                    let mut b = good.clone();
+                    b.push(0);
+                    b
+                },
+                "Ready with a 9-byte body",
+            ),
+            (
+                Msg::Start {
+                    size: 1,
+                    name: b"ab".to_vec(),
+                }
+                .encode()[..19]
+                    .to_vec(),
+                "Start with a 11-byte body, expected 12",
+            ),
+            (
+                {
+                    let mut b = Msg::Start {
+                        size: 1,
+                        name: b"a".to_vec(),
+                    }
+                    .encode();
+                    b[16..18].copy_from_slice(&0u16.to_be_bytes());
+                    b
+                },
+                "0-byte name",
+            ),
+            (
+                {
+                    let mut b = Msg::Start {
+                        size: 1,
+                        name: b"a".to_vec(),
+                    }
+                    .encode();
+                    b[16..18].copy_from_slice(&300u16.to_be_bytes());
+                    b
+                },
+                "300-byte name",
+            ),
+            (
+                {
+                    let mut b = Msg::Fail {
+                        code: FailCode::Io,
+                        message: "x".into(),
+                    }
+                    .encode();
+                    b[10..12].copy_from_slice(&5000u16.to_be_bytes());
+                    b
+                },
+                "5000-byte message",
+            ),
+        ];
+        for (bytes, expected) in cases {
+            let err = Msg::decode(&bytes).unwrap_err().to_string();
+            assert!(
+                err.contains(expected),
+                "{err:?} should contain {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn hellos_are_told_apart() {
+        let mut padded = HELLO.to_vec();
+        padded.resize(56, 0);
+        assert_eq!(classify_hello(&padded), Ok(Hello::Native));
+        assert_eq!(classify_hello(&[0; 56]), Ok(Hello::Classic));
+        assert_eq!(classify_hello(&[]), Ok(Hello::Classic));
+        let mut v2 = padded.clone();
+        v2[4] = 2;
+        assert!(classify_hello(&v2).unwrap_err().contains("version 2"));
+        assert!(classify_hello(b"PPRW\x01\x01\0\0").is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics_and_accepts_only_what_encodes_back(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+            if let Ok(m) = Msg::decode(&bytes) {
+                if let Msg::Fail { message, .. } = &m {
+                    // Lossy UTF-8: only valid text re-encodes to the same bytes.
+                    if std::str::from_utf8(&bytes[12..]).is_err() || message.len() != bytes.len() - 12 {
+                        return Ok(());
+                    }
+                }
+                prop_assert_eq!(m.encode(), bytes);
+            }
+        }
+
+        #[test]
+        fn mutated_valid_messages_never_panic(i in 0usize..8, at in 0usize..300, value in any::<u8>(), cut in 0usize..300) {
+            let mut b = samples()[i].encode();
+            if at < b.len() { b[at] = value; }
+            b.truncate(cut.max(1));
+            let _ = Msg::decode(&b);
+        }
+
+        #[test]
+        fn starts_round_trip(size in any::<u64>(), name in proptest::collection::vec(any::<u8>(), 1..=255)) {
+            let m = Msg::Start { size, name };
+            prop_assert_eq!(Msg::decode(&m.encode()), Ok(m));
+        }
+    }
+}

@@ -1,0 +1,621 @@
+//! `filexfer serve`: the accept loop and one transfer's receive side.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use pinpoll::connect::cm::Listener;
+use pinpoll::connect::RegionDescriptor;
+use pinpoll::datapath::Rings;
+use pinpoll::{Access, Connection, Endpoint, EngineConfig, RemoteSlice};
+use sha2::{Digest, Sha256};
+
+use crate::cli::{show_addr, socket_addr, CommonArgs};
+use crate::filexfer::classic::ClassicSide;
+use crate::filexfer::name::{self, RESERVED_PREFIX};
+use crate::filexfer::protocol::{self, classify_hello, FailCode, Hello, Msg};
+use crate::filexfer::{engine_config, explain_link, pin, summary, TRAILER};
+use crate::output::{printable, Output};
+use crate::run::{error_line, AlreadyReported};
+use crate::session::{check_device, device_exists, refuse};
+use crate::shutdown::Shutdown;
+
+/// How long the accept loop waits for a request before it looks at the
+/// shutdown flag and the finished transfers again.
+const ACCEPT_SLICE: Duration = Duration::from_millis(200);
+
+/// What `serve` needs from the command line.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub dir: PathBuf,
+    pub bind: String,
+    pub port: u16,
+    pub hugepages: bool,
+    pub max_clients: usize,
+    pub count: Option<u64>,
+    pub overwrite: bool,
+    pub core: Option<usize>,
+}
+
+/// A refusal the client is told about (`Fail{code, message}`).
+#[derive(Debug)]
+struct Refusal {
+    code: FailCode,
+    message: String,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+fn refusal(code: FailCode, message: impl Into<String>) -> anyhow::Error {
+    Refusal {
+        code,
+        message: message.into(),
+    }
+    .into()
+}
+
+/// Checks `--dir`: an existing directory this process can create files in.
+/// Returns it made absolute.
+pub fn check_dir(dir: &Path) -> anyhow::Result<PathBuf> {
+    let shown = dir.display();
+    let meta = std::fs::metadata(dir).with_context(|| format!("--dir {shown}"))?;
+    if !meta.is_dir() {
+        bail!("--dir {shown}: not a directory");
+    }
+    let dir = dir
+        .canonicalize()
+        .with_context(|| format!("--dir {shown}"))?;
+    let probe = dir.join(format!("{RESERVED_PREFIX}probe-{}", std::process::id()));
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .with_context(|| format!("--dir {shown}: cannot create files there"))?;
+    std::fs::remove_file(&probe)
+        .with_context(|| format!("--dir {shown}: removing {}", probe.display()))?;
+    Ok(dir)
+}
+
+/// Listens and serves transfers, each on its own thread, at most
+/// `max_clients` at once, until `--count` transfers were served or SIGINT
+/// or SIGTERM. Each failed transfer is one `error: client ADDR: ...` line
+/// on stderr; the result is an error if any failed.
+pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::Result<()> {
+    let dir = check_dir(&opts.dir)?;
+    let addr = socket_addr(&opts.bind, opts.port).context("--bind")?;
+    if let Some(device) = &common.device {
+        device_exists(device)?;
+    }
+    pin(opts.core)?;
+    let shutdown = Shutdown::install()?;
+    let cfg = engine_config(common.timeout, opts.hugepages);
+    cfg.validate()?;
+    let listener = Listener::bind(addr).with_context(|| format!("listening on {addr}"))?;
+    out.progress(format_args!(
+        "listening on {}",
+        show_addr(listener.local_addr().or(Some(addr)))
+    ))?;
+    let active = Arc::new(AtomicUsize::new(0));
+    let serial = Arc::new(AtomicU64::new(0));
+    let (done_tx, done_rx) = mpsc::channel::<bool>();
+    let mut threads = Vec::new();
+    let (mut served, mut failed) = (0u64, 0u64);
+    let collect = |rx: &mpsc::Receiver<bool>, failed: &mut u64| {
+        while let Ok(ok) = rx.try_recv() {
+            *failed += u64::from(!ok);
+        }
+    };
+    while !matches!(opts.count, Some(n) if served >= n) && !shutdown.requested() {
+        collect(&done_rx, &mut failed);
+        let mut req = match listener.next_request(&cfg.qp, ACCEPT_SLICE) {
+            Ok(req) => req,
+            Err(pinpoll::Error::Timeout { .. }) => continue,
+            Err(err @ pinpoll::Error::Cm { op, .. })
+                if op == "rdma_get_cm_event" || op == "poll on the event channel" =>
+            {
+                return Err(err).context("waiting for clients");
+            }
+            Err(err) => {
+                served += 1;
+                failed += 1;
+                eprintln!(
+                    "error: {}",
+                    error_line(&anyhow::Error::new(err).context("a connect request"))
+                );
+                continue;
+            }
+        };
+        let peer = show_addr(req.peer_addr());
+        let hello = classify_hello(req.private_data());
+        let busy = active.load(Ordering::SeqCst) >= opts.max_clients;
+        if busy && hello.is_ok() {
+            let reason = format!(
+                "server busy: {} transfers in progress (--max-clients {}); try again later\0",
+                opts.max_clients, opts.max_clients
+            );
+            if let Err(err) = req.reject(reason.as_bytes()) {
+                tracing::warn!(error = %err, "rejecting a client failed");
+            }
+            out.progress(format_args!("client {peer}: refused, server busy"))?;
+            continue;
+        }
+        served += 1;
+        // Everything up to the accept happens here: a request cannot move
+        // to another thread (it holds the raw rdma_cm event).
+        let accepted = match (
+            hello,
+            check_device(req.endpoint(), common.device.as_deref()),
+        ) {
+            (_, Err(err)) => Err(refuse(req, err)),
+            (Err(why), _) => Err(refuse(req, anyhow::anyhow!(why))),
+            (Ok(Hello::Classic), _) => match ClassicSide::prepare(req.endpoint(), cfg.pages) {
+                Err(err) => Err(refuse(req, err)),
+                Ok(side) => req
+                    .accept(&[])
+                    .context("accepting")
+                    .map(|ep| (ep, Side::Classic(side))),
+            },
+            (Ok(Hello::Native), _) => {
+                match Rings::prepare(req.endpoint(), &cfg, Access::REMOTE_WRITE) {
+                    Err(err) => Err(refuse(
+                        req,
+                        anyhow::Error::new(err).context("registering the chunk ring"),
+                    )),
+                    Ok(rings) => {
+                        let desc = RegionDescriptor(rings.descriptor()).encode();
+                        req.accept(&desc)
+                            .context("accepting")
+                            .map(|ep| (ep, Side::Native(rings)))
+                    }
+                }
+            }
+        };
+        let (ep, side) = match accepted {
+            Ok(pair) => pair,
+            Err(err) => {
+                failed += 1;
+                eprintln!("error: client {peer}: {}", error_line(&err));
+                continue;
+            }
+        };
+        out.progress(format_args!("client {peer}: connected"))?;
+        active.fetch_add(1, Ordering::SeqCst);
+        let job = Transfer {
+            dir: dir.clone(),
+            overwrite: opts.overwrite,
+            cfg: cfg.clone(),
+            peer: peer.clone(),
+            serial: serial.fetch_add(1, Ordering::SeqCst),
+            out,
+        };
+        let (active, done_tx, core) = (Arc::clone(&active), done_tx.clone(), opts.core);
+        let spawned = std::thread::Builder::new()
+            .name(format!("filexfer {peer}"))
+            .spawn(move || {
+                let result = pin(core).and_then(|()| match side {
+                    Side::Native(rings) => job.run(ep, rings),
+                    Side::Classic(classic) => classic.serve(
+                        ep,
+                        job.dir.clone(),
+                        job.serial,
+                        job.cfg.completion_timeout,
+                        &job.peer,
+                        job.out,
+                    ),
+                });
+                let ok = match result {
+                    Ok(()) => true,
+                    Err(err) => {
+                        eprintln!("error: client {}: {}", job.peer, error_line(&err));
+                        false
+                    }
+                };
+                active.fetch_sub(1, Ordering::SeqCst);
+                let _ = done_tx.send(ok);
+            });
+        match spawned {
+            Ok(handle) => threads.push(handle),
+            Err(err) => {
+                failed += 1;
+                eprintln!("error: client {peer}: starting a thread: {err}");
+            }
+        }
+    }
+    for handle in threads {
+        if handle.join().is_err() {
+            failed += 1;
+        }
+    }
+    collect(&done_rx, &mut failed);
+    if shutdown.requested() {
+        out.progress(format_args!("interrupted: served {served} client(s)"))?;
+    }
+    if failed > 0 {
+        return Err(AlreadyReported.into());
+    }
+    Ok(())
+}
+
+/// What a connection was prepared for.
+enum Side {
+    Native(Rings),
+    Classic(ClassicSide),
+}
+
+/// One transfer's receive side.
+struct Transfer {
+    dir: PathBuf,
+    overwrite: bool,
+    cfg: EngineConfig,
+    peer: String,
+    serial: u64,
+    out: Output,
+}
+
+/// A temporary file that is removed unless it was put in place.
+struct TempFile {
+    path: PathBuf,
+    file: File,
+    keep: bool,
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if !self.keep {
+            if let Err(err) = std::fs::remove_file(&self.path) {
+                tracing::warn!(path = %self.path.display(), error = %err, "removing the temporary file failed");
+            }
+        }
+    }
+}
+
+/// Receiving state: what the client declared and what arrived.
+struct Receiving {
+    size: u64,
+    received: u64,
+    next_chunk: u64,
+    slots: u32,
+    slot_size: u32,
+    hasher: Sha256,
+}
+
+impl Receiving {
+    /// Checks a WRITE_WITH_IMM against everything the server knows and
+    /// returns the byte range of its data in the target ring.
+    fn check_chunk(&self, imm: u32, len: u32) -> anyhow::Result<std::ops::Range<usize>> {
+        let expected_slot = (self.next_chunk % u64::from(self.slots)) as u32;
+        if imm >= self.slots {
+            return Err(refusal(
+                FailCode::Protocol,
+                format!("chunk for slot {imm}; the ring has {} slots", self.slots),
+            ));
+        }
+        if imm != expected_slot {
+            return Err(refusal(
+                FailCode::Protocol,
+                format!("chunk for slot {imm}, expected slot {expected_slot}"),
+            ));
+        }
+        let left = self.size - self.received;
+        let want = left.min(crate::filexfer::chunk_len(self.slot_size)) + TRAILER as u64;
+        if left == 0 {
+            return Err(refusal(
+                FailCode::Protocol,
+                format!("a chunk after all {} declared bytes", self.size),
+            ));
+        }
+        if u64::from(len) != want {
+            return Err(refusal(
+                FailCode::Protocol,
+                format!("chunk {} has {len} bytes, expected {want}", self.next_chunk),
+            ));
+        }
+        let start = imm as usize * self.slot_size as usize;
+        Ok(start..start + len as usize)
+    }
+}
+
+impl Transfer {
+    fn run(&self, ep: Endpoint, rings: Rings) -> anyhow::Result<()> {
+        let mut conn = Connection::new(
+            ep,
+            rings,
+            RemoteSlice {
+                addr: 0,
+                len: 0,
+                rkey: 0,
+            },
+            &self.cfg,
+        )?;
+        let result = self.receive(&mut conn);
+        if let Err(err) = &result {
+            // Tell the client why, when the connection still works.
+            if let Some(r) = err.downcast_ref::<Refusal>() {
+                let msg = Msg::Fail {
+                    code: r.code,
+                    message: r.message.clone(),
+                };
+                let _ = send_and_wait(&mut conn, &msg.encode(), self.cfg.completion_timeout);
+            }
+        }
+        // The outcome is settled (the file is in place, or the client was
+        // told why not): a teardown that does not drain cleanly changes
+        // nothing, so it is only logged, and briefly waited for.
+        conn.set_completion_timeout(self.cfg.completion_timeout.min(Duration::from_secs(2)));
+        if let Err(e) = conn.close() {
+            tracing::debug!(error = %e, "closing the connection");
+        }
+        result
+    }
+
+    fn receive(&self, conn: &mut Connection) -> anyhow::Result<()> {
+        let link = |e| explain_link(e, "client");
+        let start = {
+            let m = conn
+                .recv()
+                .map_err(link)
+                .context("waiting for the client's Start")?;
+            if m.imm.is_some() {
+                return Err(refusal(FailCode::Protocol, "a chunk before Start"));
+            }
+            Msg::decode(m.data).map_err(|e| refusal(FailCode::Protocol, e.to_string()))?
+        };
+        let Msg::Start { size, name } = start else {
+            return Err(refusal(
+                FailCode::Protocol,
+                format!("{} before Start", start.name()),
+            ));
+        };
+        let name = name::validate(&name)
+            .map_err(|e| refusal(FailCode::BadRequest, e.to_string()))?
+            .to_owned();
+        let shown = printable(name.as_bytes());
+        let began = Instant::now();
+        let final_path = self.dir.join(&name);
+        self.check_target(&final_path, &shown)?;
+        let temp_path = self.dir.join(format!(
+            "{RESERVED_PREFIX}{}-{}.tmp",
+            std::process::id(),
+            self.serial
+        ));
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temp_path)
+            .map_err(|e| {
+                refusal(
+                    FailCode::Io,
+                    format!("creating a temporary file in the server's directory: {e}"),
+                )
+            })?;
+        let mut temp = TempFile {
+            path: temp_path,
+            file,
+            keep: false,
+        };
+        self.out.progress(format_args!(
+            "client {}: receiving {shown} ({size} bytes)",
+            self.peer
+        ))?;
+        let mut st = Receiving {
+            size,
+            received: 0,
+            next_chunk: 0,
+            slots: crate::filexfer::SLOTS,
+            slot_size: conn.slot_size() as u32,
+            hasher: Sha256::new(),
+        };
+        send_and_wait(
+            conn,
+            &Msg::Ready {
+                slots: st.slots,
+                slot_size: st.slot_size,
+            }
+            .encode(),
+            self.cfg.completion_timeout,
+        )?;
+        let finish = loop {
+            let (imm, len, msg) = {
+                let m = conn.recv().map_err(link).with_context(|| {
+                    format!("receiving {shown} ({} of {size} bytes so far)", st.received)
+                })?;
+                let msg = match m.imm {
+                    Some(_) => None,
+                    None => Some(
+                        Msg::decode(m.data)
+                            .map_err(|e| refusal(FailCode::Protocol, e.to_string()))?,
+                    ),
+                };
+                (m.imm, m.len, msg)
+            };
+            if let Some(msg) = msg {
+                break msg;
+            }
+            let imm = imm.expect("a write with immediate");
+            let range = st.check_chunk(imm, len)?;
+            let (data, trailer) = conn.target()[range].split_at(len as usize - TRAILER);
+            let crc = crc32c::crc32c(data);
+            let sent = u32::from_be_bytes(trailer.try_into().expect("4-byte trailer"));
+            if crc != sent {
+                return Err(refusal(
+                    FailCode::Integrity,
+                    format!("chunk {} (bytes {}..) failed its CRC32C check: {crc:#010x}, sent {sent:#010x}", st.next_chunk, st.received)
+                ));
+            }
+            temp.file.write_all(data).map_err(|e| {
+                refusal(FailCode::Io, format!("writing {shown} on the server: {e}"))
+            })?;
+            st.hasher.update(data);
+            st.received += data.len() as u64;
+            st.next_chunk += 1;
+            conn.send(&protocol::credit(1))
+                .map_err(link)
+                .context("returning a credit")?;
+        };
+        let Msg::Finish {
+            size: fsize,
+            sha256,
+        } = finish
+        else {
+            return Err(refusal(
+                FailCode::Protocol,
+                format!("{} during the transfer", finish.name()),
+            ));
+        };
+        if fsize != size || st.received != size {
+            return Err(refusal(
+                FailCode::Integrity,
+                format!(
+                    "the client declared {size} bytes, finished with {fsize}, and {} arrived",
+                    st.received
+                ),
+            ));
+        }
+        let digest: [u8; 32] = st.hasher.finalize().into();
+        if digest != sha256 {
+            return Err(refusal(
+                FailCode::Integrity,
+                "the file's SHA-256 does not match the client's: the file was not kept",
+            ));
+        }
+        temp.file.sync_all().map_err(|e| {
+            refusal(
+                FailCode::Io,
+                format!("fsync of {shown} failed on the server: {e}"),
+            )
+        })?;
+        self.put_in_place(&temp.path, &final_path, &shown)?;
+        temp.keep = true;
+        if !self.overwrite {
+            // The data now live under the final name too: drop the temp name.
+            if let Err(e) = std::fs::remove_file(&temp.path) {
+                tracing::warn!(error = %e, "removing the temporary name");
+            }
+        }
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| {
+                refusal(
+                    FailCode::Io,
+                    format!("fsync of the server's directory failed: {e}"),
+                )
+            })?;
+        send_and_wait(
+            conn,
+            &Msg::Complete { size }.encode(),
+            self.cfg.completion_timeout,
+        )?;
+        // The client disconnects once it has read Complete; wait for that
+        // (bounded) rather than racing it with a disconnect of our own.
+        match conn.recv() {
+            Ok(m) => tracing::debug!(len = m.len, "a message after Complete"),
+            Err(e) => tracing::debug!(error = %e, "the client left"),
+        }
+        self.out.progress(format_args!(
+            "client {}: received {shown}: {}",
+            self.peer,
+            summary(size, began.elapsed())
+        ))?;
+        Ok(())
+    }
+
+    /// Refuses a target that exists (any existing name with --overwrite
+    /// only if it is a regular file, never a symlink).
+    fn check_target(&self, path: &Path, shown: &str) -> anyhow::Result<()> {
+        match std::fs::symlink_metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(refusal(FailCode::Io, format!("checking {shown} on the server: {e}"))),
+            Ok(m) if m.file_type().is_symlink() => Err(refusal(
+                FailCode::Exists,
+                format!("{shown} exists on the server as a symbolic link; refusing to replace it"),
+            )),
+            Ok(m) if self.overwrite && m.is_file() => Ok(()),
+            Ok(_) if self.overwrite => Err(refusal(
+                FailCode::Exists,
+                format!("{shown} exists on the server and is not a regular file"),
+            )),
+            Ok(_) => Err(refusal(
+                FailCode::Exists,
+                format!("{shown} already exists on the server (the server may allow replacing it with --overwrite)"),
+            )),
+        }
+    }
+
+    /// Links the verified temp file to its final name: without
+    /// --overwrite a hard link, which fails if the name exists (even if it
+    /// appeared during the transfer); with it, a rename over a regular file.
+    fn put_in_place(&self, temp: &Path, target: &Path, shown: &str) -> anyhow::Result<()> {
+        if self.overwrite {
+            self.check_target(target, shown)?;
+            return std::fs::rename(temp, target).map_err(|e| {
+                refusal(
+                    FailCode::Io,
+                    format!("renaming into {shown} on the server: {e}"),
+                )
+            });
+        }
+        match std::fs::hard_link(temp, target) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(refusal(
+                FailCode::Exists,
+                format!(
+                    "{shown} appeared on the server during the transfer; the upload was not kept"
+                ),
+            )),
+            Err(e) => Err(refusal(
+                FailCode::Io,
+                format!("linking {shown} into place on the server: {e}"),
+            )),
+        }
+    }
+}
+
+/// SENDs `bytes`, signaled, and waits for its completion: the peer has it
+/// before this side goes on (or disconnects).
+pub fn send_and_wait(conn: &mut Connection, bytes: &[u8], timeout: Duration) -> anyhow::Result<()> {
+    let link = |e| explain_link(e, "peer");
+    settle(conn, timeout)?;
+    let seq = {
+        let mut b = conn.batch();
+        b.signal_next();
+        let seq = b.send(bytes).map_err(link)?;
+        b.post().map_err(link)?;
+        seq
+    };
+    conn.wait_retired(seq)
+        .map_err(link)
+        .context("sending a control message")
+}
+
+/// Reaps send completions until fewer than a batch of requests are
+/// outstanding (at most the unsignaled tail, which needs no completion),
+/// so one more request always has room in the send queue and ring.
+pub fn settle(conn: &mut Connection, timeout: Duration) -> anyhow::Result<()> {
+    let limit = u64::from(crate::filexfer::BATCH);
+    let deadline = Instant::now() + timeout;
+    let mut spins = 0u32;
+    while conn.outstanding() >= limit {
+        if conn.reap().map_err(|e| explain_link(e, "peer"))? == 0 {
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(64) {
+                if Instant::now() >= deadline {
+                    bail!("timed out waiting for send completions (--timeout); is the peer stuck or gone?");
+                }
+                conn.peer_gone().map_err(|e| explain_link(e, "peer"))?;
+            }
+            std::hint::spin_loop();
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,129 @@
+//! filexfer without an RDMA device: the command line, file names the
+//! client refuses before connecting, and a `--dir` the server cannot use.
+//! Each failure is one `error: ...` line and a non-zero exit status.
+
+#[path = "common/fxutil.rs"]
+mod fxutil;
+
+use std::os::unix::ffi::OsStrExt as _;
+use std::time::Duration;
+
+use fxutil::{run_bounded, Scratch, FILEXFER};
+
+const BOUND: Duration = Duration::from_secs(60);
+
+#[test]
+fn help_explains_every_flag() {
+    let top = run_bounded(FILEXFER, &["--help"], BOUND);
+    assert!(top.status.success(), "{top:#?}");
+    for flag in [
+        "--port",
+        "--hugepages",
+        "--device",
+        "--core",
+        "--quiet",
+        "--timeout",
+    ] {
+        assert!(top.stdout.contains(flag), "{flag} missing: {}", top.stdout);
+    }
+    let serve = run_bounded(FILEXFER, &["serve", "--help"], BOUND);
+    for flag in ["--dir", "--max-clients", "--count", "--overwrite", "--bind"] {
+        assert!(
+            serve.stdout.contains(flag),
+            "{flag} missing: {}",
+            serve.stdout
+        );
+    }
+    let send = run_bounded(FILEXFER, &["send", "--help"], BOUND);
+    assert!(
+        send.stdout.contains("<HOST>") && send.stdout.contains("<FILE>"),
+        "{}",
+        send.stdout
+    );
+}
+
+#[test]
+fn bad_command_lines_exit_2_with_one_line() {
+    for args in [
+        &[][..],
+        &["send"][..],
+        &["send", "169.254.0.1"][..],
+        &["serve", "--max-clients", "0"][..],
+        &["serve", "--port", "70000"][..],
+        &["send", "h", "f", "--timeout", "0"][..],
+        &["frob"][..],
+    ] {
+        let out = run_bounded(FILEXFER, args, BOUND);
+        out.one_error_line(&format!("filexfer {args:?}"));
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:#?}");
+    }
+}
+
+#[test]
+fn the_client_refuses_bad_names_before_connecting() {
+    let dir = Scratch::new("names");
+    std::fs::write(dir.join(".filexfer-x"), b"x").unwrap();
+    let non_utf8 = std::ffi::OsStr::from_bytes(b"bad\xff.bin");
+    std::fs::write(dir.path().join(non_utf8), b"x").unwrap();
+    let non_utf8_path = dir.path().join(non_utf8);
+    let cases: Vec<(String, &str)> = vec![
+        // `DIR/.` names DIR itself (Path drops a trailing `.`).
+        (format!("{}/.", dir.str()), "not a regular file"),
+        (format!("{}/..", dir.str()), "no file name"),
+        ("/".to_owned(), "no file name"),
+        (dir.join(".filexfer-x").display().to_string(), "reserved"),
+    ];
+    for (path, expected) in cases {
+        let out = run_bounded(FILEXFER, &["send", "169.254.0.1", &path], BOUND);
+        let line = out.one_error_line(&path);
+        assert!(line.contains(expected), "{path}: {line}");
+    }
+    let out = std::process::Command::new(FILEXFER)
+        .arg("send")
+        .arg("169.254.0.1")
+        .arg(&non_utf8_path)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.lines().count() == 1, "{err}");
+    assert!(err.contains("not UTF-8"), "{err}");
+    // A missing file fails before any connection too.
+    let out = run_bounded(
+        FILEXFER,
+        &[
+            "send",
+            "169.254.0.1",
+            &dir.join("missing").display().to_string(),
+        ],
+        BOUND,
+    );
+    assert!(
+        out.one_error_line("missing").contains("opening"),
+        "{out:#?}"
+    );
+}
+
+#[test]
+fn the_server_refuses_a_dir_it_cannot_use() {
+    // Tests run as root, which ignores permission bits: these dirs are
+    // unusable for root too — a regular file, a missing path, and /proc
+    // (no regular files can be created there).
+    let scratch = Scratch::new("dirs");
+    let file = scratch.join("plain");
+    std::fs::write(&file, b"x").unwrap();
+    let cases = [
+        (file.display().to_string(), "not a directory"),
+        (
+            scratch.join("missing").display().to_string(),
+            "No such file",
+        ),
+        ("/proc".to_owned(), "cannot create files there"),
+    ];
+    for (dir, expected) in cases {
+        let out = run_bounded(FILEXFER, &["serve", "--dir", &dir, "--port", "0"], BOUND);
+        let line = out.one_error_line(&dir);
+        assert!(line.contains(expected), "{dir}: {line}");
+        assert_eq!(out.status.code(), Some(1));
+    }
+    assert_eq!(scratch.names(), ["plain"]);
+}
