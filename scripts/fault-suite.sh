@@ -14,7 +14,7 @@
 set -u
 BIN=${1:-${PINPOLL_WORKDIR:-$PWD}/target/debug}
 [ "${PINPOLL_HOSTS:-1}" -ge 2 ] || { echo "error: needs two guests: scripts/softroce-vm --hosts 2 -- $0" >&2; exit 2; }
-for b in basic readwrite; do
+for b in basic readwrite filexfer; do
     [ -x "$BIN/$b" ] || { echo "error: $BIN/$b not built (cargo build -p pinpoll-apps)" >&2; exit 2; }
 done
 read -r _ PEER4 _ <<<"$PINPOLL_PEERS4"
@@ -136,6 +136,38 @@ fi
 next_port
 fails_cleanly "no server on the peer: refused" "rejected\|refused" "$PEER4" --port "$port" --timeout 5
 fails_cleanly "no host at the address: bounded error" "unreachable\|timed out\|resolv\|did not answer" 169.254.0.99 --port "$port" --timeout 5
+
+# filexfer across the link: a file arrives identical (SHA-256 on both
+# guests), plain and under 10 % loss.
+file_arrives() { # NAME MIB NETEM-ARGS...
+    local name=$1 mib=$2 job out rc want got
+    shift 2
+    next_port
+    rm -rf /tmp/fx && mkdir -p /tmp/fx
+    head -c "$((mib * 1024 * 1024))" /dev/urandom >/tmp/fx/payload.bin
+    want=$(sha256sum </tmp/fx/payload.bin | cut -d' ' -f1)
+    pinpoll-peer 1 bash -c 'rm -rf /tmp/fxin && mkdir -p /tmp/fxin' >/dev/null 2>&1
+    job=$(pinpoll-peer-bg 1 "$BIN/filexfer" serve --dir /tmp/fxin --port "$port" --count 1 --timeout 60) || { bad "$name" "server did not start"; return; }
+    for ((n = 0; n < 300; n++)); do
+        pinpoll-peer-log 1 "$job" 2>/dev/null | grep -q "listening on" && break
+        sleep 0.1
+    done
+    netem "$@" || { bad "$name" "tc netem $* failed"; return; }
+    out=$(timeout 600 "$BIN/filexfer" send "$PEER4" /tmp/fx/payload.bin --port "$port" --timeout 60 -q 2>&1)
+    rc=$?
+    netem
+    finish "$job" >/tmp/server.out 2>&1
+    got=$(pinpoll-peer 1 bash -c 'sha256sum </tmp/fxin/payload.bin' 2>/dev/null | cut -d' ' -f1)
+    if [ "$rc" -ne 0 ]; then
+        bad "$name" "send failed (rc=$rc): $out $(tail -2 /tmp/server.out)"
+    elif [ "$got" != "$want" ]; then
+        bad "$name" "received sha256 ${got:-none} != sent $want"
+    else
+        ok "$name"
+    fi
+}
+file_arrives "filexfer 64 MiB across guests arrives identical" 64
+file_arrives "filexfer 8 MiB under 10 % loss arrives identical" 8 loss 10%
 
 echo
 echo "faults: $passed passed, $failed failed"
