@@ -187,12 +187,7 @@ pub fn engine_config() -> EngineConfig {
             max_send_wr: 16,
             max_recv_wr: 32,
             cq_depth: 64,
-            max_inline_data: 64,
-            timeout: 10,
-            retry_count: 3,
-            rnr_retry: 3,
-            connect_timeout: Duration::from_secs(10),
-            ..QpConfig::default()
+            ..config()
         },
         batch_size: 8,
         signal_interval: 4,
