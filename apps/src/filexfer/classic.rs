@@ -183,7 +183,21 @@ impl ClassicSide {
             tracing::warn!(error = %e, "removing the temporary file");
         }
         let total = result?;
-        self.send(&mut ep, MSG_DONE, timeout)?;
+        match self.send(&mut ep, MSG_DONE, timeout) {
+            Ok(()) => {}
+            // The file is in place. A classic client disconnects the moment
+            // MSG_DONE arrives, and its DREQ can overtake the ACK of that
+            // very SEND, flushing it here: the client has it all the same.
+            Err(e)
+                if matches!(
+                    e.downcast_ref::<pinpoll::Error>(),
+                    Some(pinpoll::Error::Disconnected)
+                ) =>
+            {
+                tracing::debug!("classic client left before MSG_DONE's completion");
+            }
+            Err(e) => return Err(e),
+        }
         out.progress(format_args!(
             "client {peer}: received {shown} (classic): {}",
             summary(total, began.elapsed())
