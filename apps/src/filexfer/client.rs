@@ -114,6 +114,7 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
         }
         .encode(),
         timeout,
+        "server",
     )
     .context("sending the file's name and size")?;
     let ready = {
@@ -171,7 +172,7 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
             }
             continue;
         }
-        settle(&mut conn, timeout)?;
+        settle(&mut conn, timeout, "server")?;
         let n = credits.min(u64::from(BATCH)).min(chunks - next);
         let mut b = conn.batch();
         for _ in 0..n {
@@ -206,8 +207,13 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
         }
     }
     let sha256: [u8; 32] = hasher.finalize().into();
-    send_and_wait(&mut conn, &Msg::Finish { size, sha256 }.encode(), timeout)
-        .context("sending the file's SHA-256")?;
+    send_and_wait(
+        &mut conn,
+        &Msg::Finish { size, sha256 }.encode(),
+        timeout,
+        "server",
+    )
+    .context("sending the file's SHA-256")?;
     loop {
         let msg = {
             let m = conn

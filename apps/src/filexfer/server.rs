@@ -346,7 +346,12 @@ impl Transfer {
                     code: r.code,
                     message: r.message.clone(),
                 };
-                let _ = send_and_wait(&mut conn, &msg.encode(), self.cfg.completion_timeout);
+                let _ = send_and_wait(
+                    &mut conn,
+                    &msg.encode(),
+                    self.cfg.completion_timeout,
+                    "client",
+                );
             }
         }
         // The outcome is settled (the file is in place, or the client was
@@ -424,6 +429,7 @@ impl Transfer {
             }
             .encode(),
             self.cfg.completion_timeout,
+            "client",
         )?;
         let finish = loop {
             let (imm, len, msg) = {
@@ -515,6 +521,7 @@ impl Transfer {
             conn,
             &Msg::Complete { size }.encode(),
             self.cfg.completion_timeout,
+            "client",
         )?;
         // The client disconnects once it has read Complete; wait for that
         // (bounded) rather than racing it with a disconnect of our own.
@@ -583,9 +590,15 @@ impl Transfer {
 
 /// SENDs `bytes`, signaled, and waits for its completion: the peer has it
 /// before this side goes on (or disconnects).
-pub fn send_and_wait(conn: &mut Connection, bytes: &[u8], timeout: Duration) -> anyhow::Result<()> {
-    let link = |e| explain_link(e, "peer");
-    settle(conn, timeout)?;
+/// `peer` names the other side in errors ("server" or "client").
+pub fn send_and_wait(
+    conn: &mut Connection,
+    bytes: &[u8],
+    timeout: Duration,
+    peer: &str,
+) -> anyhow::Result<()> {
+    let link = |e| explain_link(e, peer);
+    settle(conn, timeout, peer)?;
     let seq = {
         let mut b = conn.batch();
         b.signal_next();
@@ -601,18 +614,18 @@ pub fn send_and_wait(conn: &mut Connection, bytes: &[u8], timeout: Duration) -> 
 /// Reaps send completions until fewer than a batch of requests are
 /// outstanding (at most the unsignaled tail, which needs no completion),
 /// so one more request always has room in the send queue and ring.
-pub fn settle(conn: &mut Connection, timeout: Duration) -> anyhow::Result<()> {
+pub fn settle(conn: &mut Connection, timeout: Duration, peer: &str) -> anyhow::Result<()> {
     let limit = u64::from(crate::filexfer::BATCH);
     let deadline = Instant::now() + timeout;
     let mut spins = 0u32;
     while conn.outstanding() >= limit {
-        if conn.reap().map_err(|e| explain_link(e, "peer"))? == 0 {
+        if conn.reap().map_err(|e| explain_link(e, peer))? == 0 {
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(64) {
                 if Instant::now() >= deadline {
-                    bail!("timed out waiting for send completions (--timeout); is the peer stuck or gone?");
+                    bail!("timed out waiting for send completions (--timeout); is the {peer} stuck or gone?");
                 }
-                conn.peer_gone().map_err(|e| explain_link(e, "peer"))?;
+                conn.peer_gone().map_err(|e| explain_link(e, peer))?;
             }
             std::hint::spin_loop();
         }
