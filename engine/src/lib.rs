@@ -2,8 +2,8 @@
 //! librdmacm.
 //!
 //! The module tree is the architecture:
-//! - [`sys`] — the only module allowed `unsafe` blocks: RAII owners of verbs
-//!   and CM objects, each block with its `// SAFETY:` reason.
+//! - [`sys`] — the only module that calls into C: RAII owners of verbs and
+//!   CM objects, each such block with its `// SAFETY:` reason.
 //! - [`completion`], [`config`], [`error`] — plain data: statuses, tunables, errors.
 //! - [`gid`] — which GID to use on RoCE, read from sysfs.
 //! - [`connect`] — two ways to a connected queue pair: rdma_cm, and an
