@@ -155,23 +155,12 @@ pub fn serve(
     let cfg = qp_config(common.timeout);
     let (mut served, mut failed) = (0u64, 0u64);
     while !matches!(args.count, Some(n) if served >= n) && !shutdown.requested() {
-        let mut req = match listener.next_request(&cfg, ACCEPT_SLICE) {
-            Ok(req) => req,
-            Err(pinpoll::Error::Timeout { .. }) => continue,
-            Err(err @ pinpoll::Error::Cm { op, .. })
-                if op == "rdma_get_cm_event" || op == "poll on the event channel" =>
-            {
-                // The listener itself is broken: nothing more will come.
-                return Err(err).context("waiting for clients");
-            }
-            Err(err) => {
-                // This request could not get its resources (it was rejected).
+        let mut req = match next_request(&listener, &cfg)? {
+            Incoming::Request(req) => *req,
+            Incoming::Idle => continue,
+            Incoming::Refused => {
                 served += 1;
                 failed += 1;
-                eprintln!(
-                    "error: {}",
-                    error_line(&anyhow::Error::new(err).context("a connect request"))
-                );
                 continue;
             }
         };
@@ -199,6 +188,37 @@ pub fn serve(
         return Err(AlreadyReported.into());
     }
     Ok(())
+}
+
+/// What one bounded wait on a listener produced.
+pub enum Incoming {
+    Request(Box<Request>),
+    /// Nothing within the slice: check for shutdown and wait again.
+    Idle,
+    /// A request that could not get its resources (rejected, reported).
+    Refused,
+}
+
+/// Waits up to a short slice for the next connect request. A broken
+/// listener (nothing more will come) is an error; a request that failed
+/// on its own is reported on stderr as one line and counted by the caller.
+pub fn next_request(listener: &Listener, cfg: &QpConfig) -> anyhow::Result<Incoming> {
+    match listener.next_request(cfg, ACCEPT_SLICE) {
+        Ok(req) => Ok(Incoming::Request(Box::new(req))),
+        Err(pinpoll::Error::Timeout { .. }) => Ok(Incoming::Idle),
+        Err(err @ pinpoll::Error::Cm { op, .. })
+            if op == "rdma_get_cm_event" || op == "poll on the event channel" =>
+        {
+            Err(err).context("waiting for clients")
+        }
+        Err(err) => {
+            eprintln!(
+                "error: {}",
+                error_line(&anyhow::Error::new(err).context("a connect request"))
+            );
+            Ok(Incoming::Refused)
+        }
+    }
 }
 
 /// Rejects `req`, telling the client why (rdma_cm carries up to 148 bytes),

@@ -22,12 +22,9 @@ use crate::filexfer::protocol::{self, classify_hello, FailCode, Hello, Msg};
 use crate::filexfer::{engine_config, explain_link, pin, summary, TRAILER};
 use crate::output::{printable, Output};
 use crate::run::{error_line, AlreadyReported};
+use crate::session::Incoming;
 use crate::session::{check_device, device_exists, refuse};
 use crate::shutdown::Shutdown;
-
-/// How long the accept loop waits for a request before it looks at the
-/// shutdown flag and the finished transfers again.
-const ACCEPT_SLICE: Duration = Duration::from_millis(200);
 
 /// What `serve` needs from the command line.
 #[derive(Debug, Clone)]
@@ -118,21 +115,12 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
     };
     while !matches!(opts.count, Some(n) if served >= n) && !shutdown.requested() {
         collect(&done_rx, &mut failed);
-        let mut req = match listener.next_request(&cfg.qp, ACCEPT_SLICE) {
-            Ok(req) => req,
-            Err(pinpoll::Error::Timeout { .. }) => continue,
-            Err(err @ pinpoll::Error::Cm { op, .. })
-                if op == "rdma_get_cm_event" || op == "poll on the event channel" =>
-            {
-                return Err(err).context("waiting for clients");
-            }
-            Err(err) => {
+        let mut req = match crate::session::next_request(&listener, &cfg.qp)? {
+            Incoming::Request(req) => *req,
+            Incoming::Idle => continue,
+            Incoming::Refused => {
                 served += 1;
                 failed += 1;
-                eprintln!(
-                    "error: {}",
-                    error_line(&anyhow::Error::new(err).context("a connect request"))
-                );
                 continue;
             }
         };
