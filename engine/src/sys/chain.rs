@@ -128,10 +128,7 @@ impl SendChain {
             ),
             Payload::Inline(data) => {
                 if data.len() > max_inline as usize || req.opcode == SendOpcode::Read {
-                    return Err(Error::Config(format!(
-                        "{} bytes cannot go inline (QP max_inline_data {max_inline}; READ never inline)",
-                        data.len()
-                    )));
+                    return Err(not_inline(data.len(), max_inline));
                 }
                 (
                     ffi::ibv_sge {
@@ -146,7 +143,7 @@ impl SendChain {
         let remote = match (req.opcode, req.remote) {
             (SendOpcode::Send, _) => None,
             (_, Some(r)) => Some(r),
-            (_, None) => return Err(Error::Config("RDMA operations need a remote slice".into())),
+            (_, None) => return Err(no_remote()),
         };
         self.sges[i] = sge;
         let wr = &mut self.wrs[i];
@@ -167,6 +164,51 @@ impl SendChain {
             wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
         }
         Ok(())
+    }
+
+    /// Posts `req` on its own from entry 0: one doorbell, no batch state —
+    /// the fast path for operations that go one at a time (latency loops).
+    /// Nothing is posted when `req` is malformed.
+    #[inline]
+    pub fn post_one(&mut self, qp: &mut QueuePair, req: &SendRequest<'_>) -> Result<()> {
+        self.patch(0, req, qp.max_inline())?;
+        self.post_prefix(qp, 1).map(drop)
+    }
+
+    /// Posts entries `0..n` (patched, `1 <= n <= capacity`) with a single
+    /// `ibv_post_send`, terminating the list after entry `n - 1` for the
+    /// call and restoring the link afterwards.
+    #[inline]
+    fn post_prefix(&mut self, qp: &mut QueuePair, n: usize) -> Result<usize> {
+        let last = n - 1;
+        let saved_next = self.wrs[last].next;
+        self.wrs[last].next = std::ptr::null_mut();
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: wrs[0..n] are initialised and linked, ending in NULL; their
+        // sg_lists point into `sges`; inline data is borrowed by the caller
+        // for at least this call (SendBatch: for 'd); registered payloads
+        // are named by lkey and checked by the NIC. The provider copies the
+        // WQEs before returning.
+        let rc = unsafe { ffi::ibv_post_send(qp.as_ptr(), self.wrs.as_mut_ptr(), &mut bad) };
+        self.wrs[last].next = saved_next;
+        if rc != 0 {
+            return Err(self.post_failed(bad, rc));
+        }
+        Ok(n)
+    }
+
+    /// On failure `bad` points at the first WR not posted, one of ours:
+    /// find it by position rather than dereferencing it.
+    #[cold]
+    #[inline(never)]
+    fn post_failed(&self, bad: *mut ffi::ibv_send_wr, rc: i32) -> Error {
+        let index = (bad as usize).wrapping_sub(self.wrs.as_ptr() as usize)
+            / std::mem::size_of::<ffi::ibv_send_wr>();
+        let wr_id = self.wrs.get(index).unwrap_or(&self.wrs[0]).wr_id;
+        Error::PostSend {
+            wr_id,
+            source: crate::error::errno(rc),
+        }
     }
 
     /// Starts a batch on `qp`. Data borrowed by inline requests must live
@@ -216,10 +258,7 @@ impl<'d> SendBatch<'_, 'd> {
     #[inline]
     pub fn push(&mut self, req: SendRequest<'d>) -> Result<()> {
         if self.is_full() {
-            return Err(Error::Config(format!(
-                "batch is full ({} requests)",
-                self.chain.wrs.len()
-            )));
+            return Err(batch_full(self.chain.wrs.len()));
         }
         let max_inline = self.qp.max_inline();
         self.chain.patch(self.len, &req, max_inline)?;
@@ -231,34 +270,32 @@ impl<'d> SendBatch<'_, 'd> {
     /// how many were posted (0 posts nothing and rings no doorbell).
     #[inline]
     pub fn post(self) -> Result<usize> {
-        let n = self.len;
-        if n == 0 {
+        if self.len == 0 {
             return Ok(0);
         }
-        let chain = self.chain;
-        let last = n - 1;
-        let saved_next = chain.wrs[last].next;
-        chain.wrs[last].next = std::ptr::null_mut();
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: wrs[0..n] are initialised and linked, ending in NULL; their
-        // sg_lists point into `sges`; inline data is borrowed for 'd, which
-        // outlives this call; registered payloads are named by lkey and
-        // checked by the NIC. The provider copies WQEs before returning.
-        let rc = unsafe { ffi::ibv_post_send(self.qp.as_ptr(), chain.wrs.as_mut_ptr(), &mut bad) };
-        chain.wrs[last].next = saved_next;
-        if rc != 0 {
-            // On failure `bad` points at the first WR not posted, one of
-            // ours: find it by position rather than dereferencing it.
-            let index = (bad as usize).wrapping_sub(chain.wrs.as_ptr() as usize)
-                / std::mem::size_of::<ffi::ibv_send_wr>();
-            let wr_id = chain.wrs.get(index).unwrap_or(&chain.wrs[0]).wr_id;
-            return Err(Error::PostSend {
-                wr_id,
-                source: crate::error::errno(rc),
-            });
-        }
-        Ok(n)
+        self.chain.post_prefix(self.qp, self.len)
     }
+}
+
+// Errors are built out of line so the patching code stays small.
+#[cold]
+#[inline(never)]
+fn not_inline(len: usize, max_inline: u32) -> Error {
+    Error::Config(format!(
+        "{len} bytes cannot go inline (QP max_inline_data {max_inline}; READ never inline)"
+    ))
+}
+
+#[cold]
+#[inline(never)]
+fn no_remote() -> Error {
+    Error::Config("RDMA operations need a remote slice".into())
+}
+
+#[cold]
+#[inline(never)]
+fn batch_full(capacity: usize) -> Error {
+    Error::Config(format!("batch is full ({capacity} requests)"))
 }
 
 /// A fixed chain of receive work requests, re-posted in batches.

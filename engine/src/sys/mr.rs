@@ -164,6 +164,7 @@ impl MemoryRegion {
     }
 
     /// The bytes `range` of this region, checked, as a scatter/gather entry.
+    #[inline]
     pub fn slice(&self, range: Range<usize>) -> Result<LocalSlice> {
         check_range(&range, self.len())?;
         Ok(LocalSlice {
@@ -184,14 +185,30 @@ impl MemoryRegion {
     }
 }
 
+#[inline]
 fn check_range(range: &Range<usize>, len: usize) -> Result<()> {
     if range.start > range.end || range.end > len || range.end - range.start > u32::MAX as usize {
-        return Err(Error::OutOfRegion {
-            range: format!("{range:?}"),
-            len,
-        });
+        return Err(out_of_region(range, len));
     }
     Ok(())
+}
+
+#[cold]
+#[inline(never)]
+fn remote_out_of_region(offset: u64, len: u64, region_len: u64) -> Error {
+    Error::OutOfRegion {
+        range: format!("{offset}..{}", offset.saturating_add(len)),
+        len: region_len as usize,
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn out_of_region(range: &Range<usize>, len: usize) -> Error {
+    Error::OutOfRegion {
+        range: format!("{range:?}"),
+        len,
+    }
 }
 
 impl Drop for MemoryRegion {
@@ -259,6 +276,7 @@ pub struct RemoteSlice {
 impl RemoteSlice {
     /// The sub-range `[offset, offset + len)`, with the offset checked
     /// against what the peer advertised.
+    #[inline]
     pub fn sub(&self, offset: u64, len: u64) -> Result<RemoteSlice> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(RemoteSlice {
@@ -266,10 +284,7 @@ impl RemoteSlice {
                 len,
                 rkey: self.rkey,
             }),
-            _ => Err(Error::OutOfRegion {
-                range: format!("{offset}..{}", offset.saturating_add(len)),
-                len: self.len as usize,
-            }),
+            _ => Err(remote_out_of_region(offset, len, self.len)),
         }
     }
 }
