@@ -356,3 +356,94 @@ fn heartbeats_keep_a_healthy_idle_link_and_expose_a_dead_peer() {
         other => panic!("expected a dead-peer error, got {other}"),
     }
 }
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn single_operations_post_alone_refuse_when_full_and_give_back_what_they_refused() {
+    let cfg = engine_config();
+    let (mut client, mut server) = cm_pair(&cfg);
+    let depth = u64::from(cfg.qp.max_send_wr);
+    // Nothing reaped: the queue takes exactly its depth, then says Full.
+    let cells: Vec<Vec<u8>> = (0..depth).map(|i| pattern(48, i as u8)).collect();
+    for (i, cell) in cells.iter().enumerate() {
+        let seq = client.try_write(cell, i as u64 * 64, None).unwrap();
+        assert_eq!(seq, i as u64, "sequence numbers are consecutive");
+    }
+    let before = client.stats();
+    assert!(matches!(
+        client.try_write(&cells[0], 0, None),
+        Err(Error::Full {
+            what: "the send queue"
+        })
+    ));
+    assert!(matches!(
+        client.try_send(&pattern(1000, 1)),
+        Err(Error::Full {
+            what: "the send queue"
+        })
+    ));
+    assert_eq!(client.stats(), before, "a refused request posts nothing");
+    assert_eq!(client.outstanding(), depth);
+    assert_eq!((before.posted, before.doorbells), (depth, depth));
+
+    // Malformed requests are refused before anything is admitted: the
+    // next accepted one gets the very next sequence number.
+    while client.outstanding() > 0 {
+        client.reap().unwrap();
+    }
+    let past_end = server.target().len() as u64;
+    assert!(matches!(
+        client.try_write(&cells[0], past_end - 8, None),
+        Err(Error::OutOfRegion { .. })
+    ));
+    let too_big = pattern(cfg.slot_size as usize + 1, 3);
+    assert!(client.try_send(&too_big).is_err());
+    assert!(client.try_read(0, cfg.slot_size as usize + 1).is_err());
+    assert_eq!(client.try_write(&cells[1], 0, None).unwrap(), depth);
+
+    // Every cell arrived byte for byte (cell 0 was overwritten by cell 1):
+    // on RC the peer sees a SEND only after the WRITEs posted before it.
+    client.try_send(b"fence").unwrap();
+    assert_eq!(server.recv().unwrap().data, b"fence");
+    assert_eq!(&server.target()[..48], &cells[1][..]);
+    for (i, cell) in cells.iter().enumerate().skip(1) {
+        let at = i * 64;
+        assert_eq!(&server.target()[at..at + 48], &cell[..], "cell {i}");
+    }
+
+    // try_recv: nothing yet, then exactly what was sent, inline and not.
+    assert!(server.try_recv().unwrap().is_none());
+    for len in [8, 1000] {
+        let data = pattern(len, len as u8);
+        client.try_send(&data).unwrap();
+        let got = loop {
+            if let Some(m) = server.try_recv().unwrap() {
+                break m.data.to_vec();
+            }
+        };
+        assert_eq!(got, data, "SEND of {len} B");
+    }
+
+    // try_read: the data come with ReadCompleted for its sequence number.
+    let published = pattern(3000, 77);
+    server.target_mut()[8192..11192].copy_from_slice(&published);
+    let seq = client.try_read(8192, 3000).unwrap();
+    let mut read = None;
+    while read.is_none() {
+        client
+            .poll(|ev| {
+                if let Event::ReadCompleted { seq: s, data } = ev {
+                    assert_eq!(s, seq);
+                    read = Some(data.to_vec());
+                }
+            })
+            .unwrap();
+    }
+    assert_eq!(read.unwrap(), published);
+    let stats = client.stats();
+    assert_eq!(stats.failed, 0);
+    assert_eq!(
+        stats.posted, stats.doorbells,
+        "one doorbell per single post"
+    );
+}

@@ -197,7 +197,6 @@ pub struct Connection {
     read_cursor: RingCursor,
     recv_done: u64,
     inline_threshold: usize,
-    batch_size: usize,
     completion_timeout: Duration,
     failure: Option<WcError>,
     /// Set by close: flushes are then expected, not failures.
@@ -221,12 +220,13 @@ impl Connection {
         Ok(Connection {
             chain: SendChain::new(cfg.batch_size as usize),
             sq: SendQueueAccount::new(depth, cfg.signal_interval),
-            meta: vec![OpMeta::default(); depth as usize].into_boxed_slice(),
+            // A power of two, so a sequence number maps to its entry with a
+            // mask (a 64-bit division is a helper call under emulation).
+            meta: vec![OpMeta::default(); (depth as usize).next_power_of_two()].into_boxed_slice(),
             send_cursor: RingCursor::default(),
             read_cursor: RingCursor::default(),
             recv_done: 0,
             inline_threshold,
-            batch_size: cfg.batch_size as usize,
             completion_timeout: cfg.completion_timeout,
             failure: None,
             closing: false,
@@ -384,42 +384,190 @@ impl Connection {
         }
     }
 
-    /// SEND `data` in a batch of one, reaping completions first when the
-    /// send queue or ring is short of room. Returns its sequence number.
+    /// SEND `data` on its own (one doorbell), reaping completions while the
+    /// send queue or the send ring is full. Returns its sequence number.
     #[inline]
     pub fn send(&mut self, data: &[u8]) -> Result<u64> {
-        self.make_room()?;
-        let mut b = self.batch();
-        let seq = b.send(data)?;
-        b.post()?;
-        Ok(seq)
+        self.with_room(|c| c.try_send(data))
     }
 
     /// RDMA WRITE `data` to `remote_offset` of the peer's target ring, with
     /// an optional immediate (which consumes a receive at the peer).
     #[inline]
     pub fn write(&mut self, data: &[u8], remote_offset: u64, imm: Option<u32>) -> Result<u64> {
-        self.make_room()?;
-        let mut b = self.batch();
-        let seq = b.write(data, remote_offset, imm)?;
-        b.post()?;
-        Ok(seq)
+        self.with_room(|c| c.try_write(data, remote_offset, imm))
     }
 
     /// RDMA READ `len` bytes at `remote_offset` of the peer's target ring,
     /// waiting for the data.
     #[inline]
     pub fn read(&mut self, remote_offset: u64, len: usize) -> Result<&[u8]> {
-        self.make_room()?;
         let pos = self.read_cursor.head;
-        let mut b = self.batch();
-        let seq = b.read(remote_offset, len)?;
-        b.post()?;
+        let seq = self.with_room(|c| c.try_read(remote_offset, len))?;
         self.wait_retired(seq)?;
         // The slot was released at retirement, but only a later READ —
         // which needs `&mut self` — can overwrite it while this borrow lives.
         let slot = self.rings.layout.slot(pos);
         Ok(&self.rings.read.as_slice()[self.rings.layout.range(slot, len)])
+    }
+
+    /// SEND `data` on its own, now or not at all: [`Error::Full`] when the
+    /// send queue (or, above the inline threshold, the send ring) has no
+    /// room — reap completions and retry. The batch-of-one fast path: no
+    /// [`Batch`] state, one doorbell, and no clock read.
+    #[inline]
+    pub fn try_send(&mut self, data: &[u8]) -> Result<u64> {
+        let (seq, signaled) = self.admit_one(false)?;
+        let (payload, slot) = self.stage(seq, data)?;
+        self.post_one(
+            seq,
+            signaled,
+            SendOpcode::Send,
+            payload,
+            None,
+            (slot, false, 0),
+        )
+    }
+
+    /// RDMA WRITE (with `imm`: WRITE_WITH_IMM) on its own, now or not at
+    /// all; see [`Connection::try_send`].
+    #[inline]
+    pub fn try_write(&mut self, data: &[u8], remote_offset: u64, imm: Option<u32>) -> Result<u64> {
+        let remote = self.peer.sub(remote_offset, data.len() as u64)?;
+        let (seq, signaled) = self.admit_one(false)?;
+        let (payload, slot) = self.stage(seq, data)?;
+        let opcode = imm.map_or(SendOpcode::Write, SendOpcode::WriteWithImm);
+        self.post_one(
+            seq,
+            signaled,
+            opcode,
+            payload,
+            Some(remote),
+            (slot, false, 0),
+        )
+    }
+
+    /// RDMA READ on its own, now or not at all (see
+    /// [`Connection::try_send`]); the data arrive with
+    /// [`Event::ReadCompleted`] for the returned sequence number.
+    #[inline]
+    pub fn try_read(&mut self, remote_offset: u64, len: usize) -> Result<u64> {
+        let remote = self.peer.sub(remote_offset, len as u64)?;
+        let (seq, signaled) = self.admit_one(true)?;
+        let local = match claim_slot(
+            &mut self.read_cursor,
+            self.rings.layout,
+            len,
+            "the read ring",
+        )
+        .and_then(|range| self.rings.read.slice(range))
+        {
+            Ok(local) => local,
+            Err(e) => {
+                self.sq.rollback(seq);
+                return Err(e);
+            }
+        };
+        let payload = Payload::Registered(local);
+        let slots = (false, true, len as u32);
+        self.post_one(
+            seq,
+            signaled,
+            SendOpcode::Read,
+            payload,
+            Some(remote),
+            slots,
+        )
+    }
+
+    /// Admits one send-queue request, unless the connection failed or the
+    /// queue is full.
+    #[inline]
+    fn admit_one(&mut self, must_signal: bool) -> Result<(u64, bool)> {
+        if let Some(f) = self.failure {
+            return Err(Error::Completion(f));
+        }
+        // (Not `ok_or`: that builds and drops an Error on every call.)
+        let Some(admitted) = self.sq.admit(must_signal) else {
+            return Err(Error::Full {
+                what: "the send queue",
+            });
+        };
+        Ok(admitted)
+    }
+
+    /// The payload of admitted request `seq`: inline when small, else
+    /// copied into a send-ring slot. On failure `seq` is given back.
+    #[inline]
+    fn stage<'d>(&mut self, seq: u64, data: &'d [u8]) -> Result<(Payload<'d>, bool)> {
+        let staged = stage_payload(
+            data,
+            self.inline_threshold,
+            &mut self.send_cursor,
+            self.rings.layout,
+            &mut self.rings.send,
+        );
+        if staged.is_err() {
+            self.sq.rollback(seq);
+        }
+        staged
+    }
+
+    /// Posts admitted request `seq` alone and records what it was; when
+    /// the post fails, the request and its ring slots are given back.
+    #[inline]
+    fn post_one(
+        &mut self,
+        seq: u64,
+        signaled: bool,
+        opcode: SendOpcode,
+        payload: Payload<'_>,
+        remote: Option<RemoteSlice>,
+        slots: (bool, bool, u32),
+    ) -> Result<u64> {
+        let req = SendRequest {
+            wr_id: seq,
+            opcode,
+            payload,
+            remote,
+            signaled,
+        };
+        if let Err(e) = self.chain.post_one(self.ep.qp(), &req) {
+            self.sq.rollback(seq);
+            self.send_cursor.head -= u64::from(slots.0);
+            self.read_cursor.head -= u64::from(slots.1);
+            return Err(e);
+        }
+        self.meta[meta_index(&self.meta, seq)] = OpMeta {
+            opcode: Some(opcode.completion_opcode()),
+            signaled,
+            send_slot: slots.0,
+            read_slot: slots.1,
+            read_len: slots.2,
+            internal: false,
+        };
+        self.stats.posted += 1;
+        self.stats.doorbells += 1;
+        Ok(seq)
+    }
+
+    /// Runs `post` until it is not refused for lack of room, reaping
+    /// completions in between, within the completion timeout.
+    #[inline]
+    fn with_room(&mut self, mut post: impl FnMut(&mut Self) -> Result<u64>) -> Result<u64> {
+        let mut wait = BoundedWait::new(self.completion_timeout, "send-queue room");
+        loop {
+            match post(self) {
+                Err(Error::Full { .. }) => {
+                    if self.reap()? == 0 {
+                        if let Some(waited) = wait.tick()? {
+                            self.check_peer(waited)?;
+                        }
+                    }
+                }
+                done => return done,
+            }
+        }
     }
 
     /// Called from the slow path of every wait (when the clock is read):
@@ -470,28 +618,10 @@ impl Connection {
                 b.signal_next();
                 let seq = b.write(&[], 0, None)?;
                 b.post()?;
-                let len = self.meta.len() as u64;
-                self.meta[(seq % len) as usize].internal = true;
+                self.meta[meta_index(&self.meta, seq)].internal = true;
                 self.heartbeat.outstanding = Some((seq, now));
             }
             None => {}
-        }
-        Ok(())
-    }
-
-    /// Reaps send completions while less than a batch of room is left.
-    #[inline]
-    fn make_room(&mut self) -> Result<()> {
-        let mut wait = BoundedWait::new(self.completion_timeout, "send-queue room");
-        while self.sq.room() < self.batch_size as u64
-            || self.send_cursor.in_use() as usize + self.batch_size > self.rings.layout.count()
-            || self.read_cursor.in_use() as usize + self.batch_size > self.rings.layout.count()
-        {
-            if self.reap()? == 0 {
-                if let Some(waited) = wait.tick()? {
-                    self.check_peer(waited)?;
-                }
-            }
         }
         Ok(())
     }
@@ -585,7 +715,7 @@ impl Connection {
         let (seq, _) = self.sq.admit(true).ok_or(Error::Full {
             what: "the send queue",
         })?;
-        self.meta[(seq % self.meta.len() as u64) as usize] = OpMeta {
+        self.meta[meta_index(&self.meta, seq)] = OpMeta {
             opcode: Some(WcOpcode::RDMA_WRITE),
             signaled: true,
             internal: true,
@@ -667,7 +797,7 @@ impl Connection {
             };
             let range = self.sq.retire_through(seq);
             for s in range {
-                let meta = self.meta[(s % self.meta.len() as u64) as usize];
+                let meta = self.meta[meta_index(&self.meta, s)];
                 if meta.send_slot {
                     self.send_cursor.release(1);
                 }
@@ -774,75 +904,122 @@ impl Connection {
     }
 
     /// Waits for the next SEND or WRITE_WITH_IMM, up to the completion
-    /// timeout. Reaps send completions meanwhile (bookkeeping only).
+    /// timeout. While it waits longer than a few polls it also reaps send
+    /// completions (bookkeeping, and to surface a failed send).
     #[inline]
     pub fn recv(&mut self) -> Result<Incoming<'_>> {
-        // Re-post what earlier calls consumed before waiting for more.
-        if self.failure.is_none()
-            && self.rings.recv_posted - self.recv_done < self.rings.recv_layout.count() as u64
-        {
-            self.rings.refill(&mut self.ep, self.recv_done)?;
-        }
         let mut wait = BoundedWait::new(self.completion_timeout, "a message from the peer");
         loop {
-            if let Some(f) = self.failure {
-                return Err(Error::Completion(f));
-            }
-            let got = self.ep.poll_recv(&mut self.wcs[..1])?.len();
-            if got == 1 {
-                let wc = &self.wcs[0];
-                self.recv_done += 1;
-                if !wc.is_success() {
-                    let err = WcError {
-                        wr_id: wc.wr_id(),
-                        opcode: Some(WcOpcode::RECV),
-                        status: wc.status(),
-                        vendor_err: wc.vendor_err(),
-                    };
-                    if err.status == WcStatus::WR_FLUSH_ERR {
-                        // A flushed receive is a consequence; the cause (a
-                        // send that failed) may still sit in the send CQ.
-                        self.stats.recv_flushed += 1;
-                        if self.failure.is_none() {
-                            self.poll_send(&mut |_| {})?;
-                        }
-                        return Err(match self.failure {
-                            Some(cause) => Error::Completion(cause),
-                            None if self.ep.was_disconnected() => self.ep.end_error(),
-                            None => Error::Completion(err),
-                        });
-                    }
-                    if self.failure.is_none() {
-                        self.failure = Some(err);
-                        self.stats.failed += 1;
-                    }
-                    return Err(Error::Completion(err));
-                }
-                self.stats.received += 1;
-                let (imm, len, pos) = (wc.imm(), wc.byte_len(), wc.wr_id());
-                if wc.opcode() == WcOpcode::RECV_RDMA_WITH_IMM {
-                    return Ok(Incoming {
-                        data: &[],
-                        imm,
-                        len,
-                    });
-                }
-                let layout = self.rings.recv_layout;
-                let range = layout.range(layout.slot(pos), len as usize);
-                return Ok(Incoming {
-                    data: &self.rings.recv.as_slice()[range],
-                    imm,
-                    len,
-                });
-            }
-            if self.sq.outstanding() > 0 {
-                self.reap()?;
+            if let Some(arrived) = self.poll_one_recv()? {
+                return Ok(self.incoming(arrived));
             }
             if let Some(waited) = wait.tick()? {
+                if self.sq.outstanding() > 0 {
+                    self.reap()?;
+                }
                 self.check_peer(waited)?;
             }
         }
     }
+
+    /// The next SEND or WRITE_WITH_IMM if one has arrived: one poll of the
+    /// receive CQ, no waiting. Send completions are left for [`reap`].
+    ///
+    /// [`reap`]: Connection::reap
+    #[inline]
+    pub fn try_recv(&mut self) -> Result<Option<Incoming<'_>>> {
+        Ok(self.poll_one_recv()?.map(|arrived| self.incoming(arrived)))
+    }
+
+    /// Polls the receive CQ for one completion, after re-posting the
+    /// receives that earlier calls consumed. An error completion fails the
+    /// connection (a flushed one reports its cause).
+    #[inline]
+    fn poll_one_recv(&mut self) -> Result<Option<Arrived>> {
+        if let Some(f) = self.failure {
+            return Err(Error::Completion(f));
+        }
+        if self.rings.recv_posted - self.recv_done < self.rings.recv_layout.count() as u64 {
+            self.rings.refill(&mut self.ep, self.recv_done)?;
+        }
+        if self.ep.poll_recv(&mut self.wcs[..1])?.is_empty() {
+            return Ok(None);
+        }
+        let wc = &self.wcs[0];
+        self.recv_done += 1;
+        if !wc.is_success() {
+            return Err(self.recv_failed());
+        }
+        self.stats.received += 1;
+        Ok(Some(Arrived {
+            imm: wc.imm(),
+            len: wc.byte_len(),
+            pos: wc.wr_id(),
+            write_imm: wc.opcode() == WcOpcode::RECV_RDMA_WITH_IMM,
+        }))
+    }
+
+    /// The error for the failed receive completion in `wcs[0]`.
+    #[cold]
+    #[inline(never)]
+    fn recv_failed(&mut self) -> Error {
+        let wc = &self.wcs[0];
+        let err = WcError {
+            wr_id: wc.wr_id(),
+            opcode: Some(WcOpcode::RECV),
+            status: wc.status(),
+            vendor_err: wc.vendor_err(),
+        };
+        if err.status == WcStatus::WR_FLUSH_ERR {
+            // A flushed receive is a consequence; the cause (a send that
+            // failed) may still sit in the send CQ.
+            self.stats.recv_flushed += 1;
+            if self.failure.is_none() {
+                if let Err(e) = self.poll_send(&mut |_| {}) {
+                    return e;
+                }
+            }
+            return match self.failure {
+                Some(cause) => Error::Completion(cause),
+                None if self.ep.was_disconnected() => self.ep.end_error(),
+                None => Error::Completion(err),
+            };
+        }
+        if self.failure.is_none() {
+            self.failure = Some(err);
+            self.stats.failed += 1;
+        }
+        Error::Completion(err)
+    }
+
+    /// What a receive completion delivered, as a borrow of the ring.
+    #[inline]
+    fn incoming(&self, arrived: Arrived) -> Incoming<'_> {
+        if arrived.write_imm {
+            return Incoming {
+                data: &[],
+                imm: arrived.imm,
+                len: arrived.len,
+            };
+        }
+        let layout = self.rings.recv_layout;
+        let range = layout.range(layout.slot(arrived.pos), arrived.len as usize);
+        Incoming {
+            data: &self.rings.recv.as_slice()[range],
+            imm: arrived.imm,
+            len: arrived.len,
+        }
+    }
+}
+
+/// A successful receive completion, copied out of the CQ entry.
+#[derive(Debug, Clone, Copy)]
+struct Arrived {
+    imm: Option<u32>,
+    len: u32,
+    /// The receive's position in the receive ring (its wr_id).
+    pos: u64,
+    write_imm: bool,
 }
 
 impl Drop for Connection {
@@ -853,6 +1030,60 @@ impl Drop for Connection {
     }
 }
 
+/// Where sequence number `seq` keeps its [`OpMeta`] (the table's length is
+/// a power of two at least the send-queue depth).
+#[inline]
+fn meta_index(meta: &[OpMeta], seq: u64) -> usize {
+    (seq as usize) & (meta.len() - 1)
+}
+
+/// `data` as a request's payload: inline up to `inline_threshold`, else
+/// copied into the next send-ring slot (`true`: a slot was claimed).
+#[inline]
+fn stage_payload<'d>(
+    data: &'d [u8],
+    inline_threshold: usize,
+    cursor: &mut RingCursor,
+    layout: SlotLayout,
+    ring: &mut MemoryRegion,
+) -> Result<(Payload<'d>, bool)> {
+    if data.len() <= inline_threshold {
+        return Ok((Payload::Inline(data), false));
+    }
+    ring_payload(cursor, layout, ring, data.len(), |slot| {
+        slot.copy_from_slice(data);
+        Ok(())
+    })
+}
+
+/// Claims a send-ring slot and lets `fill` write `len` bytes into it —
+/// registered memory, so the NIC reads them from there with no copy. An
+/// error from `fill` gives the slot back.
+#[inline]
+fn ring_payload<'d>(
+    cursor: &mut RingCursor,
+    layout: SlotLayout,
+    ring: &mut MemoryRegion,
+    len: usize,
+    fill: impl FnOnce(&mut [u8]) -> std::io::Result<()>,
+) -> Result<(Payload<'d>, bool)> {
+    let range = claim_slot(cursor, layout, len, "the send ring")?;
+    if let Err(source) = fill(&mut ring.as_mut_slice()[range.clone()]) {
+        cursor.head -= 1;
+        return Err(Error::Exchange {
+            op: "filling a send-ring slot",
+            source,
+        });
+    }
+    Ok((Payload::Registered(ring.slice(range)?), true))
+}
+
+#[cold]
+#[inline(never)]
+fn too_big_for_slot(len: usize, slot_size: usize) -> Error {
+    Error::Config(format!("{len} bytes exceed the slot size {slot_size}"))
+}
+
 /// Claims the next slot of a ring for `len` bytes: its byte range.
 fn claim_slot(
     cursor: &mut RingCursor,
@@ -861,14 +1092,11 @@ fn claim_slot(
     ring: &'static str,
 ) -> Result<std::ops::Range<usize>> {
     if len > layout.size() {
-        return Err(Error::Config(format!(
-            "{len} bytes exceed the slot size {}",
-            layout.size()
-        )));
+        return Err(too_big_for_slot(len, layout.size()));
     }
-    let pos = cursor
-        .claim(layout.count())
-        .ok_or(Error::Full { what: ring })?;
+    let Some(pos) = cursor.claim(layout.count()) else {
+        return Err(Error::Full { what: ring });
+    };
     Ok(layout.range(layout.slot(pos), len))
 }
 
@@ -921,31 +1149,13 @@ impl<'c, 'd> Batch<'c, 'd> {
     }
 
     fn payload(&mut self, data: &'d [u8]) -> Result<(Payload<'d>, bool)> {
-        if data.len() <= self.inline_threshold {
-            return Ok((Payload::Inline(data), false));
-        }
-        self.ring_payload(data.len(), |slot| {
-            slot.copy_from_slice(data);
-            Ok(())
-        })
-    }
-
-    /// Claims a send-ring slot and lets `fill` write `len` bytes into it —
-    /// registered memory, so the NIC reads them from there with no copy.
-    fn ring_payload(
-        &mut self,
-        len: usize,
-        fill: impl FnOnce(&mut [u8]) -> std::io::Result<()>,
-    ) -> Result<(Payload<'d>, bool)> {
-        let range = claim_slot(self.send_cursor, self.layout, len, "the send ring")?;
-        if let Err(source) = fill(&mut self.send_ring.as_mut_slice()[range.clone()]) {
-            self.send_cursor.head -= 1;
-            return Err(Error::Exchange {
-                op: "filling a send-ring slot",
-                source,
-            });
-        }
-        Ok((Payload::Registered(self.send_ring.slice(range)?), true))
+        stage_payload(
+            data,
+            self.inline_threshold,
+            self.send_cursor,
+            self.layout,
+            self.send_ring,
+        )
     }
 
     /// Adds an RDMA WRITE (with `imm`: WRITE_WITH_IMM) of `len` bytes that
@@ -961,7 +1171,8 @@ impl<'c, 'd> Batch<'c, 'd> {
         fill: impl FnOnce(&mut [u8]) -> std::io::Result<()>,
     ) -> Result<u64> {
         let remote = self.peer.sub(remote_offset, len as u64)?;
-        let (payload, slot) = self.ring_payload(len, fill)?;
+        let (payload, slot) =
+            ring_payload(self.send_cursor, self.layout, self.send_ring, len, fill)?;
         let opcode = imm.map_or(SendOpcode::Write, SendOpcode::WriteWithImm);
         self.push(opcode, payload, Some(remote), (slot, false, 0))
     }
@@ -999,9 +1210,11 @@ impl<'c, 'd> Batch<'c, 'd> {
             return Err(Error::Full { what: "the batch" });
         }
         let must_signal = std::mem::take(&mut self.force_signal) || opcode == SendOpcode::Read;
-        let (seq, signaled) = self.sq.admit(must_signal).ok_or(Error::Full {
-            what: "the send queue",
-        })?;
+        let Some((seq, signaled)) = self.sq.admit(must_signal) else {
+            return Err(Error::Full {
+                what: "the send queue",
+            });
+        };
         if let Err(e) = self.sends().push(SendRequest {
             wr_id: seq,
             opcode,
@@ -1012,8 +1225,7 @@ impl<'c, 'd> Batch<'c, 'd> {
             self.sq.rollback(seq);
             return Err(e);
         }
-        let len = self.meta.len() as u64;
-        self.meta[(seq % len) as usize] = OpMeta {
+        self.meta[meta_index(self.meta, seq)] = OpMeta {
             opcode: Some(opcode.completion_opcode()),
             signaled,
             send_slot: slots.0,
