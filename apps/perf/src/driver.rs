@@ -167,31 +167,25 @@ pub fn read_credit(data: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(bytes))
 }
 
-/// Posts one operation in a batch of its own, reaping send completions
-/// while the send queue (or a ring) is full. The connection's own
-/// `write`/`send`/`read` do the same but start a clock-reading bounded
-/// wait on every call; this reads no clock unless it has to wait.
+/// Posts one operation on its own (the connection's batch-of-one fast
+/// path), reaping send completions while the send queue (or a ring) is
+/// full. The connection's own `write`/`send`/`read` do the same with the
+/// OS clock; this one reads the TSC, and only when it has to wait.
 #[inline]
-fn post_one<'d>(
+fn post_one(
     conn: &mut Connection,
     timeout: Duration,
-    mut op: impl for<'c> FnMut(&mut pinpoll::Batch<'c, 'd>) -> Result<u64>,
+    mut op: impl FnMut(&mut Connection) -> Result<u64>,
 ) -> Result<u64> {
     let mut spin = Spin::new(timeout, "send-queue room");
     loop {
-        let mut b = conn.batch();
-        match op(&mut b) {
-            Ok(seq) => {
-                b.post()?;
-                return Ok(seq);
-            }
+        match op(conn) {
             Err(Error::Full { .. }) => {
-                drop(b);
                 if conn.reap()? == 0 {
                     spin.tick()?;
                 }
             }
-            Err(e) => return Err(e),
+            done => return done,
         }
     }
 }
@@ -208,7 +202,7 @@ impl Driver for DirectClient {
                 let last = size - 1;
                 self.buf[last] = v;
                 let buf = &self.buf[..];
-                post_one(&mut self.conn, timeout, |b| b.write(buf, 0, None))?;
+                post_one(&mut self.conn, timeout, |c| c.try_write(buf, 0, None))?;
                 let mut spin = Spin::new(timeout, "the peer's RDMA WRITE (write-lat pong)");
                 while self.conn.target_byte(last) != v {
                     if spin.tick()? {
@@ -220,34 +214,19 @@ impl Driver for DirectClient {
             }
             Kind::SendLat => {
                 let buf = &self.buf[..];
-                post_one(&mut self.conn, timeout, |b| b.send(buf))?;
-                let mut spin = Spin::new(timeout, "the peer's SEND (send-lat pong)");
-                loop {
-                    let mut got = None;
-                    let mut failed = None;
-                    self.conn.poll(|ev| match ev {
-                        Event::Received { data } => got = Some(data.len()),
-                        Event::Failed(e) => failed = Some(e),
-                        _ => {}
-                    })?;
-                    if let Some(e) = failed {
-                        return Err(Error::Completion(e));
-                    }
-                    match got {
-                        Some(len) if len == size => return Ok(()),
-                        Some(len) => {
-                            return Err(Error::Config(format!(
-                                "send-lat: the server answered {len} bytes, expected {size}"
-                            )))
-                        }
-                        None => {
-                            spin.tick()?;
-                        }
-                    }
+                post_one(&mut self.conn, timeout, |c| c.try_send(buf))?;
+                // Only the receive CQ while the pong is due; the send CQ is
+                // reaped when the send queue fills (and by recv while it waits).
+                let len = self.conn.recv()?.data.len();
+                if len != size {
+                    return Err(Error::Config(format!(
+                        "send-lat: the server answered {len} bytes, expected {size}"
+                    )));
                 }
+                Ok(())
             }
             Kind::ReadLat => {
-                let seq = post_one(&mut self.conn, timeout, |b| b.read(0, size))?;
+                let seq = post_one(&mut self.conn, timeout, |c| c.try_read(0, size))?;
                 // Only the send CQ: the READ's completion retires it (the
                 // data stay in the READ ring; perftest does not look either).
                 let mut spin = Spin::new(timeout, "an RDMA READ completion");
@@ -687,7 +666,7 @@ pub fn serve(
                     buf[last] = v;
                     let imm = reply_imm.then_some(u32::from(v));
                     let data = &buf[..];
-                    post_one(conn, timeout, |b| b.write(data, 0, imm))?;
+                    post_one(conn, timeout, |c| c.try_write(data, 0, imm))?;
                     served += 1;
                     idle.reset();
                     continue;
@@ -701,25 +680,18 @@ pub fn serve(
             }
         }
         Kind::SendLat => loop {
-            let mut got = None;
-            let mut failed = None;
-            conn.poll(|ev| match ev {
-                Event::Received { data } => got = Some(data.len()),
-                Event::Failed(e) => failed = Some(e),
-                _ => {}
-            })?;
-            if let Some(e) = failed {
-                return Err(Error::Completion(e));
-            }
-            if let Some(len) = got {
+            if let Some(len) = conn.try_recv()?.map(|m| m.data.len()) {
                 let data = &buf[..len.min(size)];
-                post_one(conn, timeout, |b| b.send(data))?;
+                post_one(conn, timeout, |c| c.try_send(data))?;
                 served += 1;
                 idle.reset();
                 continue;
             }
-            if idle.tick()? && idle.waited() > QUIET && stop()? {
-                break;
+            if idle.tick()? && idle.waited() > QUIET {
+                if stop()? {
+                    break;
+                }
+                conn.reap()?;
             }
         },
         Kind::ReadLat | Kind::WriteBw | Kind::ReadBw => loop {
@@ -754,7 +726,7 @@ pub fn serve(
                     if served - credited >= plan.credit_window {
                         credited = served;
                         let credit = credited.to_le_bytes();
-                        post_one(conn, timeout, |b| b.send(&credit))?;
+                        post_one(conn, timeout, |c| c.try_send(&credit))?;
                     }
                     continue;
                 }
