@@ -220,13 +220,11 @@ pub fn check_memlock(need: u64) -> Result<()> {
 
 fn memlock_verdict(need: u64, locked: u64, limit: Option<u64>, privileged: bool) -> Result<()> {
     match limit {
-        Some(limit) if !privileged && need.saturating_add(locked) > limit => {
-            Err(Error::Memlock {
-                need,
-                locked,
-                limit,
-            })
-        }
+        Some(limit) if !privileged && need.saturating_add(locked) > limit => Err(Error::Memlock {
+            need,
+            locked,
+            limit,
+        }),
         _ => Ok(()),
     }
 }
