@@ -138,8 +138,12 @@ impl Endpoint {
         self.qp.state()
     }
 
-    /// Maps `len` bytes and registers them on this endpoint's PD.
+    /// Maps `len` bytes and registers them on this endpoint's PD. Fails
+    /// first with [`crate::Error::Memlock`] when the locked-memory limit
+    /// cannot take them (the kernel would refuse with a bare ENOMEM).
     pub fn register(&self, len: usize, page: PageSize, access: Access) -> Result<MemoryRegion> {
+        let pages = len.max(1).div_ceil(page.bytes()) * page.bytes();
+        crate::sys::mem::check_memlock(pages as u64)?;
         MemoryRegion::register(&self.pd, Buffer::new(len, page)?, access)
     }
 

@@ -69,8 +69,8 @@ pub enum Error {
         hint: String,
         source: io::Error,
     },
-    #[error("{need} bytes must be locked for registration but the locked-memory limit is {limit} bytes; raise it with `ulimit -l unlimited` (or a memlock line in /etc/security/limits.conf, or LimitMEMLOCK= for a systemd service)")]
-    Memlock { need: u64, limit: u64 },
+    #[error("{need} more bytes must be locked for registration ({locked} already locked by this process) but the locked-memory limit (ulimit -l, RLIMIT_MEMLOCK) is {limit} bytes; raise it with `ulimit -l unlimited` (or a memlock line in /etc/security/limits.conf, or LimitMEMLOCK= for a systemd service)")]
+    Memlock { need: u64, locked: u64, limit: u64 },
     #[error("mapping {len} bytes of memory failed; {hint}")]
     Map {
         len: usize,

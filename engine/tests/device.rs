@@ -193,6 +193,93 @@ both_methods!(
     address_past_the_region_is_refused,
 );
 
+/// Issue 7, case 7: the rkey of a connection that ended is dead. A
+/// (one listener, three connections in turn) ends and deregisters its
+/// regions; a write through B to A's old address and rkey is refused by
+/// the NIC and leaves B's region as it was; C, after that, moves data as
+/// usual: the serving side is unaffected.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_stale_rkey_from_an_earlier_connection_is_refused_and_the_server_goes_on() {
+    let listener = pinpoll::connect::cm::Listener::bind(cm_addr()).expect("listen");
+    let addr = listener.local_addr().expect("bound address");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = std::thread::spawn(move || {
+        for _ in 0..3 {
+            tx.send(cm_server_side(&listener)).expect("test alive");
+        }
+    });
+
+    let client_a = cm_client_side(addr);
+    let server_a = rx.recv().expect("server side of A");
+    let stale = client_a.remote;
+    assert_eq!(stale, server_a.exposed.remote(0..REGION).unwrap());
+    // A ends on both sides: its queue pairs and regions are gone.
+    drop(client_a);
+    drop(server_a);
+
+    let mut client_b = cm_client_side(addr);
+    let mut server_b = rx.recv().expect("server side of B");
+    assert_ne!(
+        client_b.remote.rkey, stale.rkey,
+        "the device handed B the rkey of A's deregistered region again; the test could not tell a stale rkey from a live one"
+    );
+    let before = pattern(REGION, 23);
+    server_b.exposed.as_mut_slice().copy_from_slice(&before);
+    client_b.local.as_mut_slice()[..256].fill(0xAA);
+    client_b
+        .ep
+        .qp()
+        .post_write(
+            11,
+            client_b.local.slice(0..256).unwrap(),
+            stale.sub(0, 256).unwrap(),
+            None,
+            SendFlags::SIGNALED,
+        )
+        .unwrap();
+    let err = client_b.ep.wait_send(WAIT).unwrap_err();
+    match &err {
+        Error::Completion(wc) => {
+            assert_eq!(wc.wr_id, 11);
+            assert_eq!(wc.status, WcStatus::REM_ACCESS_ERR, "{err}");
+        }
+        other => panic!("expected an error completion, got {other}"),
+    }
+    assert!(err.to_string().contains("REM_ACCESS_ERR"), "{err}");
+    assert_eq!(
+        server_b.exposed.as_slice(),
+        &before[..],
+        "B's region must be unchanged byte for byte"
+    );
+    drop(client_b);
+    drop(server_b);
+
+    let mut client_c = cm_client_side(addr);
+    let server_c = rx.recv().expect("server side of C");
+    let data = pattern(REGION, 29);
+    client_c.local.as_mut_slice().copy_from_slice(&data);
+    client_c
+        .ep
+        .qp()
+        .post_write(
+            12,
+            client_c.local.slice(0..REGION).unwrap(),
+            client_c.remote.sub(0, REGION as u64).unwrap(),
+            None,
+            SendFlags::SIGNALED,
+        )
+        .unwrap();
+    let done = client_c.ep.wait_send(WAIT).unwrap();
+    assert_eq!((done.wr_id, done.opcode), (12, WcOpcode::RDMA_WRITE));
+    assert_eq!(
+        server_c.exposed.as_slice(),
+        &data[..],
+        "C's data, byte for byte"
+    );
+    server.join().expect("server thread");
+}
+
 #[test]
 #[ignore = "needs an RDMA device"]
 fn the_named_device_opens_with_an_active_port_and_a_roce_v2_gid() {

@@ -66,6 +66,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let out = Output::new(cli.common.quiet);
     match &cli.command {
         Command::Server(args) => {
+            // What each client gets registered: a locked-memory limit that
+            // cannot take it is a start-up error, not a refusal of every
+            // client later.
+            let page = PageSize::Base.bytes();
+            let per_client = MAX_MESSAGE.div_ceil(page) * page + page;
+            pinpoll::sys::mem::check_memlock(per_client as u64)
+                .context("registering a client's buffers")?;
             session::serve(args, &cli.common, cli.port, out, |mut req, out| {
                 let message = format!("message from server pid {}", std::process::id());
                 let buffers = match Buffers::prepare(req.endpoint(), message.as_bytes()) {

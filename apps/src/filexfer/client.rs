@@ -1,4 +1,10 @@
 //! `filexfer send`: one file to a server, every server slot kept busy.
+//!
+//! Test-only fault hook: in debug builds (never in release builds, where it
+//! is compiled out), `PINPOLL_FILEXFER_TEST_FLIP_BIT=N`, read once when the
+//! transfer starts, flips one bit of chunk `N` after its CRC32C and the
+//! SHA-256 were computed — a chunk corrupted on the way, which the server
+//! must catch. It exists for `apps/tests/filexfer.rs`; do not set it.
 
 use std::fs::File;
 use std::io::IsTerminal as _;
@@ -45,6 +51,23 @@ pub fn wire_name(path: &Path) -> anyhow::Result<String> {
     Ok(name.to_owned())
 }
 
+/// The test-only fault hook (see the module docs).
+pub const FLIP_BIT_ENV: &str = "PINPOLL_FILEXFER_TEST_FLIP_BIT";
+
+/// The chunk whose bit the test-only hook flips, if any.
+fn flip_bit_chunk() -> anyhow::Result<Option<u64>> {
+    if !cfg!(debug_assertions) {
+        return Ok(None);
+    }
+    match std::env::var(FLIP_BIT_ENV) {
+        Err(_) => Ok(None),
+        Ok(v) => v
+            .parse()
+            .map(Some)
+            .with_context(|| format!("{FLIP_BIT_ENV}={v:?}: expected a chunk index")),
+    }
+}
+
 /// Sends `opts.file`; success only once the server said the file is
 /// verified, durable and in place.
 pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Result<()> {
@@ -57,6 +80,7 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
         .with_context(|| format!("reading {}", path.display()))?;
     ensure!(meta.is_file(), "{}: not a regular file", path.display());
     let size = meta.len();
+    let flip = flip_bit_chunk()?;
     pin(opts.core)?;
 
     let cfg = engine_config(common.timeout, opts.hugepages);
@@ -182,11 +206,15 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
             let remote = u64::from(slot) * u64::from(slot_size);
             let hasher = &mut hasher;
             let file = &file;
+            let corrupt = flip == Some(next) && len > 0;
             b.write_from(len + TRAILER, remote, Some(slot), move |buf| {
                 let (data, trailer) = buf.split_at_mut(len);
                 file.read_exact_at(data, offset)?;
                 trailer.copy_from_slice(&crc32c::crc32c(data).to_be_bytes());
                 hasher.update(&*data);
+                if corrupt {
+                    data[len / 2] ^= 0x10;
+                }
                 Ok(())
             })
             .map_err(|e| match e {

@@ -98,6 +98,11 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
     let shutdown = Shutdown::install()?;
     let cfg = engine_config(common.timeout, opts.hugepages);
     cfg.validate()?;
+    // Every client gets its chunk ring registered: a locked-memory limit
+    // that cannot take even one is a start-up error, not a refusal of
+    // every client later.
+    pinpoll::sys::mem::check_memlock(cfg.registered_bytes())
+        .context("registering the chunk ring of a client")?;
     let listener = Listener::bind(addr).with_context(|| format!("listening on {addr}"))?;
     out.progress(format_args!(
         "listening on {}",
@@ -377,6 +382,7 @@ impl Transfer {
         let began = Instant::now();
         let final_path = self.dir.join(&name);
         self.check_target(&final_path, &shown)?;
+        self.check_space(size, &shown)?;
         let temp_path = self.dir.join(format!(
             "{RESERVED_PREFIX}{}-{}.tmp",
             std::process::id(),
@@ -397,6 +403,7 @@ impl Transfer {
             file,
             keep: false,
         };
+        reserve(&temp.file, size, &shown)?;
         self.out.progress(format_args!(
             "client {}: receiving {shown} ({size} bytes)",
             self.peer
@@ -525,6 +532,27 @@ impl Transfer {
         Ok(())
     }
 
+    /// Refuses a file larger than the free space of `--dir` before any
+    /// data moves (the reservation in [`reserve`] is what guarantees it;
+    /// this names the numbers).
+    fn check_space(&self, size: u64, shown: &str) -> anyhow::Result<()> {
+        let vfs = match rustix::fs::statvfs(&self.dir) {
+            Ok(vfs) => vfs,
+            Err(e) => {
+                tracing::debug!(error = %e, "statvfs of --dir");
+                return Ok(());
+            }
+        };
+        let free = vfs.f_bavail.saturating_mul(vfs.f_frsize);
+        if size > free {
+            return Err(refusal(
+                FailCode::Io,
+                format!("no space left on the server for {shown} (ENOSPC): it is {size} bytes, the server's directory has {free} bytes free"),
+            ));
+        }
+        Ok(())
+    }
+
     /// Refuses a target that exists (any existing name with --overwrite
     /// only if it is a regular file, never a symlink).
     fn check_target(&self, path: &Path, shown: &str) -> anyhow::Result<()> {
@@ -565,7 +593,7 @@ impl Transfer {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(refusal(
                 FailCode::Exists,
                 format!(
-                    "{shown} appeared on the server during the transfer; the upload was not kept"
+                    "{shown} already exists on the server (it appeared during the transfer); the upload was not kept"
                 ),
             )),
             Err(e) => Err(refusal(
@@ -573,6 +601,32 @@ impl Transfer {
                 format!("linking {shown} into place on the server: {e}"),
             )),
         }
+    }
+}
+
+/// Reserves the file's `size` bytes on disk (fallocate) before any data
+/// moves: a disk that cannot take the file fails the transfer here with
+/// ENOSPC, never in the middle of it. A file system without fallocate is
+/// written without the reservation (the free-space check still ran).
+fn reserve(file: &File, size: u64, shown: &str) -> anyhow::Result<()> {
+    use rustix::io::Errno;
+    if size == 0 {
+        return Ok(());
+    }
+    match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, size) {
+        Ok(()) => Ok(()),
+        Err(e) if e == Errno::OPNOTSUPP || e == Errno::NOSYS => {
+            tracing::debug!(error = %e, "no fallocate on this file system; writing without a reservation");
+            Ok(())
+        }
+        Err(e) if e == Errno::NOSPC || e == Errno::DQUOT => Err(refusal(
+            FailCode::Io,
+            format!("no space left on the server for {shown} (ENOSPC): reserving its {size} bytes failed: {e}"),
+        )),
+        Err(e) => Err(refusal(
+            FailCode::Io,
+            format!("reserving {size} bytes for {shown} on the server: {e}"),
+        )),
     }
 }
 

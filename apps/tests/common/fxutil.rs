@@ -122,8 +122,14 @@ impl Out {
 /// Runs `bin args` to completion, killing it (through its own handle) and
 /// failing the test if it runs longer than `bound`.
 pub fn run_bounded(bin: &str, args: &[&str], bound: Duration) -> Out {
+    run_bounded_env(bin, args, &[], bound)
+}
+
+/// [`run_bounded`] with extra environment variables.
+pub fn run_bounded_env(bin: &str, args: &[&str], env: &[(&str, &str)], bound: Duration) -> Out {
     let mut child = Command::new(bin)
         .args(args)
+        .envs(env.iter().copied())
         .env_remove("RUST_LOG")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())

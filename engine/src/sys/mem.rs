@@ -183,18 +183,48 @@ pub fn memlock_limit() -> Option<u64> {
     }
 }
 
-/// Fails up front when registering `need` more bytes would exceed the
-/// locked-memory limit (a process with CAP_IPC_LOCK — e.g. root — is
-/// exempt, as the kernel exempts it).
-pub fn check_memlock(need: u64) -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    let privileged = unsafe { libc::geteuid() } == 0;
-    memlock_verdict(need, memlock_limit(), privileged)
+/// What `/proc/self/status` says about locking memory: whether the
+/// process has CAP_IPC_LOCK in its effective set (which exempts it from
+/// `RLIMIT_MEMLOCK` in the kernel's registration check), and how many bytes
+/// it has pinned already (`VmPin`, which registrations count against the
+/// limit).
+fn lock_status(status: &str) -> (Option<bool>, u64) {
+    const CAP_IPC_LOCK: u32 = 14;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+    };
+    let cap = field("CapEff:")
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        .map(|bits| bits & (1 << CAP_IPC_LOCK) != 0);
+    let pinned = field("VmPin:")
+        .and_then(|v| v.trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024);
+    (cap, pinned)
 }
 
-fn memlock_verdict(need: u64, limit: Option<u64>, privileged: bool) -> Result<()> {
+/// Fails up front when registering `need` more bytes would exceed the
+/// locked-memory limit, counting what this process has pinned already —
+/// the kernel's own rule. A process with CAP_IPC_LOCK in its effective
+/// set (root, normally) is exempt, as the kernel exempts it; root without
+/// that capability is not.
+pub fn check_memlock(need: u64) -> Result<()> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let (cap, pinned) = lock_status(&status);
+    // SAFETY: geteuid has no preconditions.
+    let privileged = cap.unwrap_or_else(|| unsafe { libc::geteuid() } == 0);
+    memlock_verdict(need, pinned, memlock_limit(), privileged)
+}
+
+fn memlock_verdict(need: u64, locked: u64, limit: Option<u64>, privileged: bool) -> Result<()> {
     match limit {
-        Some(limit) if !privileged && need > limit => Err(Error::Memlock { need, limit }),
+        Some(limit) if !privileged && need.saturating_add(locked) > limit => Err(Error::Memlock {
+            need,
+            locked,
+            limit,
+        }),
         _ => Ok(()),
     }
 }
@@ -205,13 +235,32 @@ mod tests {
 
     #[test]
     fn memlock_is_checked_before_registration() {
-        assert!(memlock_verdict(1 << 20, Some(64 << 10), false)
+        assert!(memlock_verdict(1 << 20, 0, Some(64 << 10), false)
             .unwrap_err()
             .to_string()
             .contains("ulimit -l unlimited"));
-        memlock_verdict(1 << 20, Some(64 << 10), true).unwrap();
-        memlock_verdict(1 << 20, None, false).unwrap();
-        memlock_verdict(1 << 10, Some(64 << 10), false).unwrap();
+        memlock_verdict(1 << 20, 0, Some(64 << 10), true).unwrap();
+        memlock_verdict(1 << 20, 0, None, false).unwrap();
+        memlock_verdict(1 << 10, 0, Some(64 << 10), false).unwrap();
+        // What is pinned already counts, as it does for the kernel.
+        let err = memlock_verdict(40 << 10, 30 << 10, Some(64 << 10), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("40960 more bytes") && err.contains("30720 already locked"),
+            "{err}"
+        );
+        memlock_verdict(30 << 10, 30 << 10, Some(64 << 10), false).unwrap();
+    }
+
+    #[test]
+    fn the_capability_not_the_uid_exempts_from_the_limit() {
+        let root = "Name:\tx\nVmPin:\t    2048 kB\nCapEff:\t000001ffffffffff\n";
+        assert_eq!(lock_status(root), (Some(true), 2 << 20));
+        // Root after `setpriv --bounding-set=-ipc_lock`: bit 14 clear.
+        let no_ipc_lock = "VmPin:\t0 kB\nCapEff:\t000001ffffffbfff\n";
+        assert_eq!(lock_status(no_ipc_lock), (Some(false), 0));
+        assert_eq!(lock_status(""), (None, 0));
     }
 
     #[test]

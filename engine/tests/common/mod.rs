@@ -104,24 +104,34 @@ pub fn pair(method: Method) -> (Side, Side) {
 fn cm_sides() -> (Side, Side) {
     let listener = Listener::bind(cm_addr()).expect("rdma_cm listen on the rxe address");
     let addr = listener.local_addr().expect("bound address");
-    let server = std::thread::spawn(move || {
-        let mut req = listener
-            .next_request(&config(), WAIT)
-            .expect("connect request");
-        let (local, exposed) = regions(req.endpoint());
-        post_receives(req.endpoint(), &local);
-        let descriptor = RegionDescriptor(exposed.remote(0..REGION).unwrap()).encode();
-        let ep = req.accept(&descriptor).expect("accept");
-        let remote = RegionDescriptor::decode(ep.peer_private_data())
-            .expect("client's region")
-            .0;
-        Side {
-            ep,
-            local,
-            exposed,
-            remote,
-        }
-    });
+    let server = std::thread::spawn(move || cm_server_side(&listener));
+    let client = cm_client_side(addr);
+    (client, server.join().expect("server thread"))
+}
+
+/// The server side of the next connection on `listener`: fresh regions
+/// (so a fresh rkey), receives posted, accepted.
+pub fn cm_server_side(listener: &Listener) -> Side {
+    let mut req = listener
+        .next_request(&config(), WAIT)
+        .expect("connect request");
+    let (local, exposed) = regions(req.endpoint());
+    post_receives(req.endpoint(), &local);
+    let descriptor = RegionDescriptor(exposed.remote(0..REGION).unwrap()).encode();
+    let ep = req.accept(&descriptor).expect("accept");
+    let remote = RegionDescriptor::decode(ep.peer_private_data())
+        .expect("client's region")
+        .0;
+    Side {
+        ep,
+        local,
+        exposed,
+        remote,
+    }
+}
+
+/// The client side of a connection to an rdma_cm listener at `addr`.
+pub fn cm_client_side(addr: SocketAddr) -> Side {
     let mut conn = Connector::resolve(addr, &config()).expect("resolve");
     let (local, exposed) = regions(conn.endpoint());
     post_receives(conn.endpoint(), &local);
@@ -130,13 +140,12 @@ fn cm_sides() -> (Side, Side) {
     let remote = RegionDescriptor::decode(ep.peer_private_data())
         .expect("server's region")
         .0;
-    let client = Side {
+    Side {
         ep,
         local,
         exposed,
         remote,
-    };
-    (client, server.join().expect("server thread"))
+    }
 }
 
 fn oob_side(stream: &mut TcpStream) -> Side {
