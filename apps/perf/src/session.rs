@@ -197,18 +197,23 @@ pub fn measure(
         for _ in 0..warmup {
             driver.round_trip()?;
         }
-        let mut samples = Samples::new();
         // One TSC read per iteration, as perftest's get_cycles: the OS
-        // clock costs ~1.3 µs per read in the TCG guest (see clock.rs).
-        let scale = clock::ns_per_tick();
+        // clock costs ~1.3 µs per read in the TCG guest (see clock.rs). The
+        // deltas go into a buffer sized before the loop (perftest keeps its
+        // stamps the same way); the histogram is filled afterwards, so its
+        // bookkeeping stays out of the measured loop.
+        let mut deltas: Vec<u64> = Vec::with_capacity(iters as usize);
         let mut prev = clock::ticks();
         for _ in 0..iters {
             driver.round_trip()?;
             let now = clock::ticks();
-            samples.record(Duration::from_nanos(
-                (now.saturating_sub(prev) as f64 * scale) as u64,
-            ));
+            deltas.push(now.saturating_sub(prev));
             prev = now;
+        }
+        let scale = clock::ns_per_tick();
+        let mut samples = Samples::new();
+        for ticks in deltas {
+            samples.record(Duration::from_nanos((ticks as f64 * scale) as u64));
         }
         let factor = if kind.reports_half_round_trip() {
             0.5
