@@ -327,6 +327,12 @@ impl Connection {
         self.rings.layout.size()
     }
 
+    /// Slots per ring. Send-ring slots are claimed in order, so after this
+    /// many [`Batch::write_from`] calls every slot has been filled once.
+    pub fn slot_count(&self) -> usize {
+        self.rings.layout.count()
+    }
+
     /// The peer's target ring.
     pub fn peer_ring(&self) -> RemoteSlice {
         self.peer
