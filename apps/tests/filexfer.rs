@@ -17,7 +17,6 @@ use pinpoll::datapath::Rings;
 use pinpoll::{Access, Connection, EngineConfig};
 use pinpoll_apps::filexfer::protocol::{FailCode, Msg, HELLO};
 use pinpoll_apps::filexfer::{engine_config, CHUNK, SLOT_SIZE};
-use sha2::{Digest, Sha256};
 
 /// Large transfers of an unoptimized build take minutes in the TCG guest.
 const BOUND: Duration = Duration::from_secs(900);
@@ -311,12 +310,12 @@ impl Raw {
             self.write(i as u32 % self.slots, chunk, crc32c::crc32c(chunk));
             assert_eq!(next_msg(&mut self.conn), Msg::Credit { count: 1 });
         }
-        self.finish(data.len() as u64, Sha256::digest(data).into())
+        self.finish(data.len() as u64, *blake3::hash(data).as_bytes())
     }
 
-    fn finish(&mut self, size: u64, sha256: [u8; 32]) -> Msg {
+    fn finish(&mut self, size: u64, digest: [u8; 32]) -> Msg {
         self.conn
-            .send(&Msg::Finish { size, sha256 }.encode())
+            .send(&Msg::Finish { size, digest }.encode())
             .unwrap();
         next_msg(&mut self.conn)
     }
@@ -426,14 +425,14 @@ fn chunks_that_break_the_rules_fail_the_transfer_and_leave_nothing() {
         .send(
             &Msg::Finish {
                 size: 100,
-                sha256: [0; 32],
+                digest: [0; 32],
             }
             .encode(),
         )
         .unwrap();
     let (code, message) = fail_of(next_msg(&mut raw.conn));
     assert_eq!(code, FailCode::Integrity, "{message}");
-    assert!(message.contains("SHA-256"), "{message}");
+    assert!(message.contains("BLAKE3 digest"), "{message}");
 
     drop(raw);
 
@@ -441,7 +440,7 @@ fn chunks_that_break_the_rules_fail_the_transfer_and_leave_nothing() {
     let mut raw = Raw::start(server.port, b"size.bin", 100);
     raw.write(0, &data, good_crc);
     assert_eq!(next_msg(&mut raw.conn), Msg::Credit { count: 1 });
-    let (code, message) = fail_of(raw.finish(99, Sha256::digest(&data).into()));
+    let (code, message) = fail_of(raw.finish(99, *blake3::hash(&data).as_bytes()));
     assert_eq!(code, FailCode::Integrity, "{message}");
     assert!(
         message.contains("declared 100 bytes, finished with 99, and 100 arrived"),
@@ -455,7 +454,7 @@ fn chunks_that_break_the_rules_fail_the_transfer_and_leave_nothing() {
         .send(
             &Msg::Finish {
                 size: 100,
-                sha256: [0; 32],
+                digest: [0; 32],
             }
             .encode(),
         )
@@ -528,8 +527,8 @@ fn malformed_control_messages_are_refused_and_the_server_goes_on() {
     };
     let mut longer = start.clone();
     longer.extend_from_slice(b"xyz");
-    let mut v2 = start.clone();
-    v2[4] = 2;
+    let mut v3 = start.clone();
+    v3[4] = 3;
     let mut big_credit = Msg::Credit { count: 1 }.encode();
     big_credit.resize(60_000, 0);
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
@@ -554,12 +553,12 @@ fn malformed_control_messages_are_refused_and_the_server_goes_on() {
             "Credit with a 59992-byte body, expected 4",
         ),
         ("unknown kind", kind(42), "unknown message kind 42"),
-        ("unknown version", v2, "version 2 (this side speaks 1)"),
+        ("unknown version", v3, "version 3 (this side speaks 2)"),
         (
             "Finish first",
             Msg::Finish {
                 size: 0,
-                sha256: [0; 32],
+                digest: [0; 32],
             }
             .encode(),
             "Finish before Start",

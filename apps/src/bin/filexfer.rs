@@ -16,7 +16,7 @@ use pinpoll_apps::filexfer::DEFAULT_PORT;
 use pinpoll_apps::output::Output;
 
 /// Send files over RDMA: pipelined RDMA WRITE_WITH_IMM into the server's
-/// ring of chunk slots, a CRC32C per chunk, a SHA-256 of the whole file,
+/// ring of chunk slots, a CRC32C per chunk, a BLAKE3 digest of the whole file,
 /// and a file that appears under its name on the server only once it is
 /// verified and on disk.
 #[derive(Debug, Parser)]

@@ -3,7 +3,7 @@
 //! Test-only fault hook: in debug builds (never in release builds, where it
 //! is compiled out), `PINPOLL_FILEXFER_TEST_FLIP_BIT=N`, read once when the
 //! transfer starts, flips one bit of chunk `N` after its CRC32C and the
-//! SHA-256 were computed — a chunk corrupted on the way, which the server
+//! BLAKE3 digest were computed — a chunk corrupted on the way, which the server
 //! must catch. It exists for `apps/tests/filexfer.rs`; do not set it.
 
 use std::fs::File;
@@ -18,7 +18,6 @@ use pinpoll::connect::cm::Connector;
 use pinpoll::connect::RegionDescriptor;
 use pinpoll::datapath::Rings;
 use pinpoll::{Access, Connection};
-use sha2::{Digest, Sha256};
 
 use crate::cli::{socket_addr, CommonArgs};
 use crate::filexfer::name;
@@ -167,7 +166,7 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
     let chunks = size.div_ceil(chunk);
     let bar = progress_bar(size, common.quiet, &shown);
 
-    let mut hasher = Sha256::new();
+    let mut hasher = blake3::Hasher::new();
     let (mut next, mut credits) = (0u64, u64::from(slots));
     while next < chunks {
         if credits == 0 {
@@ -234,14 +233,14 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
             bar.set_position((next * chunk).min(size));
         }
     }
-    let sha256: [u8; 32] = hasher.finalize().into();
+    let digest: [u8; 32] = hasher.finalize().into();
     send_and_wait(
         &mut conn,
-        &Msg::Finish { size, sha256 }.encode(),
+        &Msg::Finish { size, digest }.encode(),
         timeout,
         "server",
     )
-    .context("sending the file's SHA-256")?;
+    .context("sending the file's BLAKE3 digest")?;
     loop {
         let msg = {
             let m = conn

@@ -5,7 +5,7 @@
 //!   messages) with their bounds-checked decoders.
 //! - [`server`] — `filexfer serve`: the accept loop (a thread per
 //!   transfer, at most `--max-clients` at once) and one transfer's receive
-//!   side: per-chunk CRC32C, whole-file SHA-256, temp file, fsync, link
+//!   side: per-chunk CRC32C, whole-file BLAKE3 digest, temp file, fsync, link
 //!   into place without overwriting, fsync of the directory.
 //! - [`classic`] — serving clients of the classic rdma-file-transfer
 //!   example unchanged (told apart by their all-zero private data).
@@ -15,7 +15,7 @@
 //! # The native protocol
 //!
 //! 1. The client connects over rdma_cm with the private data
-//!    [`protocol::HELLO`] (`PPFX`, version 1). The server registers a ring
+//!    [`protocol::HELLO`] (`PPFX`, version 2). The server registers a ring
 //!    of [`SLOTS`] chunk slots of [`SLOT_SIZE`] bytes with remote write
 //!    only, posts its receives, and accepts with the ring's
 //!    [`pinpoll::connect::RegionDescriptor`] as private data. Anything else
@@ -31,7 +31,8 @@
 //!    most `slots` chunks in flight; the server checks slot, length and
 //!    CRC, writes the chunk at its offset, hashes it, and SENDs
 //!    `Credit{1}` for the slot.
-//! 4. Client SENDs `Finish{size, sha256}`; the server checks both,
+//! 4. Client SENDs `Finish{size, digest}` (BLAKE3 of the whole file);
+//!    the server checks both,
 //!    fsyncs, links the temp file to the final name (refusing an existing
 //!    one), removes the temp name, fsyncs the directory, and only then
 //!    SENDs `Complete{size}`. Any failure is `Fail` and the temp file is

@@ -13,7 +13,6 @@ use pinpoll::connect::cm::Listener;
 use pinpoll::connect::RegionDescriptor;
 use pinpoll::datapath::Rings;
 use pinpoll::{Access, Connection, Endpoint, EngineConfig, RemoteSlice};
-use sha2::{Digest, Sha256};
 
 use crate::cli::{show_addr, socket_addr, CommonArgs};
 use crate::filexfer::classic::ClassicSide;
@@ -280,7 +279,7 @@ struct Receiving {
     next_chunk: u64,
     slots: u32,
     slot_size: u32,
-    hasher: Sha256,
+    hasher: blake3::Hasher,
 }
 
 impl Receiving {
@@ -414,7 +413,7 @@ impl Transfer {
             next_chunk: 0,
             slots: crate::filexfer::SLOTS,
             slot_size: conn.slot_size() as u32,
-            hasher: Sha256::new(),
+            hasher: blake3::Hasher::new(),
         };
         send_and_wait(
             conn,
@@ -466,7 +465,7 @@ impl Transfer {
         };
         let Msg::Finish {
             size: fsize,
-            sha256,
+            digest: declared,
         } = finish
         else {
             return Err(refusal(
@@ -484,10 +483,10 @@ impl Transfer {
             ));
         }
         let digest: [u8; 32] = st.hasher.finalize().into();
-        if digest != sha256 {
+        if digest != declared {
             return Err(refusal(
                 FailCode::Integrity,
-                "the file's SHA-256 does not match the client's: the file was not kept",
+                "the file's BLAKE3 digest does not match the client's: the file was not kept",
             ));
         }
         temp.file.sync_all().map_err(|e| {
