@@ -132,6 +132,22 @@ struct OpMeta {
     internal: bool,
 }
 
+impl OpMeta {
+    /// An application request: `slots` are (send-ring slot claimed,
+    /// read-ring slot claimed, READ length).
+    #[inline]
+    fn posted(opcode: SendOpcode, signaled: bool, slots: (bool, bool, u32)) -> OpMeta {
+        OpMeta {
+            opcode: Some(opcode.completion_opcode()),
+            signaled,
+            send_slot: slots.0,
+            read_slot: slots.1,
+            read_len: slots.2,
+            internal: false,
+        }
+    }
+}
+
 /// Counters of everything that completed, for accounting and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -544,14 +560,7 @@ impl Connection {
             self.read_cursor.head -= u64::from(slots.1);
             return Err(e);
         }
-        self.meta[meta_index(&self.meta, seq)] = OpMeta {
-            opcode: Some(opcode.completion_opcode()),
-            signaled,
-            send_slot: slots.0,
-            read_slot: slots.1,
-            read_len: slots.2,
-            internal: false,
-        };
+        self.meta[meta_index(&self.meta, seq)] = OpMeta::posted(opcode, signaled, slots);
         self.stats.posted += 1;
         self.stats.doorbells += 1;
         Ok(seq)
@@ -1231,14 +1240,7 @@ impl<'c, 'd> Batch<'c, 'd> {
             self.sq.rollback(seq);
             return Err(e);
         }
-        self.meta[meta_index(self.meta, seq)] = OpMeta {
-            opcode: Some(opcode.completion_opcode()),
-            signaled,
-            send_slot: slots.0,
-            read_slot: slots.1,
-            read_len: slots.2,
-            internal: false,
-        };
+        self.meta[meta_index(self.meta, seq)] = OpMeta::posted(opcode, signaled, slots);
         Ok(seq)
     }
 
