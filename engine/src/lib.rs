@@ -31,6 +31,12 @@
 //! # Ok::<(), pinpoll::Error>(())
 //! ```
 //!
+//! Three ways to post, from the leanest: `try_send`/`try_write`/`try_read`
+//! post one request now or refuse with [`Error::Full`] (reap, then retry);
+//! `send`/`write`/`read` wait for room (bounded); [`Connection::batch`]
+//! gathers up to `batch_size` requests for one doorbell. `try_recv` polls
+//! for a message once; `recv` waits for one.
+//!
 //! Engine mode: a worker thread, pinned to `cfg.core`, owns the connection;
 //! any one application thread hands it work through lock-free queues.
 //!
