@@ -189,9 +189,13 @@ if [ -n "$filexfer" ]; then
         # fsynced, in place", without process start and connection set-up
         # (ib_write_bw's figure leaves those out too).
         taskset -c 0 "$filexfer" serve --dir "$fxdir/dst" --count 1 -p "$port" \
-            --core 0 -q > "$run_dir/filexfer.server.$r.txt" 2>&1 &
+            --core 0 > "$run_dir/filexfer.server.$r.txt" 2>&1 &
         fpid=$!
-        sleep 2
+        # Until it listens (process start is slow under TCG), at most 60 s.
+        for _ in $(seq 240); do
+            grep -q "listening on" "$run_dir/filexfer.server.$r.txt" && break
+            sleep 0.25
+        done
         if timeout 300 taskset -c 1 "$filexfer" send "$addr" "$file" -p "$port" --core 1 \
             > "$run_dir/filexfer.$r.txt" 2>&1 &&
             secs=$(sed -n 's/.* bytes in \([0-9.]*\) s .*/\1/p' "$run_dir/filexfer.$r.txt") &&
