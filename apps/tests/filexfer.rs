@@ -202,6 +202,52 @@ fn killing_the_client_mid_transfer_leaves_no_file_and_the_server_goes_on() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
+fn wait_for_file_sends_a_file_that_appears_later_over_the_idle_connection() {
+    let _g = serial();
+    let src = Scratch::new("src");
+    let dst = Scratch::new("dst");
+    let server = start_server(&dst, &["--count", "2"]);
+    let port = server.port_arg();
+    let host = addr4();
+    let later = src.join("later.bin");
+    let path = later.display().to_string();
+    let args = [
+        "send",
+        host.as_str(),
+        path.as_str(),
+        "--port",
+        port.as_str(),
+        "--timeout",
+        "20",
+        "--wait-for-file",
+        "15",
+    ];
+    let client = Running::spawn(common::command(FILEXFER, &args));
+    client
+        .wait_for_line(|l| l.starts_with("waiting up to 15 s for "))
+        .expect("the client connected and waits");
+    // Written under another name, renamed into place when complete.
+    random_file(&src.join("writing.tmp"), 3 * SLOT_SIZE as usize + 17, 21);
+    std::fs::rename(src.join("writing.tmp"), &later).unwrap();
+    let out = client.finish();
+    out.assert_ok("client");
+    assert_eq!(sha256(&dst.join("later.bin")), sha256(&later));
+
+    // A file that never appears: one clear error, nothing on the server.
+    let never = src.join("never.bin").display().to_string();
+    let mut args = args;
+    args[2] = never.as_str();
+    args[8] = "1";
+    let out = run_bounded(FILEXFER, &args, BOUND);
+    let line = out.one_error_line("client");
+    assert!(line.contains("did not appear within --wait-for-file 1 s"), "{line}");
+    let done = server.finish();
+    assert!(done.stderr.contains("error: client"), "{done:#?}");
+    assert_eq!(dst.names(), ["later.bin"]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
 fn a_busy_server_refuses_extra_clients() {
     let _g = serial();
     let src = Scratch::new("src");

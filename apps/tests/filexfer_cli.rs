@@ -40,6 +40,9 @@ fn help_explains_every_flag() {
         "{}",
         send.stdout
     );
+    for text in ["--wait-for-file <SECONDS>", "Heartbeats watch the idle connection"] {
+        assert!(send.stdout.contains(text), "{text} missing: {}", send.stdout);
+    }
 }
 
 #[test]
@@ -51,6 +54,9 @@ fn bad_command_lines_exit_2_with_one_line() {
         &["serve", "--max-clients", "0"][..],
         &["serve", "--port", "70000"][..],
         &["send", "h", "f", "--timeout", "0"][..],
+        &["send", "h", "f", "--wait-for-file", "0"][..],
+        &["send", "h", "f", "--wait-for-file", "soon"][..],
+        &["send", "h", "f", "--wait-for-file", "5", "--classic"][..],
         &["frob"][..],
     ] {
         let out = run_bounded(FILEXFER, args, BOUND);
@@ -101,6 +107,35 @@ fn the_client_refuses_bad_names_before_connecting() {
         out.one_error_line("missing").contains("opening"),
         "{out:#?}"
     );
+}
+
+#[test]
+fn wait_for_file_connects_before_it_needs_the_file() {
+    // Without a device or a server the connection fails; with
+    // --wait-for-file that is the first thing tried, not opening the file.
+    let dir = Scratch::new("wait");
+    let missing = dir.join("later.bin").display().to_string();
+    let out = run_bounded(
+        FILEXFER,
+        &[
+            "send",
+            "169.254.0.99",
+            &missing,
+            "--wait-for-file",
+            "5",
+            "--timeout",
+            "2",
+        ],
+        BOUND,
+    );
+    let line = out.one_error_line("--wait-for-file");
+    assert!(!line.contains("opening"), "{line}");
+    assert!(
+        line.contains("connecting to") || line.contains("no RDMA device"),
+        "{line}"
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(dir.names().is_empty(), "{:?}", dir.names());
 }
 
 #[test]

@@ -7,9 +7,10 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use pinpoll_apps::cli::CommonArgs;
+use pinpoll_apps::cli::{parse_timeout, CommonArgs};
 use pinpoll_apps::filexfer::client::{self, SendOptions};
 use pinpoll_apps::filexfer::server::{self, ServeOptions};
 use pinpoll_apps::filexfer::DEFAULT_PORT;
@@ -95,6 +96,14 @@ enum Command {
         /// checksums: integrity rests on the link's own CRCs).
         #[arg(long)]
         classic: bool,
+        /// Connect first, then wait up to SECONDS for FILE to appear (e.g.
+        /// renamed into place by the job that writes it) and send it at
+        /// once. Heartbeats watch the idle connection meanwhile: a server
+        /// that dies or leaves ends the wait with an error. The server
+        /// drops a client that stays silent past its own --timeout, so
+        /// keep SECONDS below that.
+        #[arg(long, value_name = "SECONDS", value_parser = parse_timeout, conflicts_with = "classic")]
+        wait_for_file: Option<Duration>,
     },
 }
 
@@ -155,6 +164,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             host,
             file,
             classic,
+            wait_for_file,
         } => client::send(
             &SendOptions {
                 host,
@@ -163,6 +173,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 hugepages: cli.hugepages,
                 core: cli.core,
                 classic,
+                wait_for_file,
             },
             &cli.common,
             out,

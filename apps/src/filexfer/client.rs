@@ -4,7 +4,7 @@ use std::fs::File;
 use std::io::IsTerminal as _;
 use std::os::unix::fs::FileExt as _;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -32,6 +32,8 @@ pub struct SendOptions {
     pub core: Option<usize>,
     /// Speak the classic rdma-file-transfer protocol.
     pub classic: bool,
+    /// Connect first, then wait up to this long for the file to appear.
+    pub wait_for_file: Option<Duration>,
 }
 
 /// The file's name as sent: its last path component, under the rules of
@@ -51,12 +53,13 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
     let path = &opts.file;
     let name = wire_name(path)?;
     let shown = printable(name.as_bytes());
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let meta = file
-        .metadata()
-        .with_context(|| format!("reading {}", path.display()))?;
-    ensure!(meta.is_file(), "{}: not a regular file", path.display());
-    let size = meta.len();
+    // With --wait-for-file the file is opened once it appears, after
+    // connecting; otherwise a missing or unreadable file fails here, before
+    // any connection exists.
+    let mut source = match opts.wait_for_file {
+        Some(_) => None,
+        None => Some(open_source(path)?),
+    };
     pin(opts.core)?;
 
     let cfg = engine_config(common.timeout, opts.hugepages);
@@ -66,6 +69,10 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
         device_exists(device)?;
     }
     if opts.classic {
+        ensure!(
+            source.is_some(),
+            "--wait-for-file cannot be used with --classic"
+        );
         return crate::filexfer::classic::send(
             path,
             &name,
@@ -104,6 +111,17 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
     ))?;
     let link = |e| explain_link(e, "server");
     let timeout = common.timeout;
+
+    if let Some(limit) = opts.wait_for_file {
+        out.progress(format_args!(
+            "waiting up to {} s for {} to appear",
+            limit.as_secs_f64(),
+            path.display()
+        ))?;
+        wait_for_file(&mut conn, path, limit)?;
+        source = Some(open_source(path)?);
+    }
+    let (file, size) = source.expect("the file is open by now");
 
     let began = Instant::now();
     send_and_wait(
@@ -247,6 +265,49 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
     }
     out.progress(format_args!("sent {shown}: {}", summary(size, elapsed)))?;
     Ok(())
+}
+
+/// Opens the file to send: a regular file, and its size.
+fn open_source(path: &Path) -> anyhow::Result<(File, u64)> {
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let meta = file
+        .metadata()
+        .with_context(|| format!("reading {}", path.display()))?;
+    ensure!(meta.is_file(), "{}: not a regular file", path.display());
+    Ok((file, meta.len()))
+}
+
+/// Holds the connection idle until `path` exists, at most `limit`. The
+/// connection is watched meanwhile: heartbeats (the engine profile's
+/// interval and misses) expose a server that died or became unreachable,
+/// and rdma_cm or the device reports a server that left or a port that
+/// failed; each ends the wait with that error.
+fn wait_for_file(conn: &mut Connection, path: &Path, limit: Duration) -> anyhow::Result<()> {
+    const NAP: Duration = Duration::from_millis(20);
+    let link = |e| explain_link(e, "server");
+    let what = || format!("waiting for {} to appear", path.display());
+    let deadline = Instant::now() + limit;
+    loop {
+        match std::fs::metadata(path) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(what),
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "{} did not appear within --wait-for-file {} s; nothing was sent",
+                path.display(),
+                limit.as_secs_f64()
+            );
+        }
+        conn.reap().map_err(link).with_context(what)?;
+        if conn.peer_gone().map_err(link).with_context(what)? {
+            let err = conn.endpoint().end_error();
+            return Err(link(err)).with_context(what);
+        }
+        conn.keepalive().map_err(link).with_context(what)?;
+        std::thread::sleep(NAP);
+    }
 }
 
 /// A progress bar with rate and ETA on stderr, only when stderr is a
