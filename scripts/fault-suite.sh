@@ -40,10 +40,12 @@ serve() { # PROGRAM ARGS...
 
 # Waits (bounded) for a server job's end and prints its output; a server
 # still running after 90 s is killed and the wait fails.
+# (The status is the server's own: 124 only when the wait ran out.)
 finish() { # JOB
-    if timeout 90 pinpoll-peer-wait 1 "$1"; then return 0; fi
-    local rc=$?
-    pinpoll-peer-kill 1 "$1" KILL >/dev/null 2>&1
+    local rc
+    timeout 90 pinpoll-peer-wait 1 "$1"
+    rc=$?
+    [ "$rc" -eq 0 ] || pinpoll-peer-kill 1 "$1" KILL >/dev/null 2>&1
     return "$rc"
 }
 
