@@ -11,6 +11,15 @@ use crate::error::{Error, Result};
 /// Polls between two reads of the clock.
 pub(crate) const SPINS_PER_CLOCK_CHECK: u32 = 64;
 
+/// A wait that has lasted this long yields the CPU at every clock check.
+/// By then what it waits for is the peer or the kernel's own work — on
+/// SoftRoCE the packet processing itself, in softirq context that runs in
+/// ksoftirqd under load — and a thread that only spins would starve it
+/// whenever spinning threads outnumber cores (filexfer's server runs one
+/// per client). A yield with nothing else runnable returns at once, and
+/// the fast path, whose waits end sooner, never gets here.
+pub(crate) const YIELD_AFTER: Duration = Duration::from_millis(1);
+
 /// One bounded wait for `what`.
 #[derive(Debug)]
 pub(crate) struct BoundedWait {
@@ -51,6 +60,9 @@ impl BoundedWait {
                 waited,
             });
         }
+        if waited >= YIELD_AFTER {
+            std::thread::yield_now();
+        }
         Ok(Some(waited))
     }
 }
@@ -76,5 +88,23 @@ mod tests {
             .filter(|_| w.tick().unwrap().is_some())
             .count();
         assert_eq!(clock_reads, 10);
+    }
+
+    #[test]
+    fn a_long_wait_still_ends_in_its_timeout() {
+        // Past YIELD_AFTER every clock check yields; the deadline holds.
+        let mut w = BoundedWait::new(YIELD_AFTER * 3, "a long wait");
+        let err = loop {
+            if let Err(e) = w.tick() {
+                break e;
+            }
+        };
+        match err {
+            Error::Timeout { what, waited } => {
+                assert_eq!(what, "a long wait");
+                assert!(waited >= YIELD_AFTER * 3, "{waited:?}");
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
     }
 }

@@ -604,16 +604,23 @@ pub fn send_and_wait(
 /// so one more request always has room in the send queue and ring.
 pub fn settle(conn: &mut Connection, timeout: Duration, peer: &str) -> anyhow::Result<()> {
     let limit = u64::from(crate::filexfer::BATCH);
-    let deadline = Instant::now() + timeout;
+    let began = Instant::now();
+    let deadline = began + timeout;
     let mut spins = 0u32;
     while conn.outstanding() >= limit {
         if conn.reap().map_err(|e| explain_link(e, peer))? == 0 {
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(64) {
-                if Instant::now() >= deadline {
+                let now = Instant::now();
+                if now >= deadline {
                     bail!("timed out waiting for send completions (--timeout); is the {peer} stuck or gone?");
                 }
                 conn.peer_gone().map_err(|e| explain_link(e, peer))?;
+                // As the engine's own waits do: after a millisecond, let
+                // the kernel's network work (rxe) and other threads run.
+                if now - began >= Duration::from_millis(1) {
+                    std::thread::yield_now();
+                }
             }
             std::hint::spin_loop();
         }
