@@ -389,10 +389,11 @@ impl Connection {
     #[inline]
     pub fn send(&mut self, data: &[u8]) -> Result<u64> {
         self.make_room()?;
-        let mut b = self.batch();
-        let seq = b.send(data)?;
-        b.post()?;
-        Ok(seq)
+        let posted = {
+            let mut b = self.batch();
+            b.send(data).and_then(|seq| b.post().map(|_| seq))
+        };
+        posted.map_err(|e| self.ended_error(e))
     }
 
     /// RDMA WRITE `data` to `remote_offset` of the peer's target ring, with
@@ -400,10 +401,12 @@ impl Connection {
     #[inline]
     pub fn write(&mut self, data: &[u8], remote_offset: u64, imm: Option<u32>) -> Result<u64> {
         self.make_room()?;
-        let mut b = self.batch();
-        let seq = b.write(data, remote_offset, imm)?;
-        b.post()?;
-        Ok(seq)
+        let posted = {
+            let mut b = self.batch();
+            b.write(data, remote_offset, imm)
+                .and_then(|seq| b.post().map(|_| seq))
+        };
+        posted.map_err(|e| self.ended_error(e))
     }
 
     /// RDMA READ `len` bytes at `remote_offset` of the peer's target ring,
@@ -507,8 +510,31 @@ impl Connection {
             }
         })?;
         match failure {
-            Some(e) => Err(Error::Completion(e)),
+            Some(e) => Err(self.completion_error(e)),
             None => Ok(n),
+        }
+    }
+
+    /// The error for a failed work completion. A flush after the
+    /// connection ended under this side — the peer left, or a device event
+    /// (port error, device removal) — is reported as that end: the flush
+    /// is only its consequence. Pending rdma_cm and device events are read
+    /// first, so the cause is known even if no wait has looked yet.
+    fn completion_error(&mut self, wc: WcError) -> Error {
+        if wc.status == WcStatus::WR_FLUSH_ERR {
+            let _ = self.ep.peer_gone();
+            if self.ep.was_disconnected() {
+                return self.ep.end_error();
+            }
+        }
+        Error::Completion(wc)
+    }
+
+    /// [`completion_error`](Self::completion_error) for any error.
+    fn ended_error(&mut self, err: Error) -> Error {
+        match err {
+            Error::Completion(wc) => self.completion_error(wc),
+            err => err,
         }
     }
 
@@ -518,7 +544,7 @@ impl Connection {
         let mut wait = BoundedWait::new(self.completion_timeout, "a send completion");
         while !self.is_retired(seq) {
             if let Some(f) = self.failure {
-                return Err(Error::Completion(f));
+                return Err(self.completion_error(f));
             }
             self.reap()?;
             if let Some(waited) = wait.tick()? {
@@ -786,7 +812,7 @@ impl Connection {
         let mut wait = BoundedWait::new(self.completion_timeout, "a message from the peer");
         loop {
             if let Some(f) = self.failure {
-                return Err(Error::Completion(f));
+                return Err(self.completion_error(f));
             }
             let got = self.ep.poll_recv(&mut self.wcs[..1])?.len();
             if got == 1 {
@@ -807,9 +833,8 @@ impl Connection {
                             self.poll_send(&mut |_| {})?;
                         }
                         return Err(match self.failure {
-                            Some(cause) => Error::Completion(cause),
-                            None if self.ep.was_disconnected() => self.ep.end_error(),
-                            None => Error::Completion(err),
+                            Some(cause) => self.completion_error(cause),
+                            None => self.completion_error(err),
                         });
                     }
                     if self.failure.is_none() {
