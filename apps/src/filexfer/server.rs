@@ -104,6 +104,8 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
         show_addr(listener.local_addr().or(Some(addr)))
     ))?;
     let active = Arc::new(AtomicUsize::new(0));
+    // Set by a transfer that ended because its RDMA device went away.
+    let device_lost: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
     let serial = Arc::new(AtomicU64::new(0));
     let (done_tx, done_rx) = mpsc::channel::<bool>();
     let mut threads = Vec::new();
@@ -113,7 +115,10 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
             *failed += u64::from(!ok);
         }
     };
-    while !matches!(opts.count, Some(n) if served >= n) && !shutdown.requested() {
+    while !matches!(opts.count, Some(n) if served >= n)
+        && !shutdown.requested()
+        && lost(&device_lost).is_none()
+    {
         collect(&done_rx, &mut failed);
         let mut req = match crate::session::next_request(&listener, &cfg.qp)? {
             Incoming::Request(req) => *req,
@@ -188,6 +193,7 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
             out,
         };
         let (active, done_tx, core) = (Arc::clone(&active), done_tx.clone(), opts.core);
+        let device_lost = Arc::clone(&device_lost);
         let spawned = std::thread::Builder::new()
             .name(format!("filexfer {peer}"))
             .spawn(move || {
@@ -206,6 +212,11 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
                     Ok(()) => true,
                     Err(err) => {
                         eprintln!("error: client {}: {}", job.peer, error_line(&err));
+                        if let Some(why) = device_gone(&err) {
+                            if let Ok(mut lost) = device_lost.lock() {
+                                lost.get_or_insert(why);
+                            }
+                        }
                         false
                     }
                 };
@@ -229,10 +240,36 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
     if shutdown.requested() {
         out.progress(format_args!("interrupted: served {served} client(s)"))?;
     }
+    if let Some(why) = lost(&device_lost) {
+        // The failed transfer said why in its error line. Staying up would
+        // keep the dead device open, and removing a device (`rdma link
+        // delete`) waits until every process has let go of it.
+        out.progress(format_args!(
+            "stopping: {why}; start the server again once the device is back"
+        ))?;
+    }
     if failed > 0 {
         return Err(AlreadyReported.into());
     }
     Ok(())
+}
+
+fn lost(device_lost: &std::sync::Mutex<Option<String>>) -> Option<String> {
+    device_lost.lock().ok().and_then(|l| l.clone())
+}
+
+/// Whether `err` says the RDMA device itself went away (removed, or a
+/// fatal device error) — not a port that may come back — and if so, which.
+fn device_gone(err: &anyhow::Error) -> Option<String> {
+    err.chain()
+        .find_map(|cause| match cause.downcast_ref::<pinpoll::Error>() {
+            Some(pinpoll::Error::DeviceEvent { device, event })
+                if event.contains("DEVICE_REMOVAL") || event.contains("DEVICE_FATAL") =>
+            {
+                Some(format!("RDMA device {device} reported {event}"))
+            }
+            _ => None,
+        })
 }
 
 /// What a connection was prepared for.
