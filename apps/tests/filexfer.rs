@@ -240,7 +240,10 @@ fn wait_for_file_sends_a_file_that_appears_later_over_the_idle_connection() {
     args[8] = "1";
     let out = run_bounded(FILEXFER, &args, BOUND);
     let line = out.one_error_line("client");
-    assert!(line.contains("did not appear within --wait-for-file 1 s"), "{line}");
+    assert!(
+        line.contains("did not appear within --wait-for-file 1 s"),
+        "{line}"
+    );
     let done = server.finish();
     assert!(done.stderr.contains("error: client"), "{done:#?}");
     assert_eq!(dst.names(), ["later.bin"]);

@@ -40,8 +40,15 @@ fn help_explains_every_flag() {
         "{}",
         send.stdout
     );
-    for text in ["--wait-for-file <SECONDS>", "Heartbeats watch the idle connection"] {
-        assert!(send.stdout.contains(text), "{text} missing: {}", send.stdout);
+    for text in [
+        "--wait-for-file <SECONDS>",
+        "Heartbeats watch the idle connection",
+    ] {
+        assert!(
+            send.stdout.contains(text),
+            "{text} missing: {}",
+            send.stdout
+        );
     }
 }
 
