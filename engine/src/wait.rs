@@ -20,6 +20,14 @@ pub(crate) const SPINS_PER_CLOCK_CHECK: u32 = 64;
 /// the fast path, whose waits end sooner, never gets here.
 pub(crate) const YIELD_AFTER: Duration = Duration::from_millis(1);
 
+/// A wait that has lasted this long sleeps [`NAP`] at every clock check
+/// instead: a yield only helps threads the scheduler would pick, and with
+/// several spinners per core the kernel's work still waited its turn. The
+/// wait then notices what it waits for at most a nap late — nothing next to
+/// the 10 ms already spent.
+pub(crate) const NAP_AFTER: Duration = Duration::from_millis(10);
+pub(crate) const NAP: Duration = Duration::from_micros(50);
+
 /// One bounded wait for `what`.
 #[derive(Debug)]
 pub(crate) struct BoundedWait {
@@ -60,7 +68,9 @@ impl BoundedWait {
                 waited,
             });
         }
-        if waited >= YIELD_AFTER {
+        if waited >= NAP_AFTER {
+            std::thread::sleep(NAP);
+        } else if waited >= YIELD_AFTER {
             std::thread::yield_now();
         }
         Ok(Some(waited))
@@ -92,8 +102,9 @@ mod tests {
 
     #[test]
     fn a_long_wait_still_ends_in_its_timeout() {
-        // Past YIELD_AFTER every clock check yields; the deadline holds.
-        let mut w = BoundedWait::new(YIELD_AFTER * 3, "a long wait");
+        // Past YIELD_AFTER every clock check yields, past NAP_AFTER it
+        // sleeps; the deadline holds.
+        let mut w = BoundedWait::new(NAP_AFTER * 2, "a long wait");
         let err = loop {
             if let Err(e) = w.tick() {
                 break e;
@@ -102,7 +113,7 @@ mod tests {
         match err {
             Error::Timeout { what, waited } => {
                 assert_eq!(what, "a long wait");
-                assert!(waited >= YIELD_AFTER * 3, "{waited:?}");
+                assert!(waited >= NAP_AFTER * 2, "{waited:?}");
             }
             other => panic!("expected a timeout, got {other:?}"),
         }

@@ -654,8 +654,12 @@ pub fn settle(conn: &mut Connection, timeout: Duration, peer: &str) -> anyhow::R
                 }
                 conn.peer_gone().map_err(|e| explain_link(e, peer))?;
                 // As the engine's own waits do: after a millisecond, let
-                // the kernel's network work (rxe) and other threads run.
-                if now - began >= Duration::from_millis(1) {
+                // the kernel's network work (rxe) and other threads run;
+                // after 10 ms, nap.
+                let waited = now - began;
+                if waited >= Duration::from_millis(10) {
+                    std::thread::sleep(Duration::from_micros(50));
+                } else if waited >= Duration::from_millis(1) {
                     std::thread::yield_now();
                 }
             }
