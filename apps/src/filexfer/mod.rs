@@ -66,9 +66,19 @@ pub fn chunk_len(slot_size: u32) -> u64 {
 /// The data bytes of every chunk but the last with the default geometry.
 pub const CHUNK: u64 = SLOT_SIZE as u64 - TRAILER as u64;
 
+/// Heartbeats a peer may leave unanswered (see [`engine_config`]).
+pub const HEARTBEAT_MISSES: u32 = 3;
+
 /// The engine configuration of both sides: `SLOTS` slots of `SLOT_SIZE`
 /// bytes, receive queues deep enough for every chunk in flight plus the
 /// control messages, every wait bounded by `timeout`.
+///
+/// `timeout` (`--timeout`) is also what a silent peer is given: an idle
+/// connection sends a heartbeat every `timeout / HEARTBEAT_MISSES` and
+/// declares the peer dead once one stays unanswered for `timeout`. A fixed
+/// short heartbeat would call a live but stalled peer dead sooner than the
+/// user allowed — as happened on busy 2-vCPU test guests, whose kernels
+/// did not acknowledge within the engine's default 3 s.
 pub fn engine_config(timeout: Duration, hugepages: bool) -> EngineConfig {
     EngineConfig {
         qp: QpConfig {
@@ -93,7 +103,8 @@ pub fn engine_config(timeout: Duration, hugepages: bool) -> EngineConfig {
         idle: IdlePolicy::Spin,
         handoff_depth: 1024,
         completion_timeout: timeout,
-        ..EngineConfig::default()
+        heartbeat_interval: Some(timeout / HEARTBEAT_MISSES),
+        heartbeat_misses: HEARTBEAT_MISSES,
     }
 }
 
@@ -138,5 +149,27 @@ pub fn explain_link(err: pinpoll::Error, peer: &str) -> anyhow::Error {
     match hint {
         Some(hint) => anyhow::Error::new(err).context(hint),
         None => err.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_silent_peer_gets_the_whole_timeout() {
+        for secs in [1, 10, 60] {
+            let timeout = Duration::from_secs(secs);
+            let cfg = engine_config(timeout, false);
+            cfg.validate().unwrap();
+            assert_eq!(cfg.completion_timeout, timeout);
+            let interval = cfg.heartbeat_interval.expect("heartbeats on");
+            // Up to a nanosecond per heartbeat lost to integer division.
+            let dead_after = interval * cfg.heartbeat_misses;
+            assert!(
+                timeout - dead_after < Duration::from_nanos(3),
+                "{dead_after:?}"
+            );
+        }
     }
 }
