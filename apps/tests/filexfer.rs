@@ -251,6 +251,48 @@ fn wait_for_file_sends_a_file_that_appears_later_over_the_idle_connection() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
+fn a_server_finishing_its_count_refuses_newcomers_at_once() {
+    let _g = serial();
+    let src = Scratch::new("src");
+    let dst = Scratch::new("dst");
+    random_file(&src.join("late.bin"), 1000, 31);
+    let server = start_server(&dst, &["--count", "1"]);
+    // The one transfer this server serves holds its connection idle.
+    let (port, host) = (server.port_arg(), addr4());
+    let held = src.join("held.bin").display().to_string();
+    let args = [
+        "send",
+        host.as_str(),
+        held.as_str(),
+        "--port",
+        port.as_str(),
+        "--timeout",
+        "20",
+        "--wait-for-file",
+        "15",
+    ];
+    let first = Running::spawn(common::command(FILEXFER, &args));
+    first
+        .wait_for_line(|l| l.starts_with("waiting up to"))
+        .expect("the first client connected");
+    // --count is reached: a newcomer is refused at once, not left to time out.
+    let out = send(&server, &src.join("late.bin"), &[]);
+    let line = out.one_error_line("newcomer");
+    assert!(line.contains("server busy: finishing"), "{line}");
+    random_file(&src.join("held.tmp"), 5000, 32);
+    std::fs::rename(src.join("held.tmp"), src.join("held.bin")).unwrap();
+    first.finish().assert_ok("first client");
+    let done = server.finish();
+    done.assert_ok("server");
+    assert!(
+        done.stdout.contains("refused, server finishing"),
+        "{done:#?}"
+    );
+    assert_eq!(dst.names(), ["held.bin"]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
 fn a_busy_server_refuses_extra_clients() {
     let _g = serial();
     let src = Scratch::new("src");

@@ -231,6 +231,28 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
             }
         }
     }
+    // Clients that come while the last transfers finish (--count reached,
+    // a signal, a lost device) are told so at once, not left to time out
+    // on a listener that nobody answers.
+    while active.load(Ordering::SeqCst) > 0 {
+        match crate::session::next_request(&listener, &cfg.qp) {
+            Ok(Incoming::Request(req)) => {
+                let peer = show_addr(req.peer_addr());
+                let reason =
+                    "server busy: finishing its last transfers, it accepts no more; try again later\0";
+                if let Err(err) = req.reject(reason.as_bytes()) {
+                    tracing::warn!(error = %err, "rejecting a client failed");
+                }
+                out.progress(format_args!("client {peer}: refused, server finishing"))?;
+            }
+            Ok(Incoming::Idle | Incoming::Refused) => {}
+            Err(err) => {
+                tracing::warn!(error = %err, "waiting for clients while finishing");
+                break;
+            }
+        }
+    }
+    drop(listener);
     for handle in threads {
         if handle.join().is_err() {
             failed += 1;
