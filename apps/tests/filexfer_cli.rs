@@ -23,6 +23,7 @@ fn help_explains_every_flag() {
         "--core",
         "--quiet",
         "--timeout",
+        "--profile <NAME>",
     ] {
         assert!(top.stdout.contains(flag), "{flag} missing: {}", top.stdout);
     }
@@ -143,6 +144,49 @@ fn wait_for_file_connects_before_it_needs_the_file() {
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(dir.names().is_empty(), "{:?}", dir.names());
+}
+
+#[test]
+fn a_profile_that_does_not_exist_is_one_error_line() {
+    let dir = Scratch::new("profile");
+    for args in [
+        &[
+            "serve",
+            "--dir",
+            dir.str(),
+            "--port",
+            "0",
+            "--profile",
+            "nosuch",
+        ][..],
+        &["send", "169.254.0.1", dir.str(), "--profile", "nosuch"][..],
+    ] {
+        let out = run_bounded(FILEXFER, args, BOUND);
+        let line = out.one_error_line("--profile nosuch");
+        assert!(
+            line.starts_with("error: --profile: ") && line.contains("no profile named \"nosuch\""),
+            "{line}"
+        );
+        assert_eq!(out.status.code(), Some(1));
+    }
+    // A real one loads: the failure is then the connection's.
+    std::fs::write(dir.join("f.bin"), b"x").unwrap();
+    let file = dir.join("f.bin").display().to_string();
+    let out = run_bounded(
+        FILEXFER,
+        &[
+            "send",
+            "169.254.0.99",
+            &file,
+            "--profile",
+            "softroce",
+            "--timeout",
+            "1",
+        ],
+        BOUND,
+    );
+    let line = out.one_error_line("--profile softroce");
+    assert!(!line.contains("--profile"), "{line}");
 }
 
 #[test]

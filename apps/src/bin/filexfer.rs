@@ -9,7 +9,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use pinpoll::EngineConfig;
 use pinpoll_apps::cli::{parse_timeout, CommonArgs};
 use pinpoll_apps::filexfer::client::{self, SendOptions};
 use pinpoll_apps::filexfer::server::{self, ServeOptions};
@@ -49,6 +51,15 @@ struct Cli {
     /// transfer's thread).
     #[arg(long, value_name = "N", global = true)]
     core: Option<usize>,
+
+    /// Tuning profile for the transport: the QP's ACK timeout, retry
+    /// count and RNR retry count of a profile in tuning/profiles/ (e.g.
+    /// `softroce`, whose longer ACK timeout spares a stalling SoftRoCE
+    /// guest spurious retransmissions) or of a .toml file. Its other keys
+    /// do not apply: the chunk geometry is the protocol's, and --timeout
+    /// bounds the waits and heartbeats.
+    #[arg(long, value_name = "NAME", global = true)]
+    profile: Option<String>,
 
     #[command(flatten)]
     common: CommonArgs,
@@ -139,6 +150,12 @@ fn init_logging(quiet: bool) {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     let out = Output::new(cli.common.quiet);
+    let profile = cli
+        .profile
+        .as_deref()
+        .map(EngineConfig::load)
+        .transpose()
+        .context("--profile")?;
     match cli.command {
         Command::Serve {
             dir,
@@ -156,6 +173,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 count,
                 overwrite,
                 core: cli.core,
+                profile,
             },
             &cli.common,
             out,
@@ -174,6 +192,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 core: cli.core,
                 classic,
                 wait_for_file,
+                profile,
             },
             &cli.common,
             out,

@@ -18,7 +18,9 @@ use crate::cli::{socket_addr, CommonArgs};
 use crate::filexfer::name;
 use crate::filexfer::protocol::{Msg, HELLO};
 use crate::filexfer::server::{send_and_wait, settle};
-use crate::filexfer::{chunk_len, engine_config, explain_link, pin, summary, BATCH, TRAILER};
+use crate::filexfer::{
+    chunk_len, engine_config, explain_link, pin, summary, with_transport, BATCH, TRAILER,
+};
 use crate::output::{printable, Output};
 use crate::session::{check_device, device_exists};
 
@@ -34,6 +36,8 @@ pub struct SendOptions {
     pub classic: bool,
     /// Connect first, then wait up to this long for the file to appear.
     pub wait_for_file: Option<Duration>,
+    /// Transport settings from a tuning profile (`--profile`).
+    pub profile: Option<pinpoll::EngineConfig>,
 }
 
 /// The file's name as sent: its last path component, under the rules of
@@ -62,7 +66,10 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
     };
     pin(opts.core)?;
 
-    let cfg = engine_config(common.timeout, opts.hugepages);
+    let cfg = with_transport(
+        engine_config(common.timeout, opts.hugepages),
+        opts.profile.as_ref(),
+    );
     cfg.validate()?;
     let addr = socket_addr(&opts.host, opts.port)?;
     if let Some(device) = &common.device {

@@ -108,6 +108,19 @@ pub fn engine_config(timeout: Duration, hugepages: bool) -> EngineConfig {
     }
 }
 
+/// `cfg` with the transport settings of a tuning profile (`--profile`):
+/// the QP's ACK timeout, retry count and RNR retry count. The rest of a
+/// profile does not apply: the chunk geometry is the protocol's, and
+/// `--timeout` bounds the waits and the heartbeats.
+pub fn with_transport(mut cfg: EngineConfig, profile: Option<&EngineConfig>) -> EngineConfig {
+    if let Some(p) = profile {
+        cfg.qp.timeout = p.qp.timeout;
+        cfg.qp.retry_count = p.qp.retry_count;
+        cfg.qp.rnr_retry = p.qp.rnr_retry;
+    }
+    cfg
+}
+
 /// Pins the calling thread to `core` (`--core`), if given.
 pub fn pin(core: Option<usize>) -> anyhow::Result<()> {
     let Some(core) = core else { return Ok(()) };
@@ -171,5 +184,22 @@ mod tests {
                 "{dead_after:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_profile_sets_only_the_transport() {
+        let base = engine_config(Duration::from_secs(10), false);
+        assert_eq!(with_transport(base.clone(), None), base);
+        let profile = EngineConfig::from_toml(
+            "qp_timeout = 17\nretry_count = 5\nrnr_retry = 3\nslot_size = 4096",
+        )
+        .unwrap();
+        let cfg = with_transport(base.clone(), Some(&profile));
+        assert_eq!(
+            (cfg.qp.timeout, cfg.qp.retry_count, cfg.qp.rnr_retry),
+            (17, 5, 3)
+        );
+        assert_eq!(cfg.slot_size, base.slot_size);
+        cfg.validate().unwrap();
     }
 }

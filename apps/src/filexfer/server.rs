@@ -19,7 +19,7 @@ use crate::cli::{show_addr, socket_addr, CommonArgs};
 use crate::filexfer::classic::ClassicSide;
 use crate::filexfer::name::{self, RESERVED_PREFIX};
 use crate::filexfer::protocol::{self, classify_hello, FailCode, Hello, Msg};
-use crate::filexfer::{engine_config, explain_link, pin, summary, TRAILER};
+use crate::filexfer::{engine_config, explain_link, pin, summary, with_transport, TRAILER};
 use crate::output::{printable, Output};
 use crate::run::{error_line, AlreadyReported};
 use crate::session::Incoming;
@@ -37,6 +37,8 @@ pub struct ServeOptions {
     pub count: Option<u64>,
     pub overwrite: bool,
     pub core: Option<usize>,
+    /// Transport settings from a tuning profile (`--profile`).
+    pub profile: Option<pinpoll::EngineConfig>,
 }
 
 /// A refusal the client is told about (`Fail{code, message}`).
@@ -96,7 +98,10 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
     }
     pin(opts.core)?;
     let shutdown = Shutdown::install()?;
-    let cfg = engine_config(common.timeout, opts.hugepages);
+    let cfg = with_transport(
+        engine_config(common.timeout, opts.hugepages),
+        opts.profile.as_ref(),
+    );
     cfg.validate()?;
     let listener = Listener::bind(addr).with_context(|| format!("listening on {addr}"))?;
     out.progress(format_args!(
