@@ -150,7 +150,8 @@ pub fn explain_link(err: pinpoll::Error, peer: &str) -> anyhow::Error {
     use pinpoll::WcStatus;
     let status = err.completion().map(|c| c.status);
     let hint = match (&err, status) {
-        (pinpoll::Error::Disconnected, _) | (_, Some(WcStatus::WR_FLUSH_ERR)) => {
+        (pinpoll::Error::Disconnected | pinpoll::Error::PeerLeft(_), _)
+        | (_, Some(WcStatus::WR_FLUSH_ERR)) => {
             Some(format!("the {peer} disconnected (did it stop or fail?)"))
         }
         (_, Some(WcStatus::RETRY_EXC_ERR)) => Some(format!("the {peer} stopped answering")),
@@ -184,6 +185,27 @@ mod tests {
                 "{dead_after:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_request_that_failed_as_the_peer_left_blames_the_departure() {
+        let wc = pinpoll::WcError {
+            wr_id: 166,
+            opcode: Some(pinpoll::WcOpcode::RDMA_WRITE),
+            status: pinpoll::WcStatus::REM_ACCESS_ERR,
+            vendor_err: 0,
+        };
+        let line = crate::run::error_line(&explain_link(pinpoll::Error::PeerLeft(wc), "server"));
+        assert!(
+            line.starts_with("the server disconnected (did it stop or fail?): the peer disconnected; a request in flight failed with it: work request 166 (RDMA_WRITE) failed: REM_ACCESS_ERR"),
+            "{line}"
+        );
+        // Without a departure the status speaks for itself.
+        let line = crate::run::error_line(&explain_link(pinpoll::Error::Completion(wc), "server"));
+        assert!(
+            line.starts_with("work request 166 (RDMA_WRITE) failed: REM_ACCESS_ERR"),
+            "{line}"
+        );
     }
 
     #[test]

@@ -20,6 +20,9 @@ const POLL_BATCH: usize = 32;
 /// A wait this long also asks rdma_cm whether the peer disconnected (a
 /// system call, so never on a wait that is about to succeed).
 const PEER_CHECK_AFTER: Duration = Duration::from_millis(1);
+/// How long an error completion that a departing peer causes waits for
+/// that peer's disconnect to arrive and name the cause.
+const PEER_LEFT_GRACE: Duration = Duration::from_millis(200);
 /// How long close waits for posted receives to come back flushed.
 const RECV_FLUSH_GRACE: Duration = Duration::from_millis(500);
 
@@ -525,6 +528,31 @@ impl Connection {
             let _ = self.ep.peer_gone();
             if self.ep.was_disconnected() {
                 return self.ep.end_error();
+            }
+        }
+        if matches!(
+            wc.status,
+            WcStatus::REM_ACCESS_ERR
+                | WcStatus::REM_OP_ERR
+                | WcStatus::REM_INV_REQ_ERR
+                | WcStatus::RETRY_EXC_ERR
+        ) {
+            // What a peer process that dies leaves behind (its kernel tears
+            // down its regions and QP while its disconnect is on the way)
+            // fails like this. A disconnect close behind names the cause;
+            // the status stays in the error.
+            let mut grace = BoundedWait::new(PEER_LEFT_GRACE, "the peer's disconnect");
+            loop {
+                let _ = self.ep.peer_gone();
+                if self.ep.was_disconnected() {
+                    return match self.ep.end_error() {
+                        Error::Disconnected => Error::PeerLeft(wc),
+                        other => other,
+                    };
+                }
+                if grace.tick().is_err() {
+                    break;
+                }
             }
         }
         Error::Completion(wc)
