@@ -569,17 +569,25 @@ impl Transfer {
                     format!("fsync of the server's directory failed: {e}"),
                 )
             })?;
-        send_and_wait(
+        // The file is verified, durable and in place: the transfer has
+        // succeeded here. The client disconnects as soon as it has read
+        // Complete, which can overtake the acknowledgement of Complete (a
+        // lost ACK, a retransmission): the send then ends in the client's
+        // departure. Only a client that never got Complete would know it
+        // failed, and it says so itself.
+        match send_and_wait(
             conn,
             &Msg::Complete { size }.encode(),
             self.cfg.completion_timeout,
             "client",
-        )?;
-        // The client disconnects once it has read Complete; wait for that
-        // (bounded) rather than racing it with a disconnect of our own.
-        match conn.recv() {
-            Ok(m) => tracing::debug!(len = m.len, "a message after Complete"),
-            Err(e) => tracing::debug!(error = %e, "the client left"),
+        ) {
+            // Wait (bounded) for the client's disconnect rather than race
+            // it with one of our own.
+            Ok(()) => match conn.recv() {
+                Ok(m) => tracing::debug!(len = m.len, "a message after Complete"),
+                Err(e) => tracing::debug!(error = %e, "the client left"),
+            },
+            Err(e) => tracing::debug!(error = %e, "Complete not acknowledged; the client left"),
         }
         self.out.progress(format_args!(
             "client {}: received {shown}: {}",
