@@ -103,6 +103,7 @@ chmod +x "$top/target/pinpoll-device-tests.sh"
 scripts/softroce-vm --timeout "${PINPOLL_TEST_TIMEOUT:-2400}" -- "$top/target/pinpoll-device-tests.sh" "$list"
 
 step "two-guest fault suite (scripts/softroce-vm --hosts 2)"
-# Faults that need a real link between two machines (tc netem, a peer with
-# no server, an address with no host); see scripts/fault-suite.sh.
-scripts/softroce-vm --hosts 2 --timeout "${PINPOLL_FAULT_TIMEOUT:-1200}" -- scripts/fault-suite.sh "$top/target/debug"
+# Faults that need a real link between two machines (tc netem, a peer
+# killed, stopped or restarted, a device deleted, too many clients, load);
+# see scripts/fault-suite.sh. About 25 minutes in the TCG guests.
+scripts/softroce-vm --hosts 2 --timeout "${PINPOLL_FAULT_TIMEOUT:-2700}" -- scripts/fault-suite.sh "$top/target/debug"

@@ -215,6 +215,97 @@ fn killing_the_client_mid_transfer_leaves_no_file_and_the_server_goes_on() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
+fn wait_for_file_sends_a_file_that_appears_later_over_the_idle_connection() {
+    let _g = serial();
+    let src = Scratch::new("src");
+    let dst = Scratch::new("dst");
+    let server = start_server(&dst, &["--count", "2"]);
+    let port = server.port_arg();
+    let host = addr4();
+    let later = src.join("later.bin");
+    let path = later.display().to_string();
+    let args = [
+        "send",
+        host.as_str(),
+        path.as_str(),
+        "--port",
+        port.as_str(),
+        "--timeout",
+        "20",
+        "--wait-for-file",
+        "15",
+    ];
+    let client = Running::spawn(common::command(FILEXFER, &args));
+    client
+        .wait_for_line(|l| l.starts_with("waiting up to 15 s for "))
+        .expect("the client connected and waits");
+    // Written under another name, renamed into place when complete.
+    random_file(&src.join("writing.tmp"), 3 * SLOT_SIZE as usize + 17, 21);
+    std::fs::rename(src.join("writing.tmp"), &later).unwrap();
+    let out = client.finish();
+    out.assert_ok("client");
+    assert_eq!(sha256(&dst.join("later.bin")), sha256(&later));
+
+    // A file that never appears: one clear error, nothing on the server.
+    let never = src.join("never.bin").display().to_string();
+    let mut args = args;
+    args[2] = never.as_str();
+    args[8] = "1";
+    let out = run_bounded(FILEXFER, &args, BOUND);
+    let line = out.one_error_line("client");
+    assert!(
+        line.contains("did not appear within --wait-for-file 1 s"),
+        "{line}"
+    );
+    let done = server.finish();
+    assert!(done.stderr.contains("error: client"), "{done:#?}");
+    assert_eq!(dst.names(), ["later.bin"]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_server_finishing_its_count_refuses_newcomers_at_once() {
+    let _g = serial();
+    let src = Scratch::new("src");
+    let dst = Scratch::new("dst");
+    random_file(&src.join("late.bin"), 1000, 31);
+    let server = start_server(&dst, &["--count", "1"]);
+    // The one transfer this server serves holds its connection idle.
+    let (port, host) = (server.port_arg(), addr4());
+    let held = src.join("held.bin").display().to_string();
+    let args = [
+        "send",
+        host.as_str(),
+        held.as_str(),
+        "--port",
+        port.as_str(),
+        "--timeout",
+        "20",
+        "--wait-for-file",
+        "15",
+    ];
+    let first = Running::spawn(common::command(FILEXFER, &args));
+    first
+        .wait_for_line(|l| l.starts_with("waiting up to"))
+        .expect("the first client connected");
+    // --count is reached: a newcomer is refused at once, not left to time out.
+    let out = send(&server, &src.join("late.bin"), &[]);
+    let line = out.one_error_line("newcomer");
+    assert!(line.contains("server busy: finishing"), "{line}");
+    random_file(&src.join("held.tmp"), 5000, 32);
+    std::fs::rename(src.join("held.tmp"), src.join("held.bin")).unwrap();
+    first.finish().assert_ok("first client");
+    let done = server.finish();
+    done.assert_ok("server");
+    assert!(
+        done.stdout.contains("refused, server finishing"),
+        "{done:#?}"
+    );
+    assert_eq!(dst.names(), ["held.bin"]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
 fn a_busy_server_refuses_extra_clients() {
     let _g = serial();
     let src = Scratch::new("src");

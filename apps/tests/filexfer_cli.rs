@@ -23,6 +23,7 @@ fn help_explains_every_flag() {
         "--core",
         "--quiet",
         "--timeout",
+        "--profile <NAME>",
     ] {
         assert!(top.stdout.contains(flag), "{flag} missing: {}", top.stdout);
     }
@@ -40,6 +41,16 @@ fn help_explains_every_flag() {
         "{}",
         send.stdout
     );
+    for text in [
+        "--wait-for-file <SECONDS>",
+        "Heartbeats watch the idle connection",
+    ] {
+        assert!(
+            send.stdout.contains(text),
+            "{text} missing: {}",
+            send.stdout
+        );
+    }
 }
 
 #[test]
@@ -51,6 +62,9 @@ fn bad_command_lines_exit_2_with_one_line() {
         &["serve", "--max-clients", "0"][..],
         &["serve", "--port", "70000"][..],
         &["send", "h", "f", "--timeout", "0"][..],
+        &["send", "h", "f", "--wait-for-file", "0"][..],
+        &["send", "h", "f", "--wait-for-file", "soon"][..],
+        &["send", "h", "f", "--wait-for-file", "5", "--classic"][..],
         &["frob"][..],
     ] {
         let out = run_bounded(FILEXFER, args, BOUND);
@@ -101,6 +115,78 @@ fn the_client_refuses_bad_names_before_connecting() {
         out.one_error_line("missing").contains("opening"),
         "{out:#?}"
     );
+}
+
+#[test]
+fn wait_for_file_connects_before_it_needs_the_file() {
+    // Without a device or a server the connection fails; with
+    // --wait-for-file that is the first thing tried, not opening the file.
+    let dir = Scratch::new("wait");
+    let missing = dir.join("later.bin").display().to_string();
+    let out = run_bounded(
+        FILEXFER,
+        &[
+            "send",
+            "169.254.0.99",
+            &missing,
+            "--wait-for-file",
+            "5",
+            "--timeout",
+            "2",
+        ],
+        BOUND,
+    );
+    let line = out.one_error_line("--wait-for-file");
+    assert!(!line.contains("opening"), "{line}");
+    assert!(
+        line.contains("connecting to") || line.contains("no RDMA device"),
+        "{line}"
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(dir.names().is_empty(), "{:?}", dir.names());
+}
+
+#[test]
+fn a_profile_that_does_not_exist_is_one_error_line() {
+    let dir = Scratch::new("profile");
+    for args in [
+        &[
+            "serve",
+            "--dir",
+            dir.str(),
+            "--port",
+            "0",
+            "--profile",
+            "nosuch",
+        ][..],
+        &["send", "169.254.0.1", dir.str(), "--profile", "nosuch"][..],
+    ] {
+        let out = run_bounded(FILEXFER, args, BOUND);
+        let line = out.one_error_line("--profile nosuch");
+        assert!(
+            line.starts_with("error: --profile: ") && line.contains("no profile named \"nosuch\""),
+            "{line}"
+        );
+        assert_eq!(out.status.code(), Some(1));
+    }
+    // A real one loads: the failure is then the connection's.
+    std::fs::write(dir.join("f.bin"), b"x").unwrap();
+    let file = dir.join("f.bin").display().to_string();
+    let out = run_bounded(
+        FILEXFER,
+        &[
+            "send",
+            "169.254.0.99",
+            &file,
+            "--profile",
+            "softroce",
+            "--timeout",
+            "1",
+        ],
+        BOUND,
+    );
+    let line = out.one_error_line("--profile softroce");
+    assert!(!line.contains("--profile"), "{line}");
 }
 
 #[test]

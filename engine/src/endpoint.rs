@@ -226,6 +226,14 @@ impl Endpoint {
             if matches!(ev.kind, event::DISCONNECTED | event::DEVICE_REMOVAL) {
                 tracing::debug!(event = ev.name(), "peer gone");
                 self.connected = false;
+                if ev.kind == event::DEVICE_REMOVAL {
+                    // The device is going away under the connection (e.g.
+                    // `rdma link delete`): that, not the peer, ended it.
+                    // Nothing may flush by itself any more: move the QP to
+                    // ERR so every posted request completes, flushed.
+                    self.ended_by = Some(ev.name());
+                    let _ = self.qp.to_error();
+                }
                 let _ = id.disconnect();
                 return Ok(true);
             }

@@ -105,6 +105,11 @@ pub enum Error {
     Rejected { reason: Option<String> },
     #[error("the peer disconnected")]
     Disconnected,
+    /// A request failed as the peer went away: a process that dies has its
+    /// memory regions and QP torn down by its kernel while its disconnect
+    /// is on the way, so what is in flight fails at its end first.
+    #[error("the peer disconnected; a request in flight failed with it: {0}")]
+    PeerLeft(WcError),
     #[error("{device} reported {event}: the port or device failed (check `ibv_devinfo` and the netdev's link); the connection is closed")]
     DeviceEvent { device: String, event: &'static str },
     #[error("the peer did not answer a heartbeat for {waited:?} (heartbeat_interval x heartbeat_misses); it is dead or unreachable, the connection is closed")]
@@ -128,7 +133,7 @@ impl Error {
     /// The work completion behind this error, if it is one.
     pub fn completion(&self) -> Option<&WcError> {
         match self {
-            Error::Completion(wc) => Some(wc),
+            Error::Completion(wc) | Error::PeerLeft(wc) => Some(wc),
             _ => None,
         }
     }

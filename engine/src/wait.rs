@@ -11,6 +11,23 @@ use crate::error::{Error, Result};
 /// Polls between two reads of the clock.
 pub(crate) const SPINS_PER_CLOCK_CHECK: u32 = 64;
 
+/// A wait that has lasted this long yields the CPU at every clock check.
+/// By then what it waits for is the peer or the kernel's own work — on
+/// SoftRoCE the packet processing itself, in softirq context that runs in
+/// ksoftirqd under load — and a thread that only spins would starve it
+/// whenever spinning threads outnumber cores (filexfer's server runs one
+/// per client). A yield with nothing else runnable returns at once, and
+/// the fast path, whose waits end sooner, never gets here.
+pub(crate) const YIELD_AFTER: Duration = Duration::from_millis(1);
+
+/// A wait that has lasted this long sleeps [`NAP`] at every clock check
+/// instead: a yield only helps threads the scheduler would pick, and with
+/// several spinners per core the kernel's work still waited its turn. The
+/// wait then notices what it waits for at most a nap late — nothing next to
+/// the 10 ms already spent.
+pub(crate) const NAP_AFTER: Duration = Duration::from_millis(10);
+pub(crate) const NAP: Duration = Duration::from_micros(50);
+
 /// One bounded wait for `what`.
 #[derive(Debug)]
 pub(crate) struct BoundedWait {
@@ -51,6 +68,11 @@ impl BoundedWait {
                 waited,
             });
         }
+        if waited >= NAP_AFTER {
+            std::thread::sleep(NAP);
+        } else if waited >= YIELD_AFTER {
+            std::thread::yield_now();
+        }
         Ok(Some(waited))
     }
 }
@@ -76,5 +98,24 @@ mod tests {
             .filter(|_| w.tick().unwrap().is_some())
             .count();
         assert_eq!(clock_reads, 10);
+    }
+
+    #[test]
+    fn a_long_wait_still_ends_in_its_timeout() {
+        // Past YIELD_AFTER every clock check yields, past NAP_AFTER it
+        // sleeps; the deadline holds.
+        let mut w = BoundedWait::new(NAP_AFTER * 2, "a long wait");
+        let err = loop {
+            if let Err(e) = w.tick() {
+                break e;
+            }
+        };
+        match err {
+            Error::Timeout { what, waited } => {
+                assert_eq!(what, "a long wait");
+                assert!(waited >= NAP_AFTER * 2, "{waited:?}");
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
     }
 }

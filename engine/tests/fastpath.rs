@@ -299,13 +299,20 @@ fn an_rdma_cm_disconnect_ends_waits_with_an_error() {
     let seq = batch.write(b"still there?", 0, None).unwrap();
     batch.post().unwrap();
     // The wait notices the DISCONNECTED event, disconnects this side (QP to
-    // ERR) and the write completes flushed — an error, long before 30 s.
+    // ERR) and the write completes flushed — an error, long before 30 s,
+    // reported as its cause (the peer left), not as the flush.
     let err = client.wait_retired(seq).unwrap_err();
+    assert!(matches!(err, Error::Disconnected), "{err}");
     assert!(
-        matches!(err, Error::Completion(e) if e.wr_id == seq),
-        "{err}"
+        matches!(client.failure(), Some(f) if f.wr_id == seq && f.status == pinpoll::WcStatus::WR_FLUSH_ERR),
+        "{:?}",
+        client.failure()
     );
-    assert!(client.recv().is_err());
+    // Every later call says the same, whichever way it meets the flush.
+    let err = client.recv().unwrap_err();
+    assert!(matches!(err, Error::Disconnected), "{err}");
+    let err = client.send(b"anyone?").unwrap_err();
+    assert!(matches!(err, Error::Disconnected), "{err}");
     assert_eq!(client.outstanding(), 0);
 }
 

@@ -7,9 +7,12 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use pinpoll_apps::cli::CommonArgs;
+use pinpoll::EngineConfig;
+use pinpoll_apps::cli::{parse_timeout, CommonArgs};
 use pinpoll_apps::filexfer::client::{self, SendOptions};
 use pinpoll_apps::filexfer::server::{self, ServeOptions};
 use pinpoll_apps::filexfer::DEFAULT_PORT;
@@ -48,6 +51,15 @@ struct Cli {
     /// transfer's thread).
     #[arg(long, value_name = "N", global = true)]
     core: Option<usize>,
+
+    /// Tuning profile for the transport: the QP's ACK timeout, retry
+    /// count and RNR retry count of a profile in tuning/profiles/ (e.g.
+    /// `softroce`, whose longer ACK timeout spares a stalling SoftRoCE
+    /// guest spurious retransmissions) or of a .toml file. Its other keys
+    /// do not apply: the chunk geometry is the protocol's, and --timeout
+    /// bounds the waits and heartbeats.
+    #[arg(long, value_name = "NAME", global = true)]
+    profile: Option<String>,
 
     #[command(flatten)]
     common: CommonArgs,
@@ -95,6 +107,14 @@ enum Command {
         /// checksums: integrity rests on the link's own CRCs).
         #[arg(long)]
         classic: bool,
+        /// Connect first, then wait up to SECONDS for FILE to appear (e.g.
+        /// renamed into place by the job that writes it) and send it at
+        /// once. Heartbeats watch the idle connection meanwhile: a server
+        /// that dies or leaves ends the wait with an error. The server
+        /// drops a client that stays silent past its own --timeout, so
+        /// keep SECONDS below that.
+        #[arg(long, value_name = "SECONDS", value_parser = parse_timeout, conflicts_with = "classic")]
+        wait_for_file: Option<Duration>,
     },
 }
 
@@ -130,6 +150,12 @@ fn init_logging(quiet: bool) {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     let out = Output::new(cli.common.quiet);
+    let profile = cli
+        .profile
+        .as_deref()
+        .map(EngineConfig::load)
+        .transpose()
+        .context("--profile")?;
     match cli.command {
         Command::Serve {
             dir,
@@ -147,6 +173,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 count,
                 overwrite,
                 core: cli.core,
+                profile,
             },
             &cli.common,
             out,
@@ -155,6 +182,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             host,
             file,
             classic,
+            wait_for_file,
         } => client::send(
             &SendOptions {
                 host,
@@ -163,6 +191,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 hugepages: cli.hugepages,
                 core: cli.core,
                 classic,
+                wait_for_file,
+                profile,
             },
             &cli.common,
             out,

@@ -10,7 +10,7 @@ use std::fs::File;
 use std::io::IsTerminal as _;
 use std::os::unix::fs::FileExt as _;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -23,7 +23,9 @@ use crate::cli::{socket_addr, CommonArgs};
 use crate::filexfer::name;
 use crate::filexfer::protocol::{Msg, HELLO};
 use crate::filexfer::server::{send_and_wait, settle};
-use crate::filexfer::{chunk_len, engine_config, explain_link, pin, summary, BATCH, TRAILER};
+use crate::filexfer::{
+    chunk_len, engine_config, explain_link, pin, summary, with_transport, BATCH, TRAILER,
+};
 use crate::output::{printable, Output};
 use crate::session::{check_device, device_exists};
 
@@ -37,6 +39,10 @@ pub struct SendOptions {
     pub core: Option<usize>,
     /// Speak the classic rdma-file-transfer protocol.
     pub classic: bool,
+    /// Connect first, then wait up to this long for the file to appear.
+    pub wait_for_file: Option<Duration>,
+    /// Transport settings from a tuning profile (`--profile`).
+    pub profile: Option<pinpoll::EngineConfig>,
 }
 
 /// The file's name as sent: its last path component, under the rules of
@@ -73,22 +79,30 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
     let path = &opts.file;
     let name = wire_name(path)?;
     let shown = printable(name.as_bytes());
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let meta = file
-        .metadata()
-        .with_context(|| format!("reading {}", path.display()))?;
-    ensure!(meta.is_file(), "{}: not a regular file", path.display());
-    let size = meta.len();
+    // With --wait-for-file the file is opened once it appears, after
+    // connecting; otherwise a missing or unreadable file fails here, before
+    // any connection exists.
+    let mut source = match opts.wait_for_file {
+        Some(_) => None,
+        None => Some(open_source(path)?),
+    };
     let flip = flip_bit_chunk()?;
     pin(opts.core)?;
 
-    let cfg = engine_config(common.timeout, opts.hugepages);
+    let cfg = with_transport(
+        engine_config(common.timeout, opts.hugepages),
+        opts.profile.as_ref(),
+    );
     cfg.validate()?;
     let addr = socket_addr(&opts.host, opts.port)?;
     if let Some(device) = &common.device {
         device_exists(device)?;
     }
     if opts.classic {
+        ensure!(
+            source.is_some(),
+            "--wait-for-file cannot be used with --classic"
+        );
         return crate::filexfer::classic::send(
             path,
             &name,
@@ -127,6 +141,17 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
     ))?;
     let link = |e| explain_link(e, "server");
     let timeout = common.timeout;
+
+    if let Some(limit) = opts.wait_for_file {
+        out.progress(format_args!(
+            "waiting up to {} s for {} to appear",
+            limit.as_secs_f64(),
+            path.display()
+        ))?;
+        wait_for_file(&mut conn, path, limit)?;
+        source = Some(open_source(path)?);
+    }
+    let (file, size) = source.expect("the file is open by now");
 
     let began = Instant::now();
     send_and_wait(
@@ -274,6 +299,49 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
     }
     out.progress(format_args!("sent {shown}: {}", summary(size, elapsed)))?;
     Ok(())
+}
+
+/// Opens the file to send: a regular file, and its size.
+fn open_source(path: &Path) -> anyhow::Result<(File, u64)> {
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let meta = file
+        .metadata()
+        .with_context(|| format!("reading {}", path.display()))?;
+    ensure!(meta.is_file(), "{}: not a regular file", path.display());
+    Ok((file, meta.len()))
+}
+
+/// Holds the connection idle until `path` exists, at most `limit`. The
+/// connection is watched meanwhile: heartbeats (the engine profile's
+/// interval and misses) expose a server that died or became unreachable,
+/// and rdma_cm or the device reports a server that left or a port that
+/// failed; each ends the wait with that error.
+fn wait_for_file(conn: &mut Connection, path: &Path, limit: Duration) -> anyhow::Result<()> {
+    const NAP: Duration = Duration::from_millis(20);
+    let link = |e| explain_link(e, "server");
+    let what = || format!("waiting for {} to appear", path.display());
+    let deadline = Instant::now() + limit;
+    loop {
+        match std::fs::metadata(path) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(what),
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "{} did not appear within --wait-for-file {} s; nothing was sent",
+                path.display(),
+                limit.as_secs_f64()
+            );
+        }
+        conn.reap().map_err(link).with_context(what)?;
+        if conn.peer_gone().map_err(link).with_context(what)? {
+            let err = conn.endpoint().end_error();
+            return Err(link(err)).with_context(what);
+        }
+        conn.keepalive().map_err(link).with_context(what)?;
+        std::thread::sleep(NAP);
+    }
 }
 
 /// A progress bar with rate and ETA on stderr, only when stderr is a

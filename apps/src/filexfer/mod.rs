@@ -67,9 +67,19 @@ pub fn chunk_len(slot_size: u32) -> u64 {
 /// The data bytes of every chunk but the last with the default geometry.
 pub const CHUNK: u64 = SLOT_SIZE as u64 - TRAILER as u64;
 
+/// Heartbeats a peer may leave unanswered (see [`engine_config`]).
+pub const HEARTBEAT_MISSES: u32 = 3;
+
 /// The engine configuration of both sides: `SLOTS` slots of `SLOT_SIZE`
 /// bytes, receive queues deep enough for every chunk in flight plus the
 /// control messages, every wait bounded by `timeout`.
+///
+/// `timeout` (`--timeout`) is also what a silent peer is given: an idle
+/// connection sends a heartbeat every `timeout / HEARTBEAT_MISSES` and
+/// declares the peer dead once one stays unanswered for `timeout`. A fixed
+/// short heartbeat would call a live but stalled peer dead sooner than the
+/// user allowed — as happened on busy 2-vCPU test guests, whose kernels
+/// did not acknowledge within the engine's default 3 s.
 pub fn engine_config(timeout: Duration, hugepages: bool) -> EngineConfig {
     EngineConfig {
         qp: QpConfig {
@@ -94,8 +104,22 @@ pub fn engine_config(timeout: Duration, hugepages: bool) -> EngineConfig {
         idle: IdlePolicy::Spin,
         handoff_depth: 1024,
         completion_timeout: timeout,
-        ..EngineConfig::default()
+        heartbeat_interval: Some(timeout / HEARTBEAT_MISSES),
+        heartbeat_misses: HEARTBEAT_MISSES,
     }
+}
+
+/// `cfg` with the transport settings of a tuning profile (`--profile`):
+/// the QP's ACK timeout, retry count and RNR retry count. The rest of a
+/// profile does not apply: the chunk geometry is the protocol's, and
+/// `--timeout` bounds the waits and the heartbeats.
+pub fn with_transport(mut cfg: EngineConfig, profile: Option<&EngineConfig>) -> EngineConfig {
+    if let Some(p) = profile {
+        cfg.qp.timeout = p.qp.timeout;
+        cfg.qp.retry_count = p.qp.retry_count;
+        cfg.qp.rnr_retry = p.qp.rnr_retry;
+    }
+    cfg
 }
 
 /// Pins the calling thread to `core` (`--core`), if given.
@@ -127,7 +151,8 @@ pub fn explain_link(err: pinpoll::Error, peer: &str) -> anyhow::Error {
     use pinpoll::WcStatus;
     let status = err.completion().map(|c| c.status);
     let hint = match (&err, status) {
-        (pinpoll::Error::Disconnected, _) | (_, Some(WcStatus::WR_FLUSH_ERR)) => {
+        (pinpoll::Error::Disconnected | pinpoll::Error::PeerLeft(_), _)
+        | (_, Some(WcStatus::WR_FLUSH_ERR)) => {
             Some(format!("the {peer} disconnected (did it stop or fail?)"))
         }
         (_, Some(WcStatus::RETRY_EXC_ERR)) => Some(format!("the {peer} stopped answering")),
@@ -139,5 +164,65 @@ pub fn explain_link(err: pinpoll::Error, peer: &str) -> anyhow::Error {
     match hint {
         Some(hint) => anyhow::Error::new(err).context(hint),
         None => err.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_silent_peer_gets_the_whole_timeout() {
+        for secs in [1, 10, 60] {
+            let timeout = Duration::from_secs(secs);
+            let cfg = engine_config(timeout, false);
+            cfg.validate().unwrap();
+            assert_eq!(cfg.completion_timeout, timeout);
+            let interval = cfg.heartbeat_interval.expect("heartbeats on");
+            // Up to a nanosecond per heartbeat lost to integer division.
+            let dead_after = interval * cfg.heartbeat_misses;
+            assert!(
+                timeout - dead_after < Duration::from_nanos(3),
+                "{dead_after:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_request_that_failed_as_the_peer_left_blames_the_departure() {
+        let wc = pinpoll::WcError {
+            wr_id: 166,
+            opcode: Some(pinpoll::WcOpcode::RDMA_WRITE),
+            status: pinpoll::WcStatus::REM_ACCESS_ERR,
+            vendor_err: 0,
+        };
+        let line = crate::run::error_line(&explain_link(pinpoll::Error::PeerLeft(wc), "server"));
+        assert!(
+            line.starts_with("the server disconnected (did it stop or fail?): the peer disconnected; a request in flight failed with it: work request 166 (RDMA_WRITE) failed: REM_ACCESS_ERR"),
+            "{line}"
+        );
+        // Without a departure the status speaks for itself.
+        let line = crate::run::error_line(&explain_link(pinpoll::Error::Completion(wc), "server"));
+        assert!(
+            line.starts_with("work request 166 (RDMA_WRITE) failed: REM_ACCESS_ERR"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn a_profile_sets_only_the_transport() {
+        let base = engine_config(Duration::from_secs(10), false);
+        assert_eq!(with_transport(base.clone(), None), base);
+        let profile = EngineConfig::from_toml(
+            "qp_timeout = 17\nretry_count = 5\nrnr_retry = 3\nslot_size = 4096",
+        )
+        .unwrap();
+        let cfg = with_transport(base.clone(), Some(&profile));
+        assert_eq!(
+            (cfg.qp.timeout, cfg.qp.retry_count, cfg.qp.rnr_retry),
+            (17, 5, 3)
+        );
+        assert_eq!(cfg.slot_size, base.slot_size);
+        cfg.validate().unwrap();
     }
 }

@@ -18,7 +18,7 @@ use crate::cli::{show_addr, socket_addr, CommonArgs};
 use crate::filexfer::classic::ClassicSide;
 use crate::filexfer::name::{self, RESERVED_PREFIX};
 use crate::filexfer::protocol::{self, classify_hello, FailCode, Hello, Msg};
-use crate::filexfer::{engine_config, explain_link, pin, summary, TRAILER};
+use crate::filexfer::{engine_config, explain_link, pin, summary, with_transport, TRAILER};
 use crate::output::{printable, Output};
 use crate::run::{error_line, AlreadyReported};
 use crate::session::Incoming;
@@ -36,6 +36,8 @@ pub struct ServeOptions {
     pub count: Option<u64>,
     pub overwrite: bool,
     pub core: Option<usize>,
+    /// Transport settings from a tuning profile (`--profile`).
+    pub profile: Option<pinpoll::EngineConfig>,
 }
 
 /// A refusal the client is told about (`Fail{code, message}`).
@@ -95,7 +97,10 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
     }
     pin(opts.core)?;
     let shutdown = Shutdown::install()?;
-    let cfg = engine_config(common.timeout, opts.hugepages);
+    let cfg = with_transport(
+        engine_config(common.timeout, opts.hugepages),
+        opts.profile.as_ref(),
+    );
     cfg.validate()?;
     // Every client gets its chunk ring registered: a locked-memory limit
     // that cannot take even one is a start-up error, not a refusal of
@@ -108,6 +113,8 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
         show_addr(listener.local_addr().or(Some(addr)))
     ))?;
     let active = Arc::new(AtomicUsize::new(0));
+    // Set by a transfer that ended because its RDMA device went away.
+    let device_lost: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
     let serial = Arc::new(AtomicU64::new(0));
     let (done_tx, done_rx) = mpsc::channel::<bool>();
     let mut threads = Vec::new();
@@ -117,7 +124,10 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
             *failed += u64::from(!ok);
         }
     };
-    while !matches!(opts.count, Some(n) if served >= n) && !shutdown.requested() {
+    while !matches!(opts.count, Some(n) if served >= n)
+        && !shutdown.requested()
+        && lost(&device_lost).is_none()
+    {
         collect(&done_rx, &mut failed);
         let mut req = match crate::session::next_request(&listener, &cfg.qp)? {
             Incoming::Request(req) => *req,
@@ -192,6 +202,7 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
             out,
         };
         let (active, done_tx, core) = (Arc::clone(&active), done_tx.clone(), opts.core);
+        let device_lost = Arc::clone(&device_lost);
         let spawned = std::thread::Builder::new()
             .name(format!("filexfer {peer}"))
             .spawn(move || {
@@ -210,6 +221,11 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
                     Ok(()) => true,
                     Err(err) => {
                         eprintln!("error: client {}: {}", job.peer, error_line(&err));
+                        if let Some(why) = device_gone(&err) {
+                            if let Ok(mut lost) = device_lost.lock() {
+                                lost.get_or_insert(why);
+                            }
+                        }
                         false
                     }
                 };
@@ -224,6 +240,28 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
             }
         }
     }
+    // Clients that come while the last transfers finish (--count reached,
+    // a signal, a lost device) are told so at once, not left to time out
+    // on a listener that nobody answers.
+    while active.load(Ordering::SeqCst) > 0 {
+        match crate::session::next_request(&listener, &cfg.qp) {
+            Ok(Incoming::Request(req)) => {
+                let peer = show_addr(req.peer_addr());
+                let reason =
+                    "server busy: finishing its last transfers, it accepts no more; try again later\0";
+                if let Err(err) = req.reject(reason.as_bytes()) {
+                    tracing::warn!(error = %err, "rejecting a client failed");
+                }
+                out.progress(format_args!("client {peer}: refused, server finishing"))?;
+            }
+            Ok(Incoming::Idle | Incoming::Refused) => {}
+            Err(err) => {
+                tracing::warn!(error = %err, "waiting for clients while finishing");
+                break;
+            }
+        }
+    }
+    drop(listener);
     for handle in threads {
         if handle.join().is_err() {
             failed += 1;
@@ -233,10 +271,36 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
     if shutdown.requested() {
         out.progress(format_args!("interrupted: served {served} client(s)"))?;
     }
+    if let Some(why) = lost(&device_lost) {
+        // The failed transfer said why in its error line. Staying up would
+        // keep the dead device open, and removing a device (`rdma link
+        // delete`) waits until every process has let go of it.
+        out.progress(format_args!(
+            "stopping: {why}; start the server again once the device is back"
+        ))?;
+    }
     if failed > 0 {
         return Err(AlreadyReported.into());
     }
     Ok(())
+}
+
+fn lost(device_lost: &std::sync::Mutex<Option<String>>) -> Option<String> {
+    device_lost.lock().ok().and_then(|l| l.clone())
+}
+
+/// Whether `err` says the RDMA device itself went away (removed, or a
+/// fatal device error) — not a port that may come back — and if so, which.
+fn device_gone(err: &anyhow::Error) -> Option<String> {
+    err.chain()
+        .find_map(|cause| match cause.downcast_ref::<pinpoll::Error>() {
+            Some(pinpoll::Error::DeviceEvent { device, event })
+                if event.contains("DEVICE_REMOVAL") || event.contains("DEVICE_FATAL") =>
+            {
+                Some(format!("RDMA device {device} reported {event}"))
+            }
+            _ => None,
+        })
 }
 
 /// What a connection was prepared for.
@@ -511,17 +575,25 @@ impl Transfer {
                     format!("fsync of the server's directory failed: {e}"),
                 )
             })?;
-        send_and_wait(
+        // The file is verified, durable and in place: the transfer has
+        // succeeded here. The client disconnects as soon as it has read
+        // Complete, which can overtake the acknowledgement of Complete (a
+        // lost ACK, a retransmission): the send then ends in the client's
+        // departure. Only a client that never got Complete would know it
+        // failed, and it says so itself.
+        match send_and_wait(
             conn,
             &Msg::Complete { size }.encode(),
             self.cfg.completion_timeout,
             "client",
-        )?;
-        // The client disconnects once it has read Complete; wait for that
-        // (bounded) rather than racing it with a disconnect of our own.
-        match conn.recv() {
-            Ok(m) => tracing::debug!(len = m.len, "a message after Complete"),
-            Err(e) => tracing::debug!(error = %e, "the client left"),
+        ) {
+            // Wait (bounded) for the client's disconnect rather than race
+            // it with one of our own.
+            Ok(()) => match conn.recv() {
+                Ok(m) => tracing::debug!(len = m.len, "a message after Complete"),
+                Err(e) => tracing::debug!(error = %e, "the client left"),
+            },
+            Err(e) => tracing::debug!(error = %e, "Complete not acknowledged; the client left"),
         }
         self.out.progress(format_args!(
             "client {}: received {shown}: {}",
@@ -657,16 +729,27 @@ pub fn send_and_wait(
 /// so one more request always has room in the send queue and ring.
 pub fn settle(conn: &mut Connection, timeout: Duration, peer: &str) -> anyhow::Result<()> {
     let limit = u64::from(crate::filexfer::BATCH);
-    let deadline = Instant::now() + timeout;
+    let began = Instant::now();
+    let deadline = began + timeout;
     let mut spins = 0u32;
     while conn.outstanding() >= limit {
         if conn.reap().map_err(|e| explain_link(e, peer))? == 0 {
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(64) {
-                if Instant::now() >= deadline {
+                let now = Instant::now();
+                if now >= deadline {
                     bail!("timed out waiting for send completions (--timeout); is the {peer} stuck or gone?");
                 }
                 conn.peer_gone().map_err(|e| explain_link(e, peer))?;
+                // As the engine's own waits do: after a millisecond, let
+                // the kernel's network work (rxe) and other threads run;
+                // after 10 ms, nap.
+                let waited = now - began;
+                if waited >= Duration::from_millis(10) {
+                    std::thread::sleep(Duration::from_micros(50));
+                } else if waited >= Duration::from_millis(1) {
+                    std::thread::yield_now();
+                }
             }
             std::hint::spin_loop();
         }

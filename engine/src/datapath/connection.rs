@@ -20,6 +20,9 @@ const POLL_BATCH: usize = 32;
 /// A wait this long also asks rdma_cm whether the peer disconnected (a
 /// system call, so never on a wait that is about to succeed).
 const PEER_CHECK_AFTER: Duration = Duration::from_millis(1);
+/// How long an error completion that a departing peer causes waits for
+/// that peer's disconnect to arrive and name the cause.
+const PEER_LEFT_GRACE: Duration = Duration::from_millis(200);
 /// How long close waits for posted receives to come back flushed.
 const RECV_FLUSH_GRACE: Duration = Duration::from_millis(500);
 
@@ -580,7 +583,8 @@ impl Connection {
                         }
                     }
                 }
-                done => return done,
+                // A failure names why the connection ended, when it did.
+                done => return done.map_err(|e| self.ended_error(e)),
             }
         }
     }
@@ -652,8 +656,56 @@ impl Connection {
             }
         })?;
         match failure {
-            Some(e) => Err(Error::Completion(e)),
+            Some(e) => Err(self.completion_error(e)),
             None => Ok(n),
+        }
+    }
+
+    /// The error for a failed work completion. A flush after the
+    /// connection ended under this side — the peer left, or a device event
+    /// (port error, device removal) — is reported as that end: the flush
+    /// is only its consequence. Pending rdma_cm and device events are read
+    /// first, so the cause is known even if no wait has looked yet.
+    fn completion_error(&mut self, wc: WcError) -> Error {
+        if wc.status == WcStatus::WR_FLUSH_ERR {
+            let _ = self.ep.peer_gone();
+            if self.ep.was_disconnected() {
+                return self.ep.end_error();
+            }
+        }
+        if matches!(
+            wc.status,
+            WcStatus::REM_ACCESS_ERR
+                | WcStatus::REM_OP_ERR
+                | WcStatus::REM_INV_REQ_ERR
+                | WcStatus::RETRY_EXC_ERR
+        ) {
+            // What a peer process that dies leaves behind (its kernel tears
+            // down its regions and QP while its disconnect is on the way)
+            // fails like this. A disconnect close behind names the cause;
+            // the status stays in the error.
+            let mut grace = BoundedWait::new(PEER_LEFT_GRACE, "the peer's disconnect");
+            loop {
+                let _ = self.ep.peer_gone();
+                if self.ep.was_disconnected() {
+                    return match self.ep.end_error() {
+                        Error::Disconnected => Error::PeerLeft(wc),
+                        other => other,
+                    };
+                }
+                if grace.tick().is_err() {
+                    break;
+                }
+            }
+        }
+        Error::Completion(wc)
+    }
+
+    /// [`completion_error`](Self::completion_error) for any error.
+    fn ended_error(&mut self, err: Error) -> Error {
+        match err {
+            Error::Completion(wc) => self.completion_error(wc),
+            err => err,
         }
     }
 
@@ -663,7 +715,7 @@ impl Connection {
         let mut wait = BoundedWait::new(self.completion_timeout, "a send completion");
         while !self.is_retired(seq) {
             if let Some(f) = self.failure {
-                return Err(Error::Completion(f));
+                return Err(self.completion_error(f));
             }
             self.reap()?;
             if let Some(waited) = wait.tick()? {
@@ -925,8 +977,10 @@ impl Connection {
     pub fn recv(&mut self) -> Result<Incoming<'_>> {
         let mut wait = BoundedWait::new(self.completion_timeout, "a message from the peer");
         loop {
-            if let Some(arrived) = self.poll_one_recv()? {
-                return Ok(self.incoming(arrived));
+            match self.poll_one_recv() {
+                Ok(Some(arrived)) => return Ok(self.incoming(arrived)),
+                Ok(None) => {}
+                Err(e) => return Err(self.ended_error(e)),
             }
             if let Some(waited) = wait.tick()? {
                 if self.sq.outstanding() > 0 {
