@@ -17,7 +17,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pinpoll::connect::cm::Connector;
 use pinpoll::connect::RegionDescriptor;
 use pinpoll::datapath::Rings;
-use pinpoll::{Access, Connection};
+use pinpoll::{Access, Connection, Event};
 
 use crate::cli::{socket_addr, CommonArgs};
 use crate::filexfer::name;
@@ -220,7 +220,9 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
             }
             continue;
         }
-        settle(&mut conn, timeout, "server")?;
+        if let Err(e) = settle(&mut conn, timeout, "server") {
+            return Err(server_verdict(&mut conn, &shown).unwrap_or(e));
+        }
         let n = credits.min(u64::from(BATCH)).min(chunks - next);
         let mut b = conn.batch();
         for _ in 0..n {
@@ -259,13 +261,15 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
         }
     }
     let digest: [u8; 32] = hasher.finalize().into();
-    send_and_wait(
+    if let Err(e) = send_and_wait(
         &mut conn,
         &Msg::Finish { size, digest }.encode(),
         timeout,
         "server",
-    )
-    .context("sending the file's BLAKE3 digest")?;
+    ) {
+        return Err(server_verdict(&mut conn, &shown)
+            .unwrap_or_else(|| e.context("sending the file's BLAKE3 digest")));
+    }
     loop {
         let msg = {
             let m = conn
@@ -342,6 +346,29 @@ fn wait_for_file(conn: &mut Connection, path: &Path, limit: Duration) -> anyhow:
         conn.keepalive().map_err(link).with_context(what)?;
         std::thread::sleep(NAP);
     }
+}
+
+/// After the link failed under the sender: the server's own `Fail`, if it
+/// sent one before it disconnected. The server waits for its `Fail` to be
+/// acknowledged before it leaves, so the message is already in this side's
+/// receive queue, ahead of the flushes; it says why, the link error only
+/// that the server went away.
+fn server_verdict(conn: &mut Connection, shown: &str) -> Option<anyhow::Error> {
+    let mut verdict = None;
+    // Credits may be queued ahead of it: poll until the queue is empty.
+    while verdict.is_none() {
+        let polled = conn.poll(|ev| {
+            if let Event::Received { data } = ev {
+                if let Ok(Msg::Fail { message, .. }) = Msg::decode(data) {
+                    verdict.get_or_insert(message);
+                }
+            }
+        });
+        if !matches!(polled, Ok(n) if n > 0) {
+            break;
+        }
+    }
+    verdict.map(|message| anyhow::anyhow!("the server failed the transfer of {shown}: {message}"))
 }
 
 /// A progress bar with rate and ETA on stderr, only when stderr is a
