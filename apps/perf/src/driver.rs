@@ -82,6 +82,17 @@ fn ping_value(counter: u64) -> u8 {
     (counter % 255) as u8 + 1
 }
 
+/// A latency test asked to stream, or a bandwidth test to ping-pong.
+#[cold]
+fn wrong_kind(kind: Kind) -> Error {
+    let (is, not) = if kind.is_latency() {
+        ("latency", "bandwidth")
+    } else {
+        ("bandwidth", "latency")
+    };
+    Error::Config(format!("{} is a {is} test, not a {not} test", kind.name()))
+}
+
 /// The client side of a measurement.
 pub trait Driver {
     /// One latency iteration: a ping-pong (write, send) or a READ.
@@ -241,20 +252,14 @@ impl Driver for DirectClient {
                     spin.tick()?;
                 }
             }
-            other => Err(Error::Config(format!(
-                "{} is a bandwidth test, not a latency test",
-                other.name()
-            ))),
+            other => Err(wrong_kind(other)),
         }
     }
 
     fn stream(&mut self, n: u64) -> Result<()> {
         let kind = self.plan.kind;
         if kind.is_latency() {
-            return Err(Error::Config(format!(
-                "{} is a latency test, not a bandwidth test",
-                kind.name()
-            )));
+            return Err(wrong_kind(kind));
         }
         let credits = kind.consumes_receives();
         let end = self.posted + n;
@@ -508,20 +513,14 @@ impl Driver for EngineClient {
                     |c| matches!(c, Completion::ReadCompleted { id: done, .. } if *done == id),
                 )
             }
-            other => Err(Error::Config(format!(
-                "{} is a bandwidth test, not a latency test",
-                other.name()
-            ))),
+            other => Err(wrong_kind(other)),
         }
     }
 
     fn stream(&mut self, n: u64) -> Result<()> {
         let kind = self.plan.kind;
         if kind.is_latency() {
-            return Err(Error::Config(format!(
-                "{} is a latency test, not a bandwidth test",
-                kind.name()
-            )));
+            return Err(wrong_kind(kind));
         }
         let credits = kind.consumes_receives();
         let reads = kind == Kind::ReadBw;
