@@ -412,7 +412,8 @@ impl Worker {
                 }
             }
             match self.idle {
-                IdlePolicy::Spin => std::hint::spin_loop(),
+                // No PAUSE for a worker alone on its core (see `wait`).
+                IdlePolicy::Spin => {}
                 IdlePolicy::Backoff { spins } if empty > spins => std::thread::yield_now(),
                 IdlePolicy::Backoff { .. } => std::hint::spin_loop(),
             }

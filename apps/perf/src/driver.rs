@@ -40,7 +40,8 @@ impl Spin {
     fn tick(&mut self) -> Result<bool> {
         self.spins = self.spins.wrapping_add(1);
         if !self.spins.is_multiple_of(SPINS_PER_CHECK) {
-            std::hint::spin_loop();
+            // No PAUSE: it would delay noticing the event (see pinpoll's
+            // `wait` module).
             return Ok(false);
         }
         let now = clock::ticks();
