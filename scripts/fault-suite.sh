@@ -405,8 +405,9 @@ case_1() {
 }
 
 # 1 and 2. The server SIGKILLed mid-transfer, then restarted on the same
-# port. A killed server cannot remove its temp file (.filexfer-PID-N.tmp);
-# what matters is that nothing appears under the final name.
+# port. A killed server cannot remove its temp file (.filexfer-PID-N.tmp)
+# and nothing may appear under the final name; the restarted server finds
+# the orphan (its lock is gone with its process) and removes it.
 case_2() {
     local name job why='' rc
     make_src big.bin "$BIG_MIB"
@@ -433,12 +434,15 @@ case_2() {
     if [ -z "$why" ]; then ok "$name" && said /tmp/c2.out; else bad "$name" "$why"; fi
     echo "     left by the killed server: $(remote_names /tmp/k2)"
 
-    name="2. server restarted on the same port: a new transfer arrives identical"
+    name="2. server restarted on the same port: it removes the dead server's temp file, and a new transfer arrives identical"
     if job=$(fx_listen /tmp/k2 --count 1 --timeout 60); then
         why=$(send_and_compare /tmp/k2 "$SRC/big.bin" 20)
         finish "$job" >/tmp/s2.out 2>&1
         rc=$?
         [ -z "$why" ] && [ "$rc" -ne 0 ] && why="server rc=$rc: $(tail -2 /tmp/s2.out | tr '\n' ' ')"
+        [ -z "$why" ] && ! grep -q "removed 1 temporary file(s) left by a server that died: .filexfer-" /tmp/s2.out &&
+            why="the restarted server did not report removing the orphan: $(head -3 /tmp/s2.out | tr '\n' ' ')"
+        [ -z "$why" ] && [ "$(remote_names /tmp/k2)" != big.bin ] && why="on the server: $(remote_names /tmp/k2), expected big.bin alone"
         if [ -z "$why" ]; then ok "$name"; else bad "$name" "$why"; fi
     else
         bad "$name" "the server did not start again on port $port"

@@ -16,7 +16,7 @@
 //! into place without overwriting (the classic protocol has no checksum,
 //! so integrity rests on RC's own CRCs).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context as _};
 use pinpoll::{Access, Endpoint, MemoryRegion, PageSize, SendFlags, WcOpcode};
 
-use crate::filexfer::name::{self, RESERVED_PREFIX};
+use crate::filexfer::name;
+use crate::filexfer::temp::TempFile;
 use crate::filexfer::{explain_link, summary};
 use crate::output::{printable, Output};
 
@@ -145,15 +146,7 @@ impl ClassicSide {
         if std::fs::symlink_metadata(&target).is_ok() {
             bail!("{shown} already exists on the server");
         }
-        let temp = dir.join(format!(
-            "{RESERVED_PREFIX}{}-{serial}.tmp",
-            std::process::id()
-        ));
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&temp)
-            .context("creating a temporary file")?;
+        let mut temp = TempFile::create(&dir, serial).context("creating a temporary file")?;
         let began = Instant::now();
         let result = (|| -> anyhow::Result<u64> {
             out.progress(format_args!("client {peer}: receiving {shown} (classic)"))?;
@@ -166,22 +159,22 @@ impl ClassicSide {
                 if len == 0 {
                     break;
                 }
-                file.write_all(&self.buffer.as_slice()[..len])
+                temp.file_mut()
+                    .write_all(&self.buffer.as_slice()[..len])
                     .context("writing the file")?;
                 total += len as u64;
                 self.send(&mut ep, MSG_READY, timeout)?;
             }
-            file.sync_all().context("fsync")?;
-            std::fs::hard_link(&temp, &target)
+            temp.file().sync_all().context("fsync")?;
+            std::fs::hard_link(temp.path(), &target)
                 .with_context(|| format!("linking {shown} into place"))?;
             File::open(&dir)
                 .and_then(|d| d.sync_all())
                 .context("fsync of the directory")?;
             Ok(total)
         })();
-        if let Err(e) = std::fs::remove_file(&temp) {
-            tracing::warn!(error = %e, "removing the temporary file");
-        }
+        // The temp name goes, whether the file is in place or not.
+        drop(temp);
         let total = result?;
         match self.send(&mut ep, MSG_DONE, timeout) {
             Ok(()) => {}

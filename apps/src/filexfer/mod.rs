@@ -9,6 +9,8 @@
 //!   into place without overwriting, fsync of the directory.
 //! - [`classic`] — serving clients of the classic rdma-file-transfer
 //!   example unchanged (told apart by their all-zero private data).
+//! - [`temp`] — the server's locked temp files, and removing those a dead
+//!   server left behind.
 //! - [`client`] — `filexfer send`: keeps every server slot busy with
 //!   RDMA WRITE_WITH_IMM straight from the file into registered memory.
 //!
@@ -43,6 +45,7 @@ pub mod client;
 pub mod name;
 pub mod protocol;
 pub mod server;
+pub mod temp;
 
 use std::time::Duration;
 

@@ -18,6 +18,7 @@ use crate::cli::{show_addr, socket_addr, CommonArgs};
 use crate::filexfer::classic::ClassicSide;
 use crate::filexfer::name::{self, RESERVED_PREFIX};
 use crate::filexfer::protocol::{self, classify_hello, FailCode, Hello, Msg};
+use crate::filexfer::temp::{self, TempFile};
 use crate::filexfer::{engine_config, explain_link, pin, summary, with_transport, TRAILER};
 use crate::output::{printable, Output};
 use crate::run::{error_line, AlreadyReported};
@@ -91,6 +92,15 @@ pub fn check_dir(dir: &Path) -> anyhow::Result<PathBuf> {
 /// on stderr; the result is an error if any failed.
 pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::Result<()> {
     let dir = check_dir(&opts.dir)?;
+    match temp::remove_orphans(&dir) {
+        Ok(removed) if !removed.is_empty() => out.progress(format_args!(
+            "removed {} temporary file(s) left by a server that died: {}",
+            removed.len(),
+            removed.join(", ")
+        ))?,
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "looking for temporary files left by a dead server"),
+    }
     let addr = socket_addr(&opts.bind, opts.port).context("--bind")?;
     if let Some(device) = &common.device {
         device_exists(device)?;
@@ -319,23 +329,6 @@ struct Transfer {
     out: Output,
 }
 
-/// A temporary file that is removed unless it was put in place.
-struct TempFile {
-    path: PathBuf,
-    file: File,
-    keep: bool,
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if !self.keep {
-            if let Err(err) = std::fs::remove_file(&self.path) {
-                tracing::warn!(path = %self.path.display(), error = %err, "removing the temporary file failed");
-            }
-        }
-    }
-}
-
 /// Receiving state: what the client declared and what arrived.
 struct Receiving {
     size: u64,
@@ -446,27 +439,13 @@ impl Transfer {
         let final_path = self.dir.join(&name);
         self.check_target(&final_path, &shown)?;
         self.check_space(size, &shown)?;
-        let temp_path = self.dir.join(format!(
-            "{RESERVED_PREFIX}{}-{}.tmp",
-            std::process::id(),
-            self.serial
-        ));
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&temp_path)
-            .map_err(|e| {
-                refusal(
-                    FailCode::Io,
-                    format!("creating a temporary file in the server's directory: {e}"),
-                )
-            })?;
-        let mut temp = TempFile {
-            path: temp_path,
-            file,
-            keep: false,
-        };
-        reserve(&temp.file, size, &shown)?;
+        let mut temp = TempFile::create(&self.dir, self.serial).map_err(|e| {
+            refusal(
+                FailCode::Io,
+                format!("creating a temporary file in the server's directory: {e}"),
+            )
+        })?;
+        reserve(temp.file(), size, &shown)?;
         self.out.progress(format_args!(
             "client {}: receiving {shown} ({size} bytes)",
             self.peer
@@ -517,7 +496,7 @@ impl Transfer {
                     format!("chunk {} (bytes {}..) failed its CRC32C check: {crc:#010x}, sent {sent:#010x}", st.next_chunk, st.received)
                 ));
             }
-            temp.file.write_all(data).map_err(|e| {
+            temp.file_mut().write_all(data).map_err(|e| {
                 refusal(FailCode::Io, format!("writing {shown} on the server: {e}"))
             })?;
             st.hasher.update(data);
@@ -553,20 +532,16 @@ impl Transfer {
                 "the file's BLAKE3 digest does not match the client's: the file was not kept",
             ));
         }
-        temp.file.sync_all().map_err(|e| {
+        temp.file().sync_all().map_err(|e| {
             refusal(
                 FailCode::Io,
                 format!("fsync of {shown} failed on the server: {e}"),
             )
         })?;
-        self.put_in_place(&temp.path, &final_path, &shown)?;
-        temp.keep = true;
-        if !self.overwrite {
-            // The data now live under the final name too: drop the temp name.
-            if let Err(e) = std::fs::remove_file(&temp.path) {
-                tracing::warn!(error = %e, "removing the temporary name");
-            }
-        }
+        self.put_in_place(&mut temp, &final_path, &shown)?;
+        // Without --overwrite the data now live under the final name too:
+        // dropping the temp file removes only its temp name.
+        drop(temp);
         File::open(&self.dir)
             .and_then(|d| d.sync_all())
             .map_err(|e| {
@@ -649,17 +624,19 @@ impl Transfer {
     /// Links the verified temp file to its final name: without
     /// --overwrite a hard link, which fails if the name exists (even if it
     /// appeared during the transfer); with it, a rename over a regular file.
-    fn put_in_place(&self, temp: &Path, target: &Path, shown: &str) -> anyhow::Result<()> {
+    fn put_in_place(&self, temp: &mut TempFile, target: &Path, shown: &str) -> anyhow::Result<()> {
         if self.overwrite {
             self.check_target(target, shown)?;
-            return std::fs::rename(temp, target).map_err(|e| {
+            std::fs::rename(temp.path(), target).map_err(|e| {
                 refusal(
                     FailCode::Io,
                     format!("renaming into {shown} on the server: {e}"),
                 )
-            });
+            })?;
+            temp.renamed();
+            return Ok(());
         }
-        match std::fs::hard_link(temp, target) {
+        match std::fs::hard_link(temp.path(), target) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(refusal(
                 FailCode::Exists,
