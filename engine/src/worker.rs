@@ -426,8 +426,12 @@ impl Worker {
 
     /// Moves queued operations into one batch and posts it.
     fn submit(&mut self) -> Result<usize> {
-        if self.pending.is_none() && self.ops.is_empty() {
-            return Ok(0);
+        if self.pending.is_none() {
+            match self.ops.len() {
+                0 => return Ok(0),
+                1 => return self.submit_alone(),
+                _ => {}
+            }
         }
         let depth = self.ids.len() as u64;
         let payloads = self.tx.published();
@@ -473,6 +477,48 @@ impl Worker {
             self.tx.release();
         }
         Ok(posted + refused)
+    }
+
+    /// One op waiting — a latency-bound application, one request per
+    /// round trip — goes out on the connection's batch-of-one fast path:
+    /// no `Batch` state, which is several hundred instructions per request
+    /// (`BENCHMARKS.md`), the cost engine mode paid over direct mode.
+    fn submit_alone(&mut self) -> Result<usize> {
+        let Some(op) = self.ops.pop() else {
+            return Ok(0);
+        };
+        let has_payload = !matches!(op.kind, OpKind::Read { .. });
+        let data = if has_payload {
+            self.tx.published().get(0).unwrap_or(&[])
+        } else {
+            &[]
+        };
+        let result = match op.kind {
+            OpKind::Send => self.conn.send_one(data, op.signaled),
+            OpKind::Write { remote_offset, imm } => {
+                self.conn.write_one(data, remote_offset, imm, op.signaled)
+            }
+            OpKind::Read { remote_offset, len } => self.conn.try_read(remote_offset, len as usize),
+        };
+        match result {
+            Ok(seq) => {
+                let depth = self.ids.len() as u64;
+                self.ids[(seq % depth) as usize] = op.id;
+            }
+            Err(Error::Full { .. }) => {
+                self.pending = Some(op);
+                return Ok(0);
+            }
+            // As in `submit`: never posted, and the application is told.
+            Err(_) => {
+                let _ = self.notes.push(Note::Refused { id: op.id });
+            }
+        }
+        // Posted (copied or inlined) or refused: the slot can go back.
+        if has_payload {
+            self.tx.release();
+        }
+        Ok(1)
     }
 
     /// Polls both CQs and hands the events to the application, when it

@@ -442,7 +442,15 @@ impl Connection {
     /// [`Batch`] state, one doorbell, and no clock read.
     #[inline]
     pub fn try_send(&mut self, data: &[u8]) -> Result<u64> {
-        let (seq, signaled) = self.admit_one(false)?;
+        self.send_one(data, false)
+    }
+
+    /// [`Connection::try_send`], signaled whatever the interval says when
+    /// `must_signal` (the engine's worker, for an op the application
+    /// asked a completion of).
+    #[inline]
+    pub(crate) fn send_one(&mut self, data: &[u8], must_signal: bool) -> Result<u64> {
+        let (seq, signaled) = self.admit_one(must_signal)?;
         let (payload, slot) = self.stage(seq, data)?;
         self.post_one(
             seq,
@@ -458,8 +466,21 @@ impl Connection {
     /// all; see [`Connection::try_send`].
     #[inline]
     pub fn try_write(&mut self, data: &[u8], remote_offset: u64, imm: Option<u32>) -> Result<u64> {
+        self.write_one(data, remote_offset, imm, false)
+    }
+
+    /// [`Connection::try_write`], signaled when `must_signal` (see
+    /// [`Connection::send_one`]).
+    #[inline]
+    pub(crate) fn write_one(
+        &mut self,
+        data: &[u8],
+        remote_offset: u64,
+        imm: Option<u32>,
+        must_signal: bool,
+    ) -> Result<u64> {
         let remote = self.peer.sub(remote_offset, data.len() as u64)?;
-        let (seq, signaled) = self.admit_one(false)?;
+        let (seq, signaled) = self.admit_one(must_signal)?;
         let (payload, slot) = self.stage(seq, data)?;
         let opcode = imm.map_or(SendOpcode::Write, SendOpcode::WriteWithImm);
         self.post_one(
