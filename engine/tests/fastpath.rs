@@ -447,6 +447,48 @@ fn single_operations_post_alone_refuse_when_full_and_give_back_what_they_refused
             .unwrap();
     }
     assert_eq!(read.unwrap(), published);
+
+    // try_write_from: the payload is built in the send-ring slot itself.
+    // A fill that fails posts nothing and keeps no slot: every slot of
+    // the ring can still be filled and posted after it.
+    let before = client.stats();
+    let err = client
+        .try_write_from(2000, 0, None, |_| Err(std::io::Error::other("no data")))
+        .unwrap_err();
+    assert!(matches!(err, Error::Exchange { .. }), "{err}");
+    assert_eq!(client.stats(), before, "a failed fill posts nothing");
+    while client.outstanding() > 0 {
+        client.reap().unwrap();
+    }
+    let slots = client.slot_count();
+    let built: Vec<Vec<u8>> = (0..slots).map(|i| pattern(2000, 100 + i as u8)).collect();
+    for (i, want) in built.iter().enumerate() {
+        let at = 16384 + i as u64 * 2048;
+        let imm = (i + 1 == slots).then_some(0xab);
+        loop {
+            let fill = |slot: &mut [u8]| {
+                slot.copy_from_slice(want);
+                Ok(())
+            };
+            match client.try_write_from(2000, at, imm, fill) {
+                Ok(_) => break,
+                // Full with nothing in flight would be a slot never
+                // given back.
+                Err(Error::Full { what }) => {
+                    assert!(client.outstanding() > 0, "slot write {i}: {what} full");
+                    client.reap().unwrap();
+                }
+                Err(e) => panic!("slot write {i}: {e}"),
+            }
+        }
+    }
+    let last = server.recv().unwrap();
+    assert_eq!((last.imm, last.len), (Some(0xab), 2000));
+    for (i, want) in built.iter().enumerate() {
+        let at = 16384 + i * 2048;
+        assert_eq!(&server.target()[at..at + 2000], &want[..], "slot write {i}");
+    }
+
     let stats = client.stats();
     assert_eq!(stats.failed, 0);
     assert_eq!(

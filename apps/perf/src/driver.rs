@@ -76,6 +76,39 @@ impl Spin {
     }
 }
 
+/// Posts a write-lat ping or pong, `buf` with its new last byte: inline
+/// when it fits, and above the inline threshold straight from a send-ring
+/// slot, as perftest posts from its registered buffer. A slot gets the
+/// whole payload on its first use (`primed` counts them) and afterwards
+/// only the last byte, so no operation copies the payload — at 64 KiB the
+/// copy was ~10 % of a TCG guest's round trip.
+#[inline]
+fn post_ping(
+    conn: &mut Connection,
+    timeout: Duration,
+    buf: &[u8],
+    imm: Option<u32>,
+    primed: &mut u64,
+) -> Result<u64> {
+    if buf.len() <= conn.inline_threshold() {
+        return post_one(conn, timeout, |c| c.try_write(buf, 0, imm));
+    }
+    let fill = *primed < conn.slot_count() as u64;
+    let last = buf.len() - 1;
+    let seq = post_one(conn, timeout, |c| {
+        c.try_write_from(buf.len(), 0, imm, |slot| {
+            if fill {
+                slot.copy_from_slice(buf);
+            } else {
+                slot[last] = buf[last];
+            }
+            Ok(())
+        })
+    })?;
+    *primed += u64::from(fill);
+    Ok(seq)
+}
+
 /// The value a ping carries in its last byte: never 0 (the ring's initial
 /// contents), never equal to the previous one.
 #[inline]
@@ -216,8 +249,7 @@ impl Driver for DirectClient {
                 let v = ping_value(self.counter);
                 let last = size - 1;
                 self.buf[last] = v;
-                let buf = &self.buf[..];
-                post_one(&mut self.conn, timeout, |c| c.try_write(buf, 0, None))?;
+                post_ping(&mut self.conn, timeout, &self.buf, None, &mut self.primed)?;
                 let mut spin = Spin::new(timeout, "the peer's RDMA WRITE (write-lat pong)");
                 while self.conn.target_byte(last) != v {
                     if spin.tick()? {
@@ -681,6 +713,7 @@ pub fn serve(
         Kind::WriteLat => {
             let last = size - 1;
             let mut seen = 0u8;
+            let mut primed = 0u64;
             let reply_imm = plan.reply_with_imm();
             loop {
                 let v = conn.target_byte(last);
@@ -688,8 +721,7 @@ pub fn serve(
                     seen = v;
                     buf[last] = v;
                     let imm = reply_imm.then_some(u32::from(v));
-                    let data = &buf[..];
-                    post_one(conn, timeout, |c| c.try_write(data, 0, imm))?;
+                    post_ping(conn, timeout, &buf, imm, &mut primed)?;
                     served += 1;
                     idle.reset();
                     continue;

@@ -493,6 +493,46 @@ impl Connection {
         )
     }
 
+    /// RDMA WRITE (with `imm`: WRITE_WITH_IMM) of `len` bytes that `fill`
+    /// writes straight into a registered send-ring slot, on its own, now
+    /// or not at all (see [`Connection::try_send`] and
+    /// [`Batch::write_from`]): no copy of a payload that is already where
+    /// it belongs. An error from `fill` posts nothing.
+    #[inline]
+    pub fn try_write_from(
+        &mut self,
+        len: usize,
+        remote_offset: u64,
+        imm: Option<u32>,
+        fill: impl FnOnce(&mut [u8]) -> std::io::Result<()>,
+    ) -> Result<u64> {
+        let remote = self.peer.sub(remote_offset, len as u64)?;
+        let (seq, signaled) = self.admit_one(false)?;
+        let staged = ring_payload(
+            &mut self.send_cursor,
+            self.rings.layout,
+            &mut self.rings.send,
+            len,
+            fill,
+        );
+        let (payload, slot) = match staged {
+            Ok(staged) => staged,
+            Err(e) => {
+                self.sq.rollback(seq);
+                return Err(e);
+            }
+        };
+        let opcode = imm.map_or(SendOpcode::Write, SendOpcode::WriteWithImm);
+        self.post_one(
+            seq,
+            signaled,
+            opcode,
+            payload,
+            Some(remote),
+            (slot, false, 0),
+        )
+    }
+
     /// RDMA READ on its own, now or not at all (see
     /// [`Connection::try_send`]); the data arrive with
     /// [`Event::ReadCompleted`] for the returned sequence number.
