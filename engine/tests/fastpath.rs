@@ -488,6 +488,19 @@ fn single_operations_post_alone_refuse_when_full_and_give_back_what_they_refused
         let at = 16384 + i * 2048;
         assert_eq!(&server.target()[at..at + 2000], &want[..], "slot write {i}");
     }
+    // Batch::send_from, likewise, and a failed fill adds nothing.
+    let message = pattern(1500, 9);
+    let mut b = client.batch();
+    assert!(b
+        .send_from(1500, |_| Err(std::io::Error::other("no data")))
+        .is_err());
+    b.send_from(1500, |slot| {
+        slot.copy_from_slice(&message);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(b.post().unwrap(), 1);
+    assert_eq!(server.recv().unwrap().data, &message[..]);
 
     let stats = client.stats();
     assert_eq!(stats.failed, 0);

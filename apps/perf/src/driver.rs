@@ -315,7 +315,7 @@ impl Driver for DirectClient {
                 }
                 continue;
             }
-            // Above the inline threshold a WRITE goes from a send-ring slot
+            // Above the inline threshold a WRITE or SEND goes from a send-ring slot
             // built in place (zero copy), as perftest posts from its own
             // registered buffer: the payload never changes, so each slot
             // is filled once and then sent as it is.
@@ -347,6 +347,17 @@ impl Driver for DirectClient {
                         r
                     }
                     Kind::WriteBw | Kind::WriteImmBw => b.write(buf, 0, imm),
+                    Kind::SendBw if in_place => {
+                        let fill = *primed < slots;
+                        let r = b.send_from(buf.len(), |slot| {
+                            if fill {
+                                slot.copy_from_slice(buf);
+                            }
+                            Ok(())
+                        });
+                        *primed += u64::from(fill && r.is_ok());
+                        r
+                    }
                     Kind::SendBw => b.send(buf),
                     Kind::ReadBw => b.read(0, buf.len()),
                     _ => unreachable!("latency kinds returned above"),

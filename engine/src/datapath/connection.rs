@@ -1366,6 +1366,20 @@ impl<'c, 'd> Batch<'c, 'd> {
         self.push(SendOpcode::Send, payload, None, (slot, false, 0))
     }
 
+    /// Adds a SEND of `len` bytes that `fill` writes straight into a
+    /// registered send-ring slot (see [`Batch::write_from`]). An error
+    /// from `fill` adds nothing.
+    #[inline]
+    pub fn send_from(
+        &mut self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> std::io::Result<()>,
+    ) -> Result<u64> {
+        let (payload, slot) =
+            ring_payload(self.send_cursor, self.layout, self.send_ring, len, fill)?;
+        self.push(SendOpcode::Send, payload, None, (slot, false, 0))
+    }
+
     /// Adds an RDMA WRITE (with an immediate: WRITE_WITH_IMM) of `data` to
     /// `remote_offset` in the peer's target ring.
     #[inline]
