@@ -315,11 +315,12 @@ impl Driver for DirectClient {
                 }
                 continue;
             }
-            // Above the inline threshold a WRITE or SEND goes from a send-ring slot
-            // built in place (zero copy), as perftest posts from its own
-            // registered buffer: the payload never changes, so each slot
-            // is filled once and then sent as it is.
-            let in_place = self.buf.len() > self.conn.inline_threshold();
+            // Above the inline threshold a WRITE or SEND goes from a
+            // send-ring slot built in place (zero copy), as perftest posts
+            // from its own registered buffer: the payload never changes,
+            // so each slot is filled on its first use and then sent as is.
+            let in_place = self.buf.len() > self.conn.inline_threshold()
+                && matches!(kind, Kind::WriteBw | Kind::WriteImmBw | Kind::SendBw);
             let slots = self.conn.slot_count() as u64;
             let (conn, buf, primed) = (&mut self.conn, &self.buf[..], &mut self.primed);
             let mut b = conn.batch();
@@ -334,34 +335,24 @@ impl Driver for DirectClient {
                     Kind::WriteImmBw => Some(imm.wrapping_add(k as u32)),
                     _ => None,
                 };
+                let fill = in_place && *primed < slots;
+                let prime = |slot: &mut [u8]| {
+                    if fill {
+                        slot.copy_from_slice(buf);
+                    }
+                    Ok(())
+                };
                 let r = match kind {
                     Kind::WriteBw | Kind::WriteImmBw if in_place => {
-                        let fill = *primed < slots;
-                        let r = b.write_from(buf.len(), 0, imm, |slot| {
-                            if fill {
-                                slot.copy_from_slice(buf);
-                            }
-                            Ok(())
-                        });
-                        *primed += u64::from(fill && r.is_ok());
-                        r
+                        b.write_from(buf.len(), 0, imm, prime)
                     }
                     Kind::WriteBw | Kind::WriteImmBw => b.write(buf, 0, imm),
-                    Kind::SendBw if in_place => {
-                        let fill = *primed < slots;
-                        let r = b.send_from(buf.len(), |slot| {
-                            if fill {
-                                slot.copy_from_slice(buf);
-                            }
-                            Ok(())
-                        });
-                        *primed += u64::from(fill && r.is_ok());
-                        r
-                    }
+                    Kind::SendBw if in_place => b.send_from(buf.len(), prime),
                     Kind::SendBw => b.send(buf),
                     Kind::ReadBw => b.read(0, buf.len()),
                     _ => unreachable!("latency kinds returned above"),
                 };
+                *primed += u64::from(fill && r.is_ok());
                 match r {
                     Ok(_) => k += 1,
                     Err(Error::Full { .. }) => break,
