@@ -107,6 +107,57 @@ fn files_of_every_edge_size_arrive_intact() {
     transfers_arrive_intact(&[], &[0, 1, c, c + 1, BIG]);
 }
 
+/// What a person at a terminal sees. `script` gives the sender a
+/// pseudo-terminal and keeps every frame it drew: a bar with the name,
+/// bytes, rate and ETA, then the summary. `--quiet` on a terminal, or
+/// output to a pipe, draws no bar.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_terminal_gets_a_progress_bar_and_quiet_or_a_pipe_gets_none() {
+    let _g = serial();
+    let src = Scratch::new("src");
+    let dst = Scratch::new("dst");
+    let server = start_server(&dst, &["--count", "3"]);
+    let (port, host) = (server.port_arg(), addr4());
+    let size = 8usize << 20;
+    let on_terminal = |name: &str, extra: &str| -> String {
+        let path = src.join(name);
+        random_file(&path, size, name.len() as u64);
+        let typescript = src.join(&format!("{name}.typescript"));
+        let cmd = format!(
+            "{FILEXFER} send {host} {} --port {port} --timeout 20 {extra}",
+            path.display()
+        );
+        let out = run_bounded(
+            "script",
+            &["-q", "-e", "-c", &cmd, typescript.to_str().unwrap()],
+            BOUND,
+        );
+        out.assert_ok(name);
+        assert_eq!(sha256(&dst.join(name)), sha256(&path), "{name} differs");
+        String::from_utf8_lossy(&std::fs::read(&typescript).unwrap()).into_owned()
+    };
+
+    let seen = on_terminal("bar.bin", "");
+    for frame_part in ["bar.bin [", "/8.00 MiB", "MiB/s", "ETA"] {
+        assert!(seen.contains(frame_part), "no {frame_part:?} in {seen:?}");
+    }
+    assert!(
+        seen.contains(&format!("sent bar.bin: {size} bytes in ")),
+        "{seen:?}"
+    );
+
+    let seen = on_terminal("quiet.bin", "--quiet");
+    assert!(!seen.contains("ETA"), "--quiet drew a bar: {seen:?}");
+
+    let path = src.join("piped.bin");
+    random_file(&path, size, 3);
+    let out = send(&server, &path, &[]);
+    out.assert_ok("piped.bin");
+    assert!(!out.stderr.contains("ETA"), "a pipe got a bar: {out:#?}");
+    server.finish().assert_ok("server");
+}
+
 #[test]
 #[ignore = "needs an RDMA device"]
 fn files_arrive_intact_with_hugepages() {
