@@ -450,16 +450,7 @@ impl Connection {
     /// asked a completion of).
     #[inline]
     pub(crate) fn send_one(&mut self, data: &[u8], must_signal: bool) -> Result<u64> {
-        let (seq, signaled) = self.admit_one(must_signal)?;
-        let (payload, slot) = self.stage(seq, data)?;
-        self.post_one(
-            seq,
-            signaled,
-            SendOpcode::Send,
-            payload,
-            None,
-            (slot, false, 0),
-        )
+        self.post_staged(SendOpcode::Send, None, must_signal, |c| c.stage(data))
     }
 
     /// RDMA WRITE (with `imm`: WRITE_WITH_IMM) on its own, now or not at
@@ -480,17 +471,8 @@ impl Connection {
         must_signal: bool,
     ) -> Result<u64> {
         let remote = self.peer.sub(remote_offset, data.len() as u64)?;
-        let (seq, signaled) = self.admit_one(must_signal)?;
-        let (payload, slot) = self.stage(seq, data)?;
         let opcode = imm.map_or(SendOpcode::Write, SendOpcode::WriteWithImm);
-        self.post_one(
-            seq,
-            signaled,
-            opcode,
-            payload,
-            Some(remote),
-            (slot, false, 0),
-        )
+        self.post_staged(opcode, Some(remote), must_signal, |c| c.stage(data))
     }
 
     /// RDMA WRITE (with `imm`: WRITE_WITH_IMM) of `len` bytes that `fill`
@@ -507,30 +489,38 @@ impl Connection {
         fill: impl FnOnce(&mut [u8]) -> std::io::Result<()>,
     ) -> Result<u64> {
         let remote = self.peer.sub(remote_offset, len as u64)?;
-        let (seq, signaled) = self.admit_one(false)?;
-        let staged = ring_payload(
-            &mut self.send_cursor,
-            self.rings.layout,
-            &mut self.rings.send,
-            len,
-            fill,
-        );
-        let (payload, slot) = match staged {
+        let opcode = imm.map_or(SendOpcode::Write, SendOpcode::WriteWithImm);
+        self.post_staged(opcode, Some(remote), false, |c| {
+            ring_payload(
+                &mut c.send_cursor,
+                c.rings.layout,
+                &mut c.rings.send,
+                len,
+                fill,
+            )
+        })
+    }
+
+    /// The batch-of-one SEND and WRITE: admits a request, lets `stage`
+    /// place its payload (inline or in a send-ring slot; a failure gives
+    /// the request back) and posts it.
+    #[inline]
+    fn post_staged<'d>(
+        &mut self,
+        opcode: SendOpcode,
+        remote: Option<RemoteSlice>,
+        must_signal: bool,
+        stage: impl FnOnce(&mut Self) -> Result<(Payload<'d>, bool)>,
+    ) -> Result<u64> {
+        let (seq, signaled) = self.admit_one(must_signal)?;
+        let (payload, slot) = match stage(self) {
             Ok(staged) => staged,
             Err(e) => {
                 self.sq.rollback(seq);
                 return Err(e);
             }
         };
-        let opcode = imm.map_or(SendOpcode::Write, SendOpcode::WriteWithImm);
-        self.post_one(
-            seq,
-            signaled,
-            opcode,
-            payload,
-            Some(remote),
-            (slot, false, 0),
-        )
+        self.post_one(seq, signaled, opcode, payload, remote, (slot, false, 0))
     }
 
     /// RDMA READ on its own, now or not at all (see
@@ -582,21 +572,17 @@ impl Connection {
         Ok(admitted)
     }
 
-    /// The payload of admitted request `seq`: inline when small, else
-    /// copied into a send-ring slot. On failure `seq` is given back.
+    /// `data` as a payload: inline when small, else copied into a
+    /// send-ring slot.
     #[inline]
-    fn stage<'d>(&mut self, seq: u64, data: &'d [u8]) -> Result<(Payload<'d>, bool)> {
-        let staged = stage_payload(
+    fn stage<'d>(&mut self, data: &'d [u8]) -> Result<(Payload<'d>, bool)> {
+        stage_payload(
             data,
             self.inline_threshold,
             &mut self.send_cursor,
             self.rings.layout,
             &mut self.rings.send,
-        );
-        if staged.is_err() {
-            self.sq.rollback(seq);
-        }
-        staged
+        )
     }
 
     /// Posts admitted request `seq` alone and records what it was; when
