@@ -37,6 +37,8 @@ if [ "$host" = 1 ]; then
     cargo clippy --workspace --all-targets -- -D warnings
     step "host tests"
     cargo test --workspace
+    step "build matrix: libclang 14/16/19, a dependent crate, rust-version"
+    scripts/check-builds.sh
 fi
 
 [ "$device" = 1 ] || exit 0

@@ -155,13 +155,11 @@ impl SendChain {
         }
         .bits();
         if let Some(remote) = remote {
-            wr.wr.rdma = ffi::rdma_t {
-                remote_addr: remote.addr,
-                rkey: remote.rkey,
-            };
+            wr.wr.rdma.remote_addr = remote.addr;
+            wr.wr.rdma.rkey = remote.rkey;
         }
         if let SendOpcode::WriteWithImm(imm) = req.opcode {
-            wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+            wr.__bindgen_anon_1.imm_data = imm.to_be();
         }
         Ok(())
     }
@@ -441,7 +439,7 @@ mod tests {
         let wr = &chain.wrs[1];
         assert_eq!((wr.wr_id, wr.opcode, wr.send_flags), (9, 1, 2));
         // SAFETY: patch just wrote both union members read here.
-        let (rdma, imm) = unsafe { (wr.wr.rdma, wr.imm_data_invalidated_rkey_union.imm_data) };
+        let (rdma, imm) = unsafe { (wr.wr.rdma, wr.__bindgen_anon_1.imm_data) };
         assert_eq!((rdma.remote_addr, rdma.rkey), (0x1000, 77));
         assert_eq!(imm, 0x0102_0304u32.to_be());
         assert_eq!(

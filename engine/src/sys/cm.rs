@@ -399,13 +399,13 @@ impl CmId {
     pub fn local_addr(&self) -> Option<SocketAddr> {
         // SAFETY: ptr is live; the route's src address is a sockaddr union
         // sized for any family.
-        let sa = unsafe { &(*self.ptr).route.addr.src_addr_union.src_storage };
+        let sa = unsafe { &(*self.ptr).route.addr.__bindgen_anon_1.src_storage };
         from_sockaddr(sa)
     }
 
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         // SAFETY: as in local_addr.
-        let sa = unsafe { &(*self.ptr).route.addr.dst_addr_union.dst_storage };
+        let sa = unsafe { &(*self.ptr).route.addr.__bindgen_anon_2.dst_storage };
         from_sockaddr(sa)
     }
 }

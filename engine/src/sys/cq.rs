@@ -132,9 +132,7 @@ impl WorkCompletion {
     pub fn imm(&self) -> Option<u32> {
         if self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
             // SAFETY: with IBV_WC_WITH_IMM the union holds imm_data.
-            Some(u32::from_be(unsafe {
-                self.0.imm_data_invalidated_rkey_union.imm_data
-            }))
+            Some(u32::from_be(unsafe { self.0.__bindgen_anon_1.imm_data }))
         } else {
             None
         }

@@ -248,9 +248,8 @@ impl Context {
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
         let mut attr = MaybeUninit::<ffi::ibv_port_attr>::zeroed();
         // SAFETY: ptr is a live context and attr a valid out-pointer of the
-        // full struct; ___ibv_query_port falls back to the compat entry
-        // point, which fills a prefix of it (the rest stays zeroed).
-        let rc = unsafe { ffi::___ibv_query_port(self.ptr, port, attr.as_mut_ptr()) };
+        // full struct (the compat fallback fills a zeroed prefix of it).
+        let rc = unsafe { ffi::ibv_query_port(self.ptr, port, attr.as_mut_ptr()) };
         if rc != 0 {
             return Err(Error::QueryPort {
                 port,

@@ -16,7 +16,7 @@ pub mod mr;
 pub mod pd;
 pub mod qp;
 
-pub use rdma_sys as ffi;
+use pinpoll_verbs_sys as ffi;
 
 /// Turns a C string owned by a library into `&'static str`, for the names
 /// and messages that libibverbs keeps in static tables.

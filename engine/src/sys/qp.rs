@@ -473,12 +473,10 @@ impl QueuePair {
             ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE
         };
         let mut wr = send_wr(wr_id, opcode, sge, flags);
-        wr.wr.rdma = ffi::rdma_t {
-            remote_addr: remote.addr,
-            rkey: remote.rkey,
-        };
+        wr.wr.rdma.remote_addr = remote.addr;
+        wr.wr.rdma.rkey = remote.rkey;
         if let Some(imm) = imm {
-            wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+            wr.__bindgen_anon_1.imm_data = imm.to_be();
         }
         self.post_one(&mut wr)
     }
@@ -501,10 +499,8 @@ impl QueuePair {
                 inline: false,
             },
         );
-        wr.wr.rdma = ffi::rdma_t {
-            remote_addr: remote.addr,
-            rkey: remote.rkey,
-        };
+        wr.wr.rdma.remote_addr = remote.addr;
+        wr.wr.rdma.rkey = remote.rkey;
         self.post_one(&mut wr)
     }
 
