@@ -1,27 +1,42 @@
-//! A queue pair with its completion queues, and bounded waits on them.
+//! A queue pair with its completion queues, bounded waits on them, and
+//! the low-level way to use it: registered regions handed to the NIC by a
+//! post and given back by the completion ([`Endpoint::post`],
+//! [`Endpoint::complete`]) — the classic examples' stop-and-wait style.
+//! A [`crate::Connection`] builds its rings on an endpoint instead.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::completion::WcOpcode;
 use crate::config::QpConfig;
 use crate::error::{Error, Result};
+use crate::status::{WcOpcode, WcStatus};
 use crate::sys::cm::CmId;
-use crate::sys::cq::{CompletionQueue, WorkCompletion};
+use crate::sys::cq::{CompletionQueue, CqPoller, WorkCompletion};
 use crate::sys::device::{Context, PortAttr};
-use crate::sys::mem::{Buffer, PageSize};
-use crate::sys::mr::{Access, MemoryRegion, RemoteSlice};
+use crate::sys::mem::PageSize;
+use crate::sys::mr::{Access, Registration, RemoteSlice};
 use crate::sys::pd::ProtectionDomain;
 use crate::sys::qp::{QpState, QueuePair};
+use crate::sys::region::{
+    post_region, post_region_recv, MemoryRegion, Posted, RawQueuePair, RegionOp, SharedRegion,
+};
 use crate::wait::BoundedWait;
 
-/// A successful completion, copied out of the CQ.
+/// A successful work completion, copied out of the CQ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Completion {
+pub struct WorkDone {
     pub wr_id: u64,
     pub opcode: WcOpcode,
     pub byte_len: u32,
     pub imm: Option<u32>,
+}
+
+/// A [`Posted`] request's completion, with its region back.
+#[derive(Debug)]
+pub struct Completed {
+    /// The region the request used (`None` for a receive posted without one).
+    pub region: Option<MemoryRegion>,
+    pub done: WorkDone,
 }
 
 /// A reliable-connected queue pair, its send and receive CQs, and its PD.
@@ -31,8 +46,8 @@ pub struct Completion {
 pub struct Endpoint {
     // Field order is drop order: the QP goes before its CQs, PD and CM id.
     qp: QueuePair,
-    send_cq: Arc<CompletionQueue>,
-    recv_cq: Arc<CompletionQueue>,
+    send_cq: Option<CqPoller>,
+    recv_cq: Option<CqPoller>,
     pd: Arc<ProtectionDomain>,
     cm_id: Option<Arc<CmId>>,
     port: u8,
@@ -53,6 +68,13 @@ impl std::fmt::Debug for Endpoint {
             .field("connected", &self.connected)
             .finish()
     }
+}
+
+/// The two pollers of an endpoint's CQs, taken by a connection.
+#[derive(Debug)]
+pub(crate) struct Pollers {
+    pub send: CqPoller,
+    pub recv: CqPoller,
 }
 
 impl Endpoint {
@@ -76,16 +98,16 @@ impl Endpoint {
             });
         }
         let pd = ProtectionDomain::new(ctx)?;
-        let send_cq = CompletionQueue::new(ctx, cfg.cq_depth)?;
-        let recv_cq = CompletionQueue::new(ctx, cfg.cq_depth)?;
+        let (send_owner, send_cq) = CompletionQueue::new(ctx, cfg.cq_depth)?;
+        let (recv_owner, recv_cq) = CompletionQueue::new(ctx, cfg.cq_depth)?;
         let qp = match &cm_id {
-            Some(id) => QueuePair::with_cm_id(id, &pd, &send_cq, &recv_cq, cfg)?,
-            None => QueuePair::new(&pd, &send_cq, &recv_cq, cfg)?,
+            Some(id) => QueuePair::with_cm_id(id, &pd, &send_owner, &recv_owner, cfg)?,
+            None => QueuePair::new(&pd, &send_owner, &recv_owner, cfg)?,
         };
         Ok(Endpoint {
             qp,
-            send_cq,
-            recv_cq,
+            send_cq: Some(send_cq),
+            recv_cq: Some(recv_cq),
             pd,
             cm_id,
             port,
@@ -109,12 +131,17 @@ impl Endpoint {
         self.ever_connected = true;
     }
 
-    pub fn qp(&mut self) -> &mut QueuePair {
+    pub(crate) fn qp(&mut self) -> &mut QueuePair {
         &mut self.qp
     }
 
-    pub fn pd(&self) -> &Arc<ProtectionDomain> {
-        &self.pd
+    /// The pollers of both CQs, for a connection that now owns them (a
+    /// second call finds none).
+    pub(crate) fn take_pollers(&mut self) -> Result<Pollers> {
+        match (self.send_cq.take(), self.recv_cq.take()) {
+            (Some(send), Some(recv)) => Ok(Pollers { send, recv }),
+            _ => Err(pollers_taken()),
+        }
     }
 
     pub fn device_name(&self) -> &str {
@@ -134,17 +161,93 @@ impl Endpoint {
         self.qp.max_inline()
     }
 
+    pub fn qp_num(&self) -> u32 {
+        self.qp.qp_num()
+    }
+
     pub fn state(&self) -> Result<QpState> {
         self.qp.state()
     }
 
-    /// Maps `len` bytes and registers them on this endpoint's PD. Fails
-    /// first with [`crate::Error::Memlock`] when the locked-memory limit
-    /// cannot take them (the kernel would refuse with a bare ENOMEM).
-    pub fn register(&self, len: usize, page: PageSize, access: Access) -> Result<MemoryRegion> {
+    /// Maps and registers `len` bytes on this endpoint's PD, checking the
+    /// locked-memory limit first (the kernel would refuse with a bare ENOMEM).
+    pub(crate) fn register_raw(
+        &self,
+        len: usize,
+        page: PageSize,
+        access: Access,
+    ) -> Result<Registration> {
         let pages = len.max(1).div_ceil(page.bytes()) * page.bytes();
         crate::sys::mem::check_memlock(pages as u64)?;
-        MemoryRegion::register(&self.pd, Buffer::new(len, page)?, access)
+        Registration::new(&self.pd, len, page, access)
+    }
+
+    /// Registers `len` bytes that only this side's own work requests reach
+    /// (`access` without REMOTE_WRITE: use [`register_shared`] for memory
+    /// a peer writes).
+    ///
+    /// [`register_shared`]: Endpoint::register_shared
+    pub fn register(&self, len: usize, page: PageSize, access: Access) -> Result<MemoryRegion> {
+        if access.contains(Access::REMOTE_WRITE) {
+            return Err(MemoryRegion::shared_access_error());
+        }
+        MemoryRegion::new(self.register_raw(len, page, access)?)
+    }
+
+    /// Registers `len` bytes the peer may RDMA WRITE (and, with
+    /// `remote_read`, RDMA READ).
+    pub fn register_shared(
+        &self,
+        len: usize,
+        page: PageSize,
+        remote_read: bool,
+    ) -> Result<SharedRegion> {
+        let mut access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        if remote_read {
+            access = access | Access::REMOTE_READ;
+        }
+        Ok(SharedRegion::new(self.register_raw(len, page, access)?))
+    }
+
+    /// Posts `op` on the first `len` bytes of `region`, signaled. The
+    /// region is the NIC's until [`complete`](Endpoint::complete) gives it
+    /// back with the request's completion.
+    pub fn post(&mut self, region: MemoryRegion, len: usize, op: RegionOp) -> Result<Posted> {
+        post_region(&mut self.qp, op, region, len)
+    }
+
+    /// Posts a receive into all of `region`, or with `None` one without a
+    /// buffer (enough for a WRITE_WITH_IMM's notification).
+    pub fn post_recv(&mut self, region: Option<MemoryRegion>) -> Result<Posted> {
+        post_region_recv(&mut self.qp, region)
+    }
+
+    /// Waits up to `timeout` for `posted`'s completion and gives its region
+    /// back. Requests complete in order per queue, so the next completion
+    /// on its queue must be its own; anything else is an error (and the
+    /// region is freed, not returned: its request may still be pending).
+    pub fn complete(&mut self, posted: Posted, timeout: Duration) -> Result<Completed> {
+        let (receive, what) = if posted.is_receive() {
+            (true, "a receive completion")
+        } else {
+            (false, "a send-queue completion")
+        };
+        let mut wc = [WorkCompletion::zeroed()];
+        self.wait_one(receive, timeout, what, &mut wc)?;
+        let wc = &wc[0];
+        let expected = posted.wr_id();
+        let region = posted.finish(wc).map_err(|_| Error::UnexpectedCompletion {
+            expected,
+            got: wc.wr_id(),
+        })?;
+        self.done(wc).map(|done| Completed { region, done })
+    }
+
+    /// Raw posting for experts (`unsafe`: nothing checks who owns the
+    /// memory); see [`RawQueuePair`]. Their completions come from
+    /// [`wait_send`](Endpoint::wait_send) and [`wait_recv`](Endpoint::wait_recv).
+    pub fn raw(&mut self) -> RawQueuePair<'_> {
+        RawQueuePair::new(&mut self.qp)
     }
 
     /// The private data the peer sent in the rdma_cm handshake.
@@ -157,23 +260,36 @@ impl Endpoint {
         self.remote_region
     }
 
-    pub fn poll_send<'a>(&self, out: &'a mut [WorkCompletion]) -> Result<&'a [WorkCompletion]> {
-        self.send_cq.poll(out)
-    }
-
-    pub fn poll_recv<'a>(&self, out: &'a mut [WorkCompletion]) -> Result<&'a [WorkCompletion]> {
-        self.recv_cq.poll(out)
-    }
-
     /// Busy-polls the send CQ for one completion until `timeout` passes.
     /// An error completion becomes [`Error::Completion`].
-    pub fn wait_send(&mut self, timeout: Duration) -> Result<Completion> {
-        self.wait_one(true, timeout, "a send-queue completion")
+    pub fn wait_send(&mut self, timeout: Duration) -> Result<WorkDone> {
+        let mut wc = [WorkCompletion::zeroed()];
+        self.wait_one(false, timeout, "a send-queue completion", &mut wc)?;
+        self.done(&wc[0])
     }
 
     /// Busy-polls the receive CQ for one completion until `timeout` passes.
-    pub fn wait_recv(&mut self, timeout: Duration) -> Result<Completion> {
-        self.wait_one(false, timeout, "a receive completion")
+    pub fn wait_recv(&mut self, timeout: Duration) -> Result<WorkDone> {
+        let mut wc = [WorkCompletion::zeroed()];
+        self.wait_one(true, timeout, "a receive completion", &mut wc)?;
+        self.done(&wc[0])
+    }
+
+    /// A polled completion as a result: a flush after the connection ended
+    /// under us reports that end.
+    fn done(&self, wc: &WorkCompletion) -> Result<WorkDone> {
+        match wc.result(None) {
+            Ok(()) => Ok(WorkDone {
+                wr_id: wc.wr_id(),
+                opcode: wc.opcode(),
+                byte_len: wc.byte_len(),
+                imm: wc.imm(),
+            }),
+            Err(e) if self.was_disconnected() && e.status == WcStatus::WR_FLUSH_ERR => {
+                Err(self.end_error())
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Whether this endpoint was connected and is no longer (either side
@@ -241,28 +357,25 @@ impl Endpoint {
         Ok(false)
     }
 
-    /// Busy-polls one CQ for one completion, noticing an rdma_cm disconnect
-    /// (which flushes the QP, so the wait ends with the error).
-    fn wait_one(&mut self, send: bool, limit: Duration, what: &'static str) -> Result<Completion> {
-        let mut wc = [WorkCompletion::zeroed()];
+    /// Busy-polls one CQ for one completion into `wc[0]`, noticing an
+    /// rdma_cm disconnect (which flushes the QP, so the wait ends).
+    fn wait_one(
+        &mut self,
+        receive: bool,
+        limit: Duration,
+        what: &'static str,
+        wc: &mut [WorkCompletion; 1],
+    ) -> Result<()> {
         let mut wait = BoundedWait::new(limit, what);
         let mut gone = false;
         loop {
-            let cq = if send { &self.send_cq } else { &self.recv_cq };
-            if let Some(c) = cq.poll(&mut wc)?.first() {
-                return match c.result(None) {
-                    Ok(()) => Ok(Completion {
-                        wr_id: c.wr_id(),
-                        opcode: c.opcode(),
-                        byte_len: c.byte_len(),
-                        imm: c.imm(),
-                    }),
-                    // Flushed because the peer or the port went: say that.
-                    Err(e) if gone && e.status == crate::completion::WcStatus::WR_FLUSH_ERR => {
-                        Err(self.end_error())
-                    }
-                    Err(e) => Err(e.into()),
-                };
+            let poller = if receive {
+                self.recv_cq.as_mut()
+            } else {
+                self.send_cq.as_mut()
+            };
+            if poller.ok_or_else(pollers_taken)?.poll(wc)? == 1 {
+                return Ok(());
             }
             if wait
                 .tick()?
@@ -293,6 +406,11 @@ impl Endpoint {
             None => self.qp.to_error(),
         }
     }
+}
+
+#[cold]
+fn pollers_taken() -> Error {
+    Error::Config("this endpoint's completions belong to its Connection".into())
 }
 
 impl Drop for Endpoint {

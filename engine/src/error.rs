@@ -5,7 +5,7 @@
 use std::io;
 use std::time::Duration;
 
-use crate::completion::WcError;
+use crate::status::WcError;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -77,10 +77,26 @@ pub enum Error {
         hint: String,
         source: io::Error,
     },
-    #[error("ibv_post_send failed (wr_id {wr_id}); the send queue may be full or the queue pair not in RTS")]
-    PostSend { wr_id: u64, source: io::Error },
-    #[error("ibv_post_recv failed (wr_id {wr_id}); the receive queue may be full")]
-    PostRecv { wr_id: u64, source: io::Error },
+    #[error("ibv_post_send refused work request {wr_id} ({posted} before it in the same call were posted); the send queue may be full or the queue pair not in RTS")]
+    PostSend {
+        wr_id: u64,
+        posted: usize,
+        source: io::Error,
+    },
+    #[error("ibv_post_recv refused receive {wr_id} ({posted} before it in the same call were posted); the receive queue may be full")]
+    PostRecv {
+        wr_id: u64,
+        posted: usize,
+        source: io::Error,
+    },
+    #[error("a completion names work request {wr_id}, which this queue never posted or already retired (outstanding: {retired}..{posted}); was the connection's queue pair posted to by other code?")]
+    ForeignCompletion {
+        wr_id: u64,
+        retired: u64,
+        posted: u64,
+    },
+    #[error("the next completion is for work request {got}, not {expected}: requests on one queue complete in order, so complete them in the order they were posted")]
+    UnexpectedCompletion { expected: u64, got: u64 },
     #[error("ibv_poll_cq failed")]
     PollCq(#[source] io::Error),
     #[error(transparent)]
@@ -89,6 +105,20 @@ pub enum Error {
     Full { what: &'static str },
     #[error("{range} is outside the memory region of {len} bytes")]
     OutOfRegion { range: String, len: usize },
+    #[error("{len} bytes do not fit a slot of {limit} bytes (slot_size)")]
+    TooLarge { len: usize, limit: usize },
+    #[error("filling a send-ring slot failed")]
+    SlotFill { source: io::Error },
+    #[error("the connection is on RDMA device {got}, not {wanted}")]
+    WrongDevice { wanted: String, got: String },
+    #[error("cannot pin the worker thread to core {core}; check the CPU set this process may use (taskset -p, cgroup cpuset)")]
+    Pin { core: usize },
+    #[error("cannot start the worker thread")]
+    WorkerSpawn { source: io::Error },
+    #[error("the worker thread has stopped (see its error from Engine::shutdown)")]
+    WorkerStopped,
+    #[error("the worker thread panicked")]
+    WorkerPanicked,
     #[error("rdma_cm: {op} failed")]
     Cm { op: &'static str, source: io::Error },
     #[error(

@@ -2,18 +2,22 @@
 //! librdmacm.
 //!
 //! The module tree is the architecture:
-//! - [`sys`] — the only module that calls into C: RAII owners of verbs and
-//!   CM objects, each such block with its `// SAFETY:` reason.
-//! - [`completion`], [`config`], [`error`] — plain data: statuses, tunables, errors.
+//! - `sys` (private) — the only module that calls into C or holds `unsafe`:
+//!   RAII owners of verbs and CM objects, and the code that hands
+//!   registered memory between the CPU and the NIC. What users need of it
+//!   is re-exported here on purpose: [`memory`], [`device`], [`handoff`],
+//!   [`alloc`].
+//! - [`status`], [`config`], [`error`] — plain data: completion statuses,
+//!   tunables and profiles, errors.
 //! - [`gid`] — which GID to use on RoCE, read from sysfs.
 //! - [`connect`] — two ways to a connected queue pair: rdma_cm, and an
 //!   out-of-band TCP exchange of a [`connect::ConnectionRecord`].
-//! - [`endpoint`] — a connected queue pair with its CQs, and bounded waits.
+//! - [`endpoint`] — a connected queue pair with its CQs, bounded waits, and
+//!   stop-and-wait posting of whole [`MemoryRegion`]s.
 //! - [`datapath`] — the fast path: rings, pre-built chains, selective
 //!   signaling ([`Connection`], direct mode).
 //! - [`worker`] — engine mode: a pinned busy-poll thread per queue pair
 //!   ([`Engine`]).
-//! - [`profile`] — every tunable in [`EngineConfig`], loadable from TOML.
 //!
 //! # Your first message
 //!
@@ -41,14 +45,14 @@
 //! any one application thread hands it work through lock-free queues.
 //!
 //! ```no_run
-//! use pinpoll::{connect::parse_socket_addr, Completion, Connection, Engine, EngineConfig};
+//! use pinpoll::{connect::parse_socket_addr, Connection, Engine, EngineConfig, EngineEvent};
 //!
 //! let mut cfg = EngineConfig::load("latency")?;
 //! cfg.core = Some(1);
 //! let conn = Connection::connect(parse_socket_addr("169.254.0.1", 7471)?, &cfg)?;
 //! let mut engine = Engine::spawn(conn, &cfg)?;
 //! engine.send(b"hello")?;
-//! if let Completion::Received { data } = engine.wait()? {
+//! if let EngineEvent::Received { data } = engine.wait()? {
 //!     println!("{}", String::from_utf8_lossy(data));
 //! }
 //! engine.shutdown()?;               // drains in-flight work, joins the worker
@@ -61,25 +65,30 @@
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations)]
 
-pub mod completion;
 pub mod config;
 pub mod connect;
 pub mod datapath;
+pub mod device;
 pub mod endpoint;
 pub mod error;
 pub mod gid;
-pub mod profile;
-pub mod sys;
+pub mod handoff;
+pub mod memory;
+pub mod status;
+mod sys;
 mod wait;
 pub mod worker;
 
-pub use completion::{WcError, WcOpcode, WcStatus};
-pub use config::QpConfig;
-pub use datapath::{Batch, Connection, Event};
-pub use endpoint::Endpoint;
+/// A counting global allocator, for proving that a data path never
+/// allocates (see `engine/tests/zero_alloc.rs`).
+pub mod alloc {
+    pub use crate::sys::alloc::CountingAllocator;
+}
+
+pub use config::{EngineConfig, IdlePolicy, QpConfig};
+pub use datapath::{Batch, Connection, ConnectionBuilder, Event, Incoming, Stats};
+pub use endpoint::{Completed, Endpoint, WorkDone};
 pub use error::{Error, Result};
-pub use profile::{EngineConfig, IdlePolicy};
-pub use sys::mem::{Buffer, PageSize};
-pub use sys::mr::{Access, LocalSlice, MemoryRegion, RemoteSlice};
-pub use sys::qp::SendFlags;
-pub use worker::{Completion, Engine, WorkerReport};
+pub use memory::{Access, MemoryRegion, PageSize, Posted, RegionOp, RemoteSlice, SharedRegion};
+pub use status::{WcError, WcOpcode, WcStatus};
+pub use worker::{Engine, EngineEvent, WorkerReport};

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use crossbeam::queue::ArrayQueue;
 
-use crate::completion::{WcError, WcOpcode};
+use crate::config::{EngineConfig, IdlePolicy};
 use crate::datapath::{Connection, Event, Stats};
 use crate::error::{Error, Result};
-use crate::profile::{EngineConfig, IdlePolicy};
+use crate::status::{WcError, WcOpcode};
 use crate::sys::cpu::current_affinity;
 use crate::sys::handoff::{handoff_ring, SlotReader, SlotWriter};
 use crate::wait::BoundedWait;
@@ -48,7 +48,7 @@ struct Op {
 
 /// An event as it crosses from the worker; payloads ride in the rx ring.
 #[derive(Debug, Clone, Copy)]
-enum Note {
+enum Relayed {
     Received,
     WriteImm {
         imm: u32,
@@ -74,10 +74,11 @@ enum Note {
     PeerLost,
 }
 
-/// A completion handed back by the worker; data borrowed from the engine
-/// until the next call to [`Engine::poll`] or [`Engine::wait`].
+/// What the worker hands back: the engine-mode counterpart of
+/// [`Event`], its data borrowed from the engine until the next call to
+/// [`Engine::poll`] or [`Engine::wait`].
 #[derive(Debug)]
-pub enum Completion<'a> {
+pub enum EngineEvent<'a> {
     /// A SEND from the peer.
     Received { data: &'a [u8] },
     /// A WRITE_WITH_IMM from the peer landed `len` bytes in the target ring.
@@ -112,7 +113,7 @@ pub struct WorkerReport {
 #[derive(Debug)]
 pub struct Engine {
     ops: Arc<ArrayQueue<Op>>,
-    notes: Arc<ArrayQueue<Note>>,
+    notes: Arc<ArrayQueue<Relayed>>,
     tx: SlotWriter,
     rx: SlotReader,
     rx_held: bool,
@@ -158,22 +159,18 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("pinpoll-worker".into())
             .spawn(move || {
-                if let Some(id) = core {
-                    if !core_affinity::set_for_current(core_affinity::CoreId { id }) {
-                        let _ = started_tx.send(Err(Error::Config(format!(
-                            "cannot pin the worker to core {id}"
-                        ))));
-                        return Err(Error::Config(format!("cannot pin the worker to core {id}")));
+                if let Some(core) = core {
+                    if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+                        let _ = started_tx.send(Err(Error::Pin { core }));
+                        return Err(Error::Pin { core });
                     }
                 }
                 let affinity = current_affinity()?;
                 let _ = started_tx.send(Ok(affinity.clone()));
                 worker.run(affinity)
             })
-            .map_err(|e| Error::Config(format!("cannot start the worker thread: {e}")))?;
-        let affinity = started_rx
-            .recv()
-            .map_err(|_| Error::Config("the worker thread died while starting".into()))??;
+            .map_err(|source| Error::WorkerSpawn { source })?;
+        let affinity = started_rx.recv().map_err(|_| Error::WorkerStopped)??;
         Ok(Engine {
             ops,
             notes,
@@ -204,10 +201,10 @@ impl Engine {
 
     fn check(&self, len: usize, remote: Option<u64>) -> Result<()> {
         if len > self.slot_size {
-            return Err(Error::Config(format!(
-                "{len} bytes exceed the slot size {}",
-                self.slot_size
-            )));
+            return Err(Error::TooLarge {
+                len,
+                limit: self.slot_size,
+            });
         }
         if let Some(offset) = remote {
             if offset
@@ -270,7 +267,7 @@ impl Engine {
     }
 
     /// Submits an RDMA READ; the data come back in
-    /// [`Completion::ReadCompleted`].
+    /// [`EngineEvent::ReadCompleted`].
     #[inline]
     pub fn read(&mut self, remote_offset: u64, len: usize) -> Result<u64> {
         self.check(len, Some(remote_offset))?;
@@ -282,45 +279,45 @@ impl Engine {
 
     /// The next completion, if the worker has handed one back.
     #[inline]
-    pub fn poll(&mut self) -> Option<Completion<'_>> {
+    pub fn poll(&mut self) -> Option<EngineEvent<'_>> {
         if std::mem::take(&mut self.rx_held) {
             self.rx.release();
         }
         let note = self.notes.pop()?;
         Some(match note {
-            Note::Received => {
+            Relayed::Received => {
                 self.rx_held = true;
-                Completion::Received {
+                EngineEvent::Received {
                     data: self.rx.peek().unwrap_or(&[]),
                 }
             }
-            Note::ReadCompleted { id } => {
+            Relayed::ReadCompleted { id } => {
                 self.rx_held = true;
-                Completion::ReadCompleted {
+                EngineEvent::ReadCompleted {
                     id,
                     data: self.rx.peek().unwrap_or(&[]),
                 }
             }
-            Note::WriteImm { imm, len } => Completion::WriteImm { imm, len },
-            Note::Completed { id, opcode } => Completion::Completed { id, opcode },
-            Note::Failed(e) => Completion::Failed(e),
-            Note::Flushed { id } => Completion::Flushed { id },
-            Note::RecvFlushed => Completion::RecvFlushed,
-            Note::Refused { id } => Completion::Refused { id },
-            Note::PeerLost => Completion::PeerLost,
+            Relayed::WriteImm { imm, len } => EngineEvent::WriteImm { imm, len },
+            Relayed::Completed { id, opcode } => EngineEvent::Completed { id, opcode },
+            Relayed::Failed(e) => EngineEvent::Failed(e),
+            Relayed::Flushed { id } => EngineEvent::Flushed { id },
+            Relayed::RecvFlushed => EngineEvent::RecvFlushed,
+            Relayed::Refused { id } => EngineEvent::Refused { id },
+            Relayed::PeerLost => EngineEvent::PeerLost,
         })
     }
 
     /// Spins for the next completion, up to the completion timeout.
     #[inline]
-    pub fn wait(&mut self) -> Result<Completion<'_>> {
+    pub fn wait(&mut self) -> Result<EngineEvent<'_>> {
         if std::mem::take(&mut self.rx_held) {
             self.rx.release();
         }
         let mut wait = BoundedWait::new(self.timeout, "a completion from the worker");
         while self.notes.is_empty() {
             if wait.tick()?.is_some() && self.thread.as_ref().is_some_and(|t| t.is_finished()) {
-                return Err(Error::Config("the worker thread has stopped".into()));
+                return Err(Error::WorkerStopped);
             }
         }
         Ok(self.poll().expect("a note is queued"))
@@ -341,10 +338,8 @@ impl Engine {
             std::thread::yield_now();
         }
         match self.thread.take() {
-            Some(t) => t
-                .join()
-                .map_err(|_| Error::Config("the worker thread panicked".into()))?,
-            None => Err(Error::Config("the worker was already joined".into())),
+            Some(t) => t.join().map_err(|_| Error::WorkerPanicked)?,
+            None => Err(Error::WorkerStopped),
         }
     }
 }
@@ -362,7 +357,7 @@ impl Drop for Engine {
 struct Worker {
     conn: Connection,
     ops: Arc<ArrayQueue<Op>>,
-    notes: Arc<ArrayQueue<Note>>,
+    notes: Arc<ArrayQueue<Relayed>>,
     tx: SlotReader,
     rx: SlotWriter,
     stop: Arc<AtomicBool>,
@@ -407,7 +402,7 @@ impl Worker {
             if empty.is_multiple_of(PEER_CHECK_INTERVAL) || stopping.is_some() {
                 self.conn.peer_gone()?;
                 if let Err(e) = self.conn.keepalive() {
-                    let _ = self.notes.push(Note::PeerLost);
+                    let _ = self.notes.push(Relayed::PeerLost);
                     return Err(e);
                 }
             }
@@ -467,7 +462,7 @@ impl Worker {
                     // the application side already checks): never posted.
                     used += usize::from(has_payload);
                     refused += 1;
-                    let _ = self.notes.push(Note::Refused { id: op.id });
+                    let _ = self.notes.push(Relayed::Refused { id: op.id });
                 }
             }
         }
@@ -511,7 +506,7 @@ impl Worker {
             }
             // As in `submit`: never posted, and the application is told.
             Err(_) => {
-                let _ = self.notes.push(Note::Refused { id: op.id });
+                let _ = self.notes.push(Relayed::Refused { id: op.id });
             }
         }
         // Posted (copied or inlined) or refused: the slot can go back.
@@ -535,26 +530,26 @@ impl Worker {
                 Event::Received { data } => {
                     let pushed = rx.push(data);
                     debug_assert!(pushed);
-                    Note::Received
+                    Relayed::Received
                 }
-                Event::WriteImm { imm, len } => Note::WriteImm { imm, len },
-                Event::Completed { seq, opcode } => Note::Completed {
+                Event::WriteImm { imm, len } => Relayed::WriteImm { imm, len },
+                Event::Completed { seq, opcode } => Relayed::Completed {
                     id: id_of(seq),
                     opcode,
                 },
                 Event::ReadCompleted { seq, data } => {
                     let pushed = rx.push(data);
                     debug_assert!(pushed);
-                    Note::ReadCompleted { id: id_of(seq) }
+                    Relayed::ReadCompleted { id: id_of(seq) }
                 }
                 Event::Failed(mut e) => {
                     if e.opcode != Some(WcOpcode::RECV) {
                         e.wr_id = id_of(e.wr_id);
                     }
-                    Note::Failed(e)
+                    Relayed::Failed(e)
                 }
-                Event::Flushed { seq, .. } => Note::Flushed { id: id_of(seq) },
-                Event::RecvFlushed => Note::RecvFlushed,
+                Event::Flushed { seq, .. } => Relayed::Flushed { id: id_of(seq) },
+                Event::RecvFlushed => Relayed::RecvFlushed,
             };
             let pushed = notes.push(note);
             debug_assert!(pushed.is_ok(), "room was checked before polling");

@@ -1,12 +1,188 @@
-//! The fast path: registered rings, pre-built work-request chains,
-//! selective signaling and bounded completion polling, with no heap
-//! allocation, lock or system call per operation.
+//! The fast path, direct mode: the thread that owns a [`Connection`]
+//! posts and polls, with no heap allocation, lock or system call per
+//! operation.
 //!
-//! - [`Connection`]: direct mode — the calling thread posts and polls.
-//! - [`crate::worker`]: engine mode — a pinned thread owns the connection.
+//! One operation's path runs through three files: [`post`] here (the
+//! public `try_*` calls, and the waiting ones around them), then
+//! `sys::send_queue`, which admits the request in the pure `sys::ledger`,
+//! stages its payload (inline, or in a send-ring slot the ledger hands
+//! it) and builds it with `sys::wr` for one doorbell. Completions come
+//! back through [`poll`] (send queue) and [`receive`] (receive queue).
+//!
+//! The rest, by concern: [`builder`] (the rings and the ways to
+//! connect), [`batch`] (several requests, one doorbell), [`liveness`]
+//! (heartbeats, peer checks, what a failure is reported as), [`close`]
+//! (draining at the end), [`event`] (what is reported).
 
-mod connection;
-pub mod ring;
-pub mod sq;
+mod batch;
+mod builder;
+mod close;
+mod event;
+mod liveness;
+mod poll;
+mod post;
+mod receive;
 
-pub use connection::{Batch, Connection, Event, Incoming, Rings, Stats};
+use std::time::Duration;
+
+pub use batch::Batch;
+pub use builder::ConnectionBuilder;
+pub(crate) use builder::Rings;
+pub use event::{Event, Incoming, Stats};
+
+use crate::config::EngineConfig;
+use crate::endpoint::Endpoint;
+use crate::error::Result;
+use crate::status::WcError;
+use crate::sys::mr::RemoteSlice;
+use crate::sys::recv_queue::RecvQueue;
+use crate::sys::region::SharedRegion;
+use crate::sys::send_queue::SendQueue;
+use liveness::Heartbeat;
+
+/// A connected queue pair with its rings, pre-built chains and accounting.
+/// The owning thread posts and polls; nothing here allocates after
+/// construction.
+#[derive(Debug)]
+pub struct Connection {
+    // Field order is drop order: the QP (in the endpoint) goes first, so
+    // the NIC is done with the rings before they are deregistered.
+    ep: Endpoint,
+    sq: SendQueue,
+    rq: RecvQueue,
+    /// The peer RDMA-writes (and reads) here; its descriptor went to the peer.
+    target: SharedRegion,
+    /// The peer's target ring.
+    peer: RemoteSlice,
+    completion_timeout: Duration,
+    failure: Option<WcError>,
+    /// Set by close: flushes are then expected, not failures.
+    closing: bool,
+    heartbeat: Heartbeat,
+    stats: Stats,
+}
+
+impl Connection {
+    /// Builds the fast path over a connected endpoint whose rings were
+    /// prepared before connecting. `peer` is the peer's target ring.
+    pub(crate) fn new(
+        ep: Endpoint,
+        rings: Rings,
+        peer: RemoteSlice,
+        cfg: &EngineConfig,
+    ) -> Connection {
+        let Rings { sq, rq, target } = rings;
+        Connection {
+            ep,
+            sq,
+            rq,
+            target,
+            peer,
+            completion_timeout: cfg.completion_timeout,
+            failure: None,
+            closing: false,
+            heartbeat: Heartbeat::new(cfg),
+            stats: Stats::default(),
+        }
+    }
+
+    /// The connection's queue pair, for queries (device, state, why it ended).
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.ep
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats {
+            posted: self.sq.ledger().posted(),
+            ..self.stats
+        }
+    }
+
+    /// The first error completion, once one happened.
+    pub fn failure(&self) -> Option<&WcError> {
+        self.failure.as_ref()
+    }
+
+    /// Changes the bound on every completion wait.
+    pub fn set_completion_timeout(&mut self, timeout: Duration) {
+        self.completion_timeout = timeout;
+    }
+
+    /// Largest payload that is posted inline.
+    pub fn inline_threshold(&self) -> usize {
+        self.sq.inline_threshold()
+    }
+
+    /// Bytes per ring slot: the largest single operation.
+    pub fn slot_size(&self) -> usize {
+        self.sq.layout().size()
+    }
+
+    /// Slots per ring. Send-ring slots are claimed in order, so after this
+    /// many [`Batch::write_from`] calls every slot has been filled once.
+    pub fn slot_count(&self) -> usize {
+        self.sq.layout().count()
+    }
+
+    /// The peer's target ring.
+    pub fn peer_ring(&self) -> RemoteSlice {
+        self.peer
+    }
+
+    /// What the peer sent after its ring's descriptor in the rdma_cm
+    /// handshake ([`ConnectionBuilder::private_data`]), zero-padded.
+    pub fn peer_data(&self) -> &[u8] {
+        self.ep
+            .peer_private_data()
+            .get(crate::connect::RegionDescriptor::LEN..)
+            .unwrap_or(&[])
+    }
+
+    /// This side's target ring, which the peer writes into: read it by
+    /// copying ([`SharedRegion::copy_to`]) once the peer said (by message
+    /// or immediate) that the bytes are there.
+    pub fn target(&self) -> &SharedRegion {
+        &self.target
+    }
+
+    /// This side's target ring, to publish data the peer will RDMA READ.
+    pub fn target_mut(&mut self) -> &mut SharedRegion {
+        &mut self.target
+    }
+
+    /// Byte `offset` of this side's target ring, loaded from memory on
+    /// every call: spin on it to see a peer's RDMA WRITE land (the last
+    /// byte of a write arrives last on RC).
+    #[inline]
+    pub fn target_byte(&self, offset: usize) -> u8 {
+        self.target.load_byte(offset)
+    }
+
+    /// Send-queue requests admitted and not yet retired.
+    #[inline]
+    pub fn outstanding(&self) -> u64 {
+        self.sq.ledger().outstanding()
+    }
+
+    /// Whether request `seq` has retired (successfully or not).
+    #[inline]
+    pub fn is_retired(&self, seq: u64) -> bool {
+        seq < self.sq.ledger().retired()
+    }
+
+    /// The first failure as an error, for refusing new work.
+    #[cold]
+    #[inline(never)]
+    fn failed(&self) -> crate::Error {
+        crate::Error::Completion(self.failure.expect("called after a failure"))
+    }
+
+    /// Fails with the connection's first failure, if it has one.
+    #[inline(always)]
+    fn check_failure(&self) -> Result<()> {
+        match self.failure {
+            None => Ok(()),
+            Some(_) => Err(self.failed()),
+        }
+    }
+}

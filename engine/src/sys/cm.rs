@@ -19,14 +19,12 @@ pub mod event {
     pub const ROUTE_RESOLVED: u32 = 2;
     pub const ROUTE_ERROR: u32 = 3;
     pub const CONNECT_REQUEST: u32 = 4;
-    pub const CONNECT_RESPONSE: u32 = 5;
     pub const CONNECT_ERROR: u32 = 6;
     pub const UNREACHABLE: u32 = 7;
     pub const REJECTED: u32 = 8;
     pub const ESTABLISHED: u32 = 9;
     pub const DISCONNECTED: u32 = 10;
     pub const DEVICE_REMOVAL: u32 = 11;
-    pub const TIMEWAIT_EXIT: u32 = 15;
 }
 
 /// `RDMA_OPTION_ID` / `RDMA_OPTION_ID_ACK_TIMEOUT` (anonymous enums in

@@ -1,28 +1,44 @@
 //! Completion queues and the work completions polled from them.
 
+use std::cell::Cell;
+use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 use super::device::Context;
 use super::ffi;
-use crate::completion::{WcError, WcOpcode, WcStatus};
 use crate::error::{last_os_error, Error, Result};
+use crate::status::{WcError, WcOpcode, WcStatus};
 
-/// An `ibv_cq` polled by busy-waiting (no completion channel).
+/// An `ibv_cq` polled by busy-waiting (no completion channel): the owner,
+/// which keeps it alive for the QPs that use it and destroys it last.
+/// Polling is the unique [`CqPoller`]'s.
 #[derive(Debug)]
-pub struct CompletionQueue {
+pub(crate) struct CompletionQueue {
     ptr: *mut ffi::ibv_cq,
-    depth: u32,
     _ctx: Arc<Context>,
 }
 
-// SAFETY: a CQ may be polled from any thread; the provider locks it.
+// SAFETY: the handle may move between threads; destroying it (Drop) needs
+// the last Arc, so no other thread still uses it.
 unsafe impl Send for CompletionQueue {}
-// SAFETY: as above: ibv_poll_cq is thread-safe per ibv_poll_cq(3).
+// SAFETY: &CompletionQueue only hands the handle to ibv_create_qp (which the kernel checks); polling, the one
+// operation that touches the provider's CQ state, is not reachable from it.
 unsafe impl Sync for CompletionQueue {}
 
+/// The right to poll one CQ: one per CQ, `Send` but not `Sync`, so one
+/// thread at a time polls — what lets a provider skip its CQ lock
+/// (`MLX5_SINGLE_THREADED=1`).
+#[derive(Debug)]
+pub(crate) struct CqPoller {
+    cq: Arc<CompletionQueue>,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
 impl CompletionQueue {
-    pub fn new(ctx: &Arc<Context>, depth: u32) -> Result<Arc<Self>> {
+    /// Creates a CQ of at least `depth` entries; returns its owner (for the
+    /// QPs) and its poller.
+    pub(crate) fn new(ctx: &Arc<Context>, depth: u32) -> Result<(Arc<Self>, CqPoller)> {
         // SAFETY: ctx is live; no channel and no context pointer are passed.
         let ptr = unsafe {
             ffi::ibv_create_cq(
@@ -39,43 +55,50 @@ impl CompletionQueue {
                 source: last_os_error(),
             });
         }
-        // SAFETY: ptr is a CQ we just created; cqe is the real depth.
-        let depth = unsafe { (*ptr).cqe }.max(0) as u32;
-        Ok(Arc::new(CompletionQueue {
+        let cq = Arc::new(CompletionQueue {
             ptr,
-            depth,
             _ctx: Arc::clone(ctx),
-        }))
-    }
-
-    /// The depth the device actually gave (at least the one asked for).
-    pub fn depth(&self) -> u32 {
-        self.depth
+        });
+        let poller = CqPoller {
+            cq: Arc::clone(&cq),
+            _not_sync: PhantomData,
+        };
+        Ok((cq, poller))
     }
 
     pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_cq {
         self.ptr
     }
+}
 
-    /// Polls up to `out.len()` completions into `out`, returning the filled
-    /// prefix. Never blocks, never allocates.
+impl CqPoller {
+    /// Polls up to `out.len()` completions into `out`, returning how many.
+    /// Never blocks, never allocates.
     #[inline]
-    pub fn poll<'a>(&self, out: &'a mut [WorkCompletion]) -> Result<&'a [WorkCompletion]> {
+    pub(crate) fn poll(&mut self, out: &mut [WorkCompletion]) -> Result<usize> {
         let max = out.len().min(i32::MAX as usize) as i32;
         // SAFETY: WorkCompletion is repr(transparent) over ibv_wc, so `out`
-        // is `max` writable ibv_wc slots; the CQ is live.
-        let n = unsafe { ffi::ibv_poll_cq(self.ptr, max, out.as_mut_ptr().cast::<ffi::ibv_wc>()) };
+        // is `max` writable ibv_wc; the CQ is live (we hold an Arc), and
+        // &mut self on the only poller makes this the only poll of it.
+        let n =
+            unsafe { ffi::ibv_poll_cq(self.cq.ptr, max, out.as_mut_ptr().cast::<ffi::ibv_wc>()) };
         if n < 0 {
-            return Err(Error::PollCq(crate::error::errno(n)));
+            return Err(poll_failed(n));
         }
-        Ok(&out[..n as usize])
+        Ok(n as usize)
     }
+}
+
+#[cold]
+#[inline(never)]
+fn poll_failed(n: i32) -> Error {
+    Error::PollCq(crate::error::errno(n))
 }
 
 impl Drop for CompletionQueue {
     fn drop(&mut self) {
-        // SAFETY: every QP using this CQ holds an Arc of it, so none is
-        // alive; destroyed exactly once.
+        // SAFETY: every QP using this CQ and its poller hold an Arc of it,
+        // so none is alive; destroyed exactly once.
         let rc = unsafe { ffi::ibv_destroy_cq(self.ptr) };
         if rc != 0 {
             tracing::warn!(error = %crate::error::errno(rc), "ibv_destroy_cq failed");
@@ -83,53 +106,53 @@ impl Drop for CompletionQueue {
     }
 }
 
-/// One `ibv_wc`, read through safe accessors.
+/// One `ibv_wc`, read through safe accessors. Only polling fills one.
 #[repr(transparent)]
-pub struct WorkCompletion(ffi::ibv_wc);
+pub(crate) struct WorkCompletion(ffi::ibv_wc);
 
 impl WorkCompletion {
     /// An empty slot to poll into.
-    pub fn zeroed() -> Self {
+    pub(crate) fn zeroed() -> Self {
         // SAFETY: ibv_wc is plain data (integers and a union of integers);
         // all-zero is a valid value.
         WorkCompletion(unsafe { MaybeUninit::<ffi::ibv_wc>::zeroed().assume_init() })
     }
 
     /// A fixed array of empty slots, for polling in batches without allocating.
-    pub fn array<const N: usize>() -> [WorkCompletion; N] {
+    pub(crate) fn array<const N: usize>() -> [WorkCompletion; N] {
         std::array::from_fn(|_| WorkCompletion::zeroed())
     }
 
     #[inline]
-    pub fn wr_id(&self) -> u64 {
+    pub(crate) fn wr_id(&self) -> u64 {
         self.0.wr_id
     }
 
     #[inline]
-    pub fn status(&self) -> WcStatus {
+    pub(crate) fn status(&self) -> WcStatus {
         WcStatus(self.0.status)
     }
 
     #[inline]
-    pub fn is_success(&self) -> bool {
+    pub(crate) fn is_success(&self) -> bool {
         self.0.status == ffi::ibv_wc_status::IBV_WC_SUCCESS
     }
 
     /// Valid only for successful completions (verbs leave it undefined
     /// otherwise).
     #[inline]
-    pub fn opcode(&self) -> WcOpcode {
+    pub(crate) fn opcode(&self) -> WcOpcode {
         WcOpcode(self.0.opcode)
     }
 
     #[inline]
-    pub fn byte_len(&self) -> u32 {
+    pub(crate) fn byte_len(&self) -> u32 {
         self.0.byte_len
     }
 
     /// The immediate value in host order, if the completion carries one.
     #[inline]
-    pub fn imm(&self) -> Option<u32> {
+    pub(crate) fn imm(&self) -> Option<u32> {
         if self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
             // SAFETY: with IBV_WC_WITH_IMM the union holds imm_data.
             Some(u32::from_be(unsafe { self.0.__bindgen_anon_1.imm_data }))
@@ -139,19 +162,19 @@ impl WorkCompletion {
     }
 
     #[inline]
-    pub fn qp_num(&self) -> u32 {
+    pub(crate) fn qp_num(&self) -> u32 {
         self.0.qp_num
     }
 
     #[inline]
-    pub fn vendor_err(&self) -> u32 {
+    pub(crate) fn vendor_err(&self) -> u32 {
         self.0.vendor_err
     }
 
     /// `Ok(())` for success, otherwise the typed error; `posted` is the
     /// opcode the caller posted this wr_id with, if it knows it.
     #[inline]
-    pub fn result(&self, posted: Option<WcOpcode>) -> Result<(), WcError> {
+    pub(crate) fn result(&self, posted: Option<WcOpcode>) -> Result<(), WcError> {
         if self.is_success() {
             Ok(())
         } else {

@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use crossbeam::utils::CachePadded;
 
+use super::layout::SlotLayout;
 use super::mem::{Buffer, PageSize};
-use crate::datapath::ring::SlotLayout;
 use crate::error::Result;
 
 #[derive(Debug)]
@@ -117,7 +117,7 @@ impl SlotWriter {
             }
         }
         let slot = layout.slot(self.head);
-        let range = layout.range(slot, len);
+        let range = layout.range(self.head, len);
         // SAFETY: slot `head` is not yet published, so the consumer does
         // not read it, and it was released (head - released < count), so
         // no earlier reader borrow of it exists; the range is inside the
@@ -162,7 +162,7 @@ impl SlotReader {
         let layout = self.shared.layout;
         let slot = layout.slot(self.tail);
         let len = self.shared.lens[slot].load(Ordering::Relaxed) as usize;
-        let range = layout.range(slot, len);
+        let range = layout.range(self.tail, len);
         // SAFETY: tail < published (Acquire above, or cached from an
         // earlier Acquire), so the producer finished writing this slot and
         // will not touch it until we release it, which needs &mut self and
@@ -220,7 +220,7 @@ impl<'a> Published<'a> {
         let layout = self.shared.layout;
         let slot = layout.slot(pos);
         let len = self.shared.lens[slot].load(Ordering::Relaxed) as usize;
-        let range = layout.range(slot, len);
+        let range = layout.range(pos, len);
         // SAFETY: tail <= pos < published (read with Acquire when this view
         // was made): the producer finished this slot and cannot reuse it
         // before it is released, which needs the reader this view borrows.

@@ -1,6 +1,9 @@
 //! Page-aligned memory for registration: anonymous pages, or 2 MiB / 1 GiB
 //! huge pages, mapped and pre-faulted up front so the data path never takes
-//! a page fault.
+//! a page fault, and never inherited by a child process: a fork would
+//! otherwise make the pages copy-on-write, and the first write after it
+//! would move this process's copy away from the pages the NIC was told
+//! about (kernels before 5.12 do not protect registrations from that).
 
 use std::ptr::NonNull;
 
@@ -45,18 +48,20 @@ fn base_page_size() -> usize {
     }
 }
 
-/// An owned, page-aligned, pre-faulted mapping.
+/// An owned, page-aligned, pre-faulted mapping, not inherited across fork.
+/// It hands out raw pointers only: once registered, the NIC may write it,
+/// and [`super::mr`] decides who may look.
 #[derive(Debug)]
-pub struct Buffer {
+pub(crate) struct Buffer {
     ptr: NonNull<u8>,
     len: usize,
     mapped: usize,
-    page: PageSize,
 }
 
-// SAFETY: the buffer is plain memory owned by this value.
+// SAFETY: the buffer is plain memory owned by this value; moving the owner
+// moves the right to free it, nothing else.
 unsafe impl Send for Buffer {}
-// SAFETY: shared access only hands out &[u8].
+// SAFETY: &Buffer gives out only its address and length, never access.
 unsafe impl Sync for Buffer {}
 
 impl Buffer {
@@ -64,7 +69,7 @@ impl Buffer {
     ///
     /// Huge pages are never a silent fallback: when they were asked for and
     /// none are free, this fails and says how to reserve them.
-    pub fn new(len: usize, page: PageSize) -> Result<Buffer> {
+    pub(crate) fn new(len: usize, page: PageSize) -> Result<Buffer> {
         let page_bytes = page.bytes();
         let mapped = len.max(1).div_ceil(page_bytes) * page_bytes;
         let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE;
@@ -94,39 +99,27 @@ impl Buffer {
             });
         }
         let ptr = NonNull::new(ptr.cast::<u8>()).expect("mmap returned NULL without MAP_FIXED");
-        Ok(Buffer {
-            ptr,
-            len,
-            mapped,
-            page,
-        })
+        // SAFETY: the range is the mapping just made, owned by this call.
+        if unsafe { libc::madvise(ptr.as_ptr().cast(), mapped, libc::MADV_DONTFORK) } != 0 {
+            let source = std::io::Error::last_os_error();
+            // SAFETY: as in Drop: our mapping, unmapped once.
+            unsafe { libc::munmap(ptr.as_ptr().cast(), mapped) };
+            return Err(Error::Map {
+                len: mapped,
+                hint: "madvise(MADV_DONTFORK) refused the mapping".into(),
+                source,
+            });
+        }
+        Ok(Buffer { ptr, len, mapped })
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub fn page_size(&self) -> PageSize {
-        self.page
-    }
-
-    pub fn as_ptr(&self) -> *mut u8 {
+    /// The start of the mapping: `len` bytes, zero-filled by the kernel.
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
-    }
-
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: ptr is a live mapping of at least len bytes, initialised
-        // (zero-filled by the kernel) and owned by self.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as in as_slice, and &mut self makes this the only view.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
@@ -265,12 +258,26 @@ mod tests {
 
     #[test]
     fn base_pages_map_zeroed_and_aligned() {
-        let mut b = Buffer::new(10_000, PageSize::Base).unwrap();
+        let b = Buffer::new(10_000, PageSize::Base).unwrap();
         assert_eq!(b.len(), 10_000);
         assert_eq!(b.as_ptr() as usize % PageSize::Base.bytes(), 0);
-        assert!(b.as_slice().iter().all(|x| *x == 0));
-        b.as_mut_slice()[9_999] = 7;
-        assert_eq!(b.as_slice()[9_999], 7);
+        // SAFETY: the buffer is ours, unregistered, 10 000 bytes long.
+        let bytes = unsafe { std::slice::from_raw_parts(b.as_ptr(), b.len()) };
+        assert!(bytes.iter().all(|x| *x == 0));
+    }
+
+    #[test]
+    fn a_child_process_does_not_inherit_the_pages() {
+        let b = Buffer::new(4096, PageSize::Base).unwrap();
+        let maps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let start = format!("{:x}-", b.as_ptr() as usize);
+        let flags = maps
+            .lines()
+            .skip_while(|l| !l.starts_with(&start))
+            .find(|l| l.starts_with("VmFlags:"))
+            .expect("an smaps entry for the mapping");
+        // `dc`: "do not copy area on fork" (proc(5)).
+        assert!(flags.split_whitespace().any(|f| f == "dc"), "{flags}");
     }
 
     #[test]

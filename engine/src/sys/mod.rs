@@ -1,20 +1,39 @@
-//! The only place that talks to libibverbs and librdmacm. Every type here is
-//! an RAII owner whose children hold an `Arc` of their parent, so teardown
-//! runs in reverse order of construction — also after a setup step fails
-//! half-way. Everything above this module is safe Rust.
+//! The only place that talks to libibverbs and librdmacm, and the only
+//! code that decides who may touch registered memory. Private to the
+//! engine: what users need of it is re-exported by the crate root on
+//! purpose. Everything above this module is safe Rust.
+//!
+//! - Owners of verbs and CM objects, each an RAII type whose children hold
+//!   an `Arc` of their parent, so teardown runs in reverse order of
+//!   construction — also after a setup step fails half-way: [`device`],
+//!   [`pd`], [`cq`], [`qp`], [`cm`], [`mem`] (mappings), [`mr`]
+//!   (registrations).
+//! - Ownership of registered memory: [`region`] (regions users hold, and
+//!   posting that moves them to the NIC and back), [`send_queue`] and
+//!   [`recv_queue`] (a connection's rings, whose slots only these modules
+//!   hand between CPU and NIC), over the pure accounting in [`ledger`] and
+//!   [`layout`], and the work-request builder in [`wr`].
+//! - [`handoff`]: the lock-free slot ring between an application thread
+//!   and the engine's worker; [`cpu`], [`alloc`]: thread affinity and the
+//!   counting allocator of the zero-allocation test.
 #![allow(unsafe_code)]
 
-pub mod alloc;
-pub mod chain;
-pub mod cm;
-pub mod cpu;
-pub mod cq;
-pub mod device;
-pub mod handoff;
-pub mod mem;
-pub mod mr;
-pub mod pd;
-pub mod qp;
+pub(crate) mod alloc;
+pub(crate) mod cm;
+pub(crate) mod cpu;
+pub(crate) mod cq;
+pub(crate) mod device;
+pub(crate) mod handoff;
+pub(crate) mod layout;
+pub(crate) mod ledger;
+pub(crate) mod mem;
+pub(crate) mod mr;
+pub(crate) mod pd;
+pub(crate) mod qp;
+pub(crate) mod recv_queue;
+pub(crate) mod region;
+pub(crate) mod send_queue;
+pub(crate) mod wr;
 
 use pinpoll_verbs_sys as ffi;
 
@@ -31,14 +50,16 @@ fn static_cstr(ptr: *const std::os::raw::c_char) -> &'static str {
     s.to_str().unwrap_or("")
 }
 
-/// `ibv_wc_status_str`: the library's own text for a completion status.
-pub fn wc_status_str(status: u32) -> &'static str {
+/// `ibv_wc_status_str`: the library's own text for a completion status
+/// (what [`crate::status::WcStatus::text`] is checked against).
+#[cfg(test)]
+pub(crate) fn wc_status_str(status: u32) -> &'static str {
     // SAFETY: ibv_wc_status_str accepts any value and returns a static string.
     static_cstr(unsafe { ffi::ibv_wc_status_str(status) })
 }
 
 /// `rdma_event_str`: the library's name for a CM event.
-pub fn cm_event_str(event: u32) -> &'static str {
+pub(crate) fn cm_event_str(event: u32) -> &'static str {
     // SAFETY: rdma_event_str accepts any value and returns a static string.
     static_cstr(unsafe { ffi::rdma_event_str(event) })
 }

@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::ffi;
-use super::mem::{memlock_limit, Buffer};
+use super::mem::{memlock_limit, Buffer, PageSize};
 use super::pd::ProtectionDomain;
 use crate::error::{last_os_error, Error, Result};
 
@@ -68,44 +68,60 @@ impl fmt::Display for Access {
 
 /// An `ibv_mr` over a [`Buffer`] it owns; holds its PD alive.
 ///
-/// Dropping it deregisters first, so the NIC can no longer reach the pages,
-/// and unmaps after. The NIC writes into receive buffers, RDMA READ targets
-/// and remotely writable regions on its own schedule: read such bytes only
-/// after the completion (or the protocol message) that says they are there.
-pub struct MemoryRegion {
+/// The crate-internal owner: it hands out addresses, keys and bounded raw
+/// copies, never a reference to its bytes, because the NIC (a posted
+/// receive or READ) or a peer (REMOTE_WRITE) may be writing them. The
+/// public views with their ownership rules are in [`super::region`].
+///
+/// Dropping it deregisters first, so the NIC can no longer reach the
+/// pages, and unmaps after.
+pub(crate) struct Registration {
     ptr: *mut ffi::ibv_mr,
     buf: Buffer,
     access: Access,
     _pd: Arc<ProtectionDomain>,
 }
 
-// SAFETY: the MR handle and the buffer it owns may move between threads.
-unsafe impl Send for MemoryRegion {}
-// SAFETY: shared access only reads keys and hands out &[u8].
-unsafe impl Sync for MemoryRegion {}
+// SAFETY: the MR handle and the buffer it owns may move between threads
+// together; nothing in them is tied to the creating thread.
+unsafe impl Send for Registration {}
+// SAFETY: &Registration reads only the MR's immutable keys and copies
+// bytes out through raw pointers (no reference to the region is formed);
+// writing bytes in takes &mut.
+unsafe impl Sync for Registration {}
 
-impl MemoryRegion {
-    pub fn register(
+impl Registration {
+    /// Maps `len` bytes of `page`-backed memory and registers it with
+    /// `access` (at least one byte: verbs refuse empty regions).
+    pub(crate) fn new(
         pd: &Arc<ProtectionDomain>,
-        buf: Buffer,
+        len: usize,
+        page: PageSize,
         access: Access,
-    ) -> Result<MemoryRegion> {
-        let len = buf.len().max(1);
-        // SAFETY: buf is a live mapping of at least `len` bytes that this MR
-        // owns, so it outlives the registration.
-        let ptr =
-            unsafe { ffi::ibv_reg_mr(pd.as_ptr(), buf.as_ptr().cast(), len, access.bits() as i32) };
+    ) -> Result<Registration> {
+        let buf = Buffer::new(len, page)?;
+        let reg_len = buf.len().max(1);
+        // SAFETY: buf is a live mapping of at least `reg_len` bytes (a
+        // whole page) that this registration owns, so it outlives the MR.
+        let ptr = unsafe {
+            ffi::ibv_reg_mr(
+                pd.as_ptr(),
+                buf.as_ptr().cast(),
+                reg_len,
+                access.bits() as i32,
+            )
+        };
         if ptr.is_null() {
             let source = last_os_error();
-            let hint = reg_mr_hint(&source, len);
+            let hint = reg_mr_hint(&source, reg_len);
             return Err(Error::RegMr {
-                len,
+                len: reg_len,
                 access: access.to_string(),
                 hint,
                 source,
             });
         }
-        Ok(MemoryRegion {
+        Ok(Registration {
             ptr,
             buf,
             access,
@@ -113,59 +129,42 @@ impl MemoryRegion {
         })
     }
 
-    pub fn lkey(&self) -> u32 {
-        // SAFETY: ptr is a live MR.
+    #[inline]
+    pub(crate) fn lkey(&self) -> u32 {
+        // SAFETY: ptr is a live MR; its keys never change.
         unsafe { (*self.ptr).lkey }
     }
 
-    pub fn rkey(&self) -> u32 {
-        // SAFETY: ptr is a live MR.
+    #[inline]
+    pub(crate) fn rkey(&self) -> u32 {
+        // SAFETY: as in lkey.
         unsafe { (*self.ptr).rkey }
     }
 
-    pub fn addr(&self) -> u64 {
+    #[inline]
+    pub(crate) fn addr(&self) -> u64 {
         self.buf.as_ptr() as u64
     }
 
-    pub fn len(&self) -> usize {
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
         self.buf.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
-    }
-
-    pub fn access(&self) -> Access {
+    pub(crate) fn access(&self) -> Access {
         self.access
     }
 
-    pub fn as_slice(&self) -> &[u8] {
-        self.buf.as_slice()
-    }
-
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.buf.as_mut_slice()
-    }
-
-    /// Reads byte `offset` afresh from memory every call (a volatile load),
-    /// for spinning on a flag the peer's RDMA WRITE will set — the way
-    /// perftest's write latency test waits on the last byte.
+    /// Where byte `offset` lives (inside or one past the region).
     #[inline]
-    pub fn load_byte(&self, offset: usize) -> u8 {
-        assert!(
-            offset < self.len(),
-            "offset {offset} outside the region of {} bytes",
-            self.len()
-        );
-        // SAFETY: offset is inside the live mapping; a volatile byte load
-        // of memory the NIC may write concurrently reads either the old or
-        // the new value, and forces a real load on every call.
-        unsafe { std::ptr::read_volatile(self.buf.as_ptr().add(offset)) }
+    pub(super) fn at(&self, offset: usize) -> *mut u8 {
+        debug_assert!(offset <= self.len());
+        self.buf.as_ptr().wrapping_add(offset)
     }
 
-    /// The bytes `range` of this region, checked, as a scatter/gather entry.
+    /// The bytes `range`, checked, as a scatter/gather entry.
     #[inline]
-    pub fn slice(&self, range: Range<usize>) -> Result<LocalSlice> {
+    pub(crate) fn local(&self, range: Range<usize>) -> Result<LocalSlice> {
         check_range(&range, self.len())?;
         Ok(LocalSlice {
             addr: self.addr() + range.start as u64,
@@ -175,13 +174,69 @@ impl MemoryRegion {
     }
 
     /// What a peer needs to RDMA into `range` of this region.
-    pub fn remote(&self, range: Range<usize>) -> Result<RemoteSlice> {
+    pub(crate) fn remote(&self, range: Range<usize>) -> Result<RemoteSlice> {
         check_range(&range, self.len())?;
         Ok(RemoteSlice {
             addr: self.addr() + range.start as u64,
             len: (range.end - range.start) as u64,
             rkey: self.rkey(),
         })
+    }
+
+    /// Copies `dst.len()` bytes from `offset` into `dst` through raw
+    /// pointers: no reference to the region is ever formed, so a NIC or a
+    /// peer writing it meanwhile is not undefined behaviour — each byte
+    /// copied is then the old value or the new one, and `dst` is a private
+    /// snapshot that nothing else can change.
+    #[inline]
+    pub(crate) fn copy_out(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        check_span(offset, dst.len(), self.len())?;
+        // SAFETY: the source span lies inside the live mapping (checked);
+        // dst is a distinct, exclusively borrowed Rust buffer, so the two
+        // cannot overlap; raw copies tolerate concurrent device writes.
+        unsafe { std::ptr::copy_nonoverlapping(self.at(offset), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Copies `src` to `offset` through raw pointers (see [`copy_out`]).
+    ///
+    /// [`copy_out`]: Registration::copy_out
+    #[inline]
+    pub(crate) fn copy_in(&mut self, offset: usize, src: &[u8]) -> Result<()> {
+        check_span(offset, src.len(), self.len())?;
+        // SAFETY: the target span lies inside the live mapping (checked)
+        // and src is a Rust slice outside it; &mut self excludes any other
+        // CPU access through this owner.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.at(offset), src.len()) };
+        Ok(())
+    }
+
+    /// Reads byte `offset` afresh from memory on every call (a volatile
+    /// load), for spinning on a flag a peer's RDMA WRITE will set — the way
+    /// perftest's write latency test waits on the last byte.
+    #[inline]
+    pub(crate) fn load_byte(&self, offset: usize) -> u8 {
+        assert!(
+            offset < self.len(),
+            "offset {offset} outside the region of {} bytes",
+            self.len()
+        );
+        // SAFETY: offset is inside the live mapping; a volatile byte load of
+        // memory a device may write concurrently reads either the old or
+        // the new value, and forces a real load on every call.
+        unsafe { std::ptr::read_volatile(self.at(offset)) }
+    }
+}
+
+#[inline]
+fn check_span(offset: usize, len: usize, region_len: usize) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= region_len => Ok(()),
+        _ => Err(remote_out_of_region(
+            offset as u64,
+            len as u64,
+            region_len as u64,
+        )),
     }
 }
 
@@ -211,10 +266,11 @@ fn out_of_region(range: &Range<usize>, len: usize) -> Error {
     }
 }
 
-impl Drop for MemoryRegion {
+impl Drop for Registration {
     fn drop(&mut self) {
         // SAFETY: ptr is our MR, deregistered exactly once, before `buf`
-        // (a later field) is unmapped.
+        // (a later field) is unmapped; after ibv_dereg_mr returns the device
+        // no longer reaches the pages (ibv_reg_mr(3)).
         let rc = unsafe { ffi::ibv_dereg_mr(self.ptr) };
         if rc != 0 {
             tracing::warn!(error = %crate::error::errno(rc), "ibv_dereg_mr failed");
@@ -222,9 +278,9 @@ impl Drop for MemoryRegion {
     }
 }
 
-impl fmt::Debug for MemoryRegion {
+impl fmt::Debug for Registration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemoryRegion")
+        f.debug_struct("Registration")
             .field("addr", &format_args!("{:#x}", self.addr()))
             .field("len", &self.len())
             .field("lkey", &self.lkey())
@@ -245,7 +301,9 @@ fn reg_mr_hint(err: &std::io::Error, len: usize) -> String {
     }
 }
 
-/// A checked local buffer: address, length and lkey of one scatter/gather entry.
+/// A checked local buffer: address, length and lkey of one scatter/gather
+/// entry. Naming memory is all it does; only `unsafe` raw posting takes it,
+/// whose contract says who may touch the bytes and when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LocalSlice {
     pub(crate) addr: u64,
@@ -266,7 +324,7 @@ impl LocalSlice {
 /// A peer's memory the local side may RDMA into or from: address, rkey and
 /// length, as the peer advertised it. Nothing local can check it; the peer's
 /// NIC does, and answers REM_ACCESS_ERR when it is wrong.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RemoteSlice {
     pub addr: u64,
     pub len: u64,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::cm::CmId;
 use super::cq::CompletionQueue;
 use super::ffi;
-use super::mr::{Access, LocalSlice, RemoteSlice};
+use super::mr::Access;
 use super::pd::ProtectionDomain;
 use crate::config::QpConfig;
 use crate::error::{last_os_error, Error, Result};
@@ -40,7 +40,7 @@ pub const ERR_MASK: u32 = Mask::IBV_QP_STATE.0;
 
 /// The address of the peer's queue pair, for INIT→RTR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PeerPath {
+pub(crate) struct PeerPath {
     pub qpn: u32,
     /// The peer's first receive PSN (= its send PSN), 24 bits.
     pub psn: u32,
@@ -82,37 +82,6 @@ impl QpState {
     }
 }
 
-/// How a send-side work request is flagged.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SendFlags {
-    /// Generate a completion for this request.
-    pub signaled: bool,
-    /// Copy the payload into the WQE at post time (no lkey, no DMA read).
-    pub inline: bool,
-}
-
-impl SendFlags {
-    pub const SIGNALED: SendFlags = SendFlags {
-        signaled: true,
-        inline: false,
-    };
-    pub const UNSIGNALED: SendFlags = SendFlags {
-        signaled: false,
-        inline: false,
-    };
-
-    pub(crate) fn bits(self) -> u32 {
-        let mut bits = 0;
-        if self.signaled {
-            bits |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        }
-        if self.inline {
-            bits |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
-        }
-        bits
-    }
-}
-
 #[derive(Debug)]
 enum Owner {
     /// Created with ibv_create_qp; destroyed with ibv_destroy_qp.
@@ -123,11 +92,11 @@ enum Owner {
 
 /// A reliable-connected `ibv_qp`. Holds its PD and CQs alive.
 ///
-/// Posting takes `&mut self`: one owner posts, which is what the busy-poll
-/// design wants and what lets a provider run without locks
-/// (`MLX5_SINGLE_THREADED=1`).
+/// Posting (in [`super::wr`]) takes `&mut self`: one owner posts, which is
+/// what the busy-poll design wants and what lets a provider run without
+/// locks (`MLX5_SINGLE_THREADED=1`).
 #[derive(Debug)]
-pub struct QueuePair {
+pub(crate) struct QueuePair {
     ptr: *mut ffi::ibv_qp,
     owner: Owner,
     max_inline: u32,
@@ -136,8 +105,9 @@ pub struct QueuePair {
     _pd: Arc<ProtectionDomain>,
 }
 
-// SAFETY: the QP handle may move to another thread (the engine's worker);
-// it is not Sync because posting needs exclusive access.
+// SAFETY: the QP handle may move to another thread (the engine's worker)
+// with its owner; it is not Sync, so posting (which needs &mut) and every
+// other verb on it run on one thread at a time.
 unsafe impl Send for QueuePair {}
 
 fn init_attr(
@@ -164,7 +134,7 @@ fn init_attr(
 
 impl QueuePair {
     /// Creates an RC queue pair in RESET, for manual connection.
-    pub fn new(
+    pub(crate) fn new(
         pd: &Arc<ProtectionDomain>,
         send_cq: &Arc<CompletionQueue>,
         recv_cq: &Arc<CompletionQueue>,
@@ -187,7 +157,7 @@ impl QueuePair {
     }
 
     /// Creates an RC queue pair on a CM id; rdma_cm drives its transitions.
-    pub fn with_cm_id(
+    pub(crate) fn with_cm_id(
         id: &Arc<CmId>,
         pd: &Arc<ProtectionDomain>,
         send_cq: &Arc<CompletionQueue>,
@@ -218,48 +188,21 @@ impl QueuePair {
     }
 
     /// This QP's identity, for matching asynchronous events to it.
-    pub fn handle(&self) -> *const std::ffi::c_void {
+    pub(crate) fn handle(&self) -> *const std::ffi::c_void {
         self.ptr.cast()
     }
 
-    pub fn qp_num(&self) -> u32 {
+    pub(crate) fn qp_num(&self) -> u32 {
         // SAFETY: ptr is a live QP.
         unsafe { (*self.ptr).qp_num }
     }
 
     /// The inline size the device granted (at least what was asked for).
-    pub fn max_inline(&self) -> u32 {
+    pub(crate) fn max_inline(&self) -> u32 {
         self.max_inline
     }
 
-    /// The transport settings the QP actually runs with, read back from
-    /// the device: (local ACK timeout, retry count, RNR retry, path MTU).
-    pub fn transport(&self) -> Result<(u8, u8, u8, u32)> {
-        let mut attr = MaybeUninit::<ffi::ibv_qp_attr>::zeroed();
-        let mut init = MaybeUninit::<ffi::ibv_qp_init_attr>::zeroed();
-        let mask = Mask::IBV_QP_TIMEOUT.0
-            | Mask::IBV_QP_RETRY_CNT.0
-            | Mask::IBV_QP_RNR_RETRY.0
-            | Mask::IBV_QP_PATH_MTU.0;
-        // SAFETY: ptr is live and both out-pointers are valid.
-        let rc = unsafe {
-            ffi::ibv_query_qp(self.ptr, attr.as_mut_ptr(), mask as i32, init.as_mut_ptr())
-        };
-        if rc != 0 {
-            return Err(Error::ModifyQp {
-                from: "query",
-                to: "query",
-                mask,
-                hint: "ibv_query_qp failed",
-                source: crate::error::errno(rc),
-            });
-        }
-        // SAFETY: filled by ibv_query_qp.
-        let a = unsafe { attr.assume_init() };
-        Ok((a.timeout, a.retry_cnt, a.rnr_retry, a.path_mtu))
-    }
-
-    pub fn state(&self) -> Result<QpState> {
+    pub(crate) fn state(&self) -> Result<QpState> {
         let mut attr = MaybeUninit::<ffi::ibv_qp_attr>::zeroed();
         let mut init = MaybeUninit::<ffi::ibv_qp_init_attr>::zeroed();
         // SAFETY: ptr is live and both out-pointers are valid.
@@ -307,7 +250,7 @@ impl QueuePair {
     }
 
     /// RESET→INIT, allowing the remote accesses `access` on this QP.
-    pub fn to_init(&mut self, port: u8, access: Access) -> Result<()> {
+    pub(crate) fn to_init(&mut self, port: u8, access: Access) -> Result<()> {
         let mut attr = zeroed_attr();
         attr.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
         attr.pkey_index = 0;
@@ -323,7 +266,7 @@ impl QueuePair {
     }
 
     /// INIT→RTR towards `peer`.
-    pub fn to_rtr(&mut self, peer: &PeerPath, cfg: &QpConfig) -> Result<()> {
+    pub(crate) fn to_rtr(&mut self, peer: &PeerPath, cfg: &QpConfig) -> Result<()> {
         let mut attr = zeroed_attr();
         attr.qp_state = ffi::ibv_qp_state::IBV_QPS_RTR;
         attr.path_mtu = peer.mtu;
@@ -353,7 +296,7 @@ impl QueuePair {
     }
 
     /// RTR→RTS, sending from `psn`.
-    pub fn to_rts(&mut self, psn: u32, cfg: &QpConfig) -> Result<()> {
+    pub(crate) fn to_rts(&mut self, psn: u32, cfg: &QpConfig) -> Result<()> {
         let mut attr = zeroed_attr();
         attr.qp_state = ffi::ibv_qp_state::IBV_QPS_RTS;
         attr.timeout = cfg.timeout;
@@ -372,7 +315,7 @@ impl QueuePair {
 
     /// Moves the QP to ERR, which flushes every posted work request with
     /// WR_FLUSH_ERR; the first step of an orderly teardown.
-    pub fn to_error(&mut self) -> Result<()> {
+    pub(crate) fn to_error(&mut self) -> Result<()> {
         let mut attr = zeroed_attr();
         attr.qp_state = ffi::ibv_qp_state::IBV_QPS_ERR;
         self.modify(
@@ -382,165 +325,6 @@ impl QueuePair {
             "ERR",
             "the QP may already be destroyed",
         )
-    }
-
-    #[inline]
-    fn post_one(&mut self, wr: &mut ffi::ibv_send_wr) -> Result<()> {
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: wr and its sg_list (on the caller's stack) are valid for
-        // the call; the provider copies them into the send queue before it
-        // returns. Local buffers are named by lkey: a stale one fails in the
-        // NIC (LOC_PROT_ERR), it is never dereferenced by us.
-        let rc = unsafe { ffi::ibv_post_send(self.ptr, wr, &mut bad) };
-        if rc != 0 {
-            return Err(Error::PostSend {
-                wr_id: wr.wr_id,
-                source: crate::error::errno(rc),
-            });
-        }
-        Ok(())
-    }
-
-    /// SEND `local` to the peer's next posted receive.
-    pub fn post_send(&mut self, wr_id: u64, local: LocalSlice, flags: SendFlags) -> Result<()> {
-        let mut sge = sge(local);
-        let mut wr = send_wr(wr_id, ffi::ibv_wr_opcode::IBV_WR_SEND, &mut sge, flags);
-        self.post_one(&mut wr)
-    }
-
-    /// SEND `data`, copied into the work request at post time.
-    pub fn post_send_inline(&mut self, wr_id: u64, data: &[u8], signaled: bool) -> Result<()> {
-        let mut sge = self.inline_sge(data)?;
-        let mut wr = send_wr(
-            wr_id,
-            ffi::ibv_wr_opcode::IBV_WR_SEND,
-            &mut sge,
-            SendFlags {
-                signaled,
-                inline: true,
-            },
-        );
-        self.post_one(&mut wr)
-    }
-
-    /// RDMA WRITE `local` to `remote`; with `imm`, WRITE_WITH_IMM, which
-    /// also consumes one receive at the peer.
-    pub fn post_write(
-        &mut self,
-        wr_id: u64,
-        local: LocalSlice,
-        remote: RemoteSlice,
-        imm: Option<u32>,
-        flags: SendFlags,
-    ) -> Result<()> {
-        let mut sge = sge(local);
-        self.post_rdma(wr_id, &mut sge, remote, imm, flags)
-    }
-
-    /// RDMA WRITE (with optional immediate) of `data`, copied inline.
-    pub fn post_write_inline(
-        &mut self,
-        wr_id: u64,
-        data: &[u8],
-        remote: RemoteSlice,
-        imm: Option<u32>,
-        signaled: bool,
-    ) -> Result<()> {
-        let mut sge = self.inline_sge(data)?;
-        self.post_rdma(
-            wr_id,
-            &mut sge,
-            remote,
-            imm,
-            SendFlags {
-                signaled,
-                inline: true,
-            },
-        )
-    }
-
-    fn post_rdma(
-        &mut self,
-        wr_id: u64,
-        sge: &mut ffi::ibv_sge,
-        remote: RemoteSlice,
-        imm: Option<u32>,
-        flags: SendFlags,
-    ) -> Result<()> {
-        let opcode = if imm.is_some() {
-            ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM
-        } else {
-            ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE
-        };
-        let mut wr = send_wr(wr_id, opcode, sge, flags);
-        wr.wr.rdma.remote_addr = remote.addr;
-        wr.wr.rdma.rkey = remote.rkey;
-        if let Some(imm) = imm {
-            wr.__bindgen_anon_1.imm_data = imm.to_be();
-        }
-        self.post_one(&mut wr)
-    }
-
-    /// RDMA READ `remote` into `local` (which must allow LOCAL_WRITE).
-    pub fn post_read(
-        &mut self,
-        wr_id: u64,
-        local: LocalSlice,
-        remote: RemoteSlice,
-        signaled: bool,
-    ) -> Result<()> {
-        let mut sge = sge(local);
-        let mut wr = send_wr(
-            wr_id,
-            ffi::ibv_wr_opcode::IBV_WR_RDMA_READ,
-            &mut sge,
-            SendFlags {
-                signaled,
-                inline: false,
-            },
-        );
-        wr.wr.rdma.remote_addr = remote.addr;
-        wr.wr.rdma.rkey = remote.rkey;
-        self.post_one(&mut wr)
-    }
-
-    /// Posts a receive into `local`, or a zero-SGE receive (enough for a
-    /// WRITE_WITH_IMM, which only needs a receive to carry the immediate).
-    pub fn post_recv(&mut self, wr_id: u64, local: Option<LocalSlice>) -> Result<()> {
-        let mut sge = local.map(sge);
-        let mut wr = ffi::ibv_recv_wr {
-            wr_id,
-            next: std::ptr::null_mut(),
-            sg_list: sge.as_mut().map_or(std::ptr::null_mut(), |s| s as *mut _),
-            num_sge: i32::from(sge.is_some()),
-        };
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: wr and sge live on this stack frame for the call; the
-        // provider copies them into the receive queue.
-        let rc = unsafe { ffi::ibv_post_recv(self.ptr, &mut wr, &mut bad) };
-        if rc != 0 {
-            return Err(Error::PostRecv {
-                wr_id,
-                source: crate::error::errno(rc),
-            });
-        }
-        Ok(())
-    }
-
-    fn inline_sge(&self, data: &[u8]) -> Result<ffi::ibv_sge> {
-        if data.len() > self.max_inline as usize {
-            return Err(Error::Config(format!(
-                "{} bytes cannot be sent inline: the QP allows at most {} (max_inline_data)",
-                data.len(),
-                self.max_inline
-            )));
-        }
-        // lkey is ignored for inline data: the CPU copies the bytes at post.
-        Ok(ffi::ibv_sge {
-            addr: data.as_ptr() as u64,
-            length: data.len() as u32,
-            lkey: 0,
-        })
     }
 }
 
@@ -567,28 +351,6 @@ impl Drop for QueuePair {
 fn zeroed_attr() -> ffi::ibv_qp_attr {
     // SAFETY: ibv_qp_attr is plain data; zero is valid for every field.
     unsafe { MaybeUninit::zeroed().assume_init() }
-}
-
-#[inline]
-fn sge(local: LocalSlice) -> ffi::ibv_sge {
-    ffi::ibv_sge {
-        addr: local.addr,
-        length: local.len,
-        lkey: local.lkey,
-    }
-}
-
-#[inline]
-fn send_wr(wr_id: u64, opcode: u32, sge: &mut ffi::ibv_sge, flags: SendFlags) -> ffi::ibv_send_wr {
-    // SAFETY: ibv_send_wr is plain data (integers, pointers, unions of
-    // those); all-zero is valid and means "no next, no immediate".
-    let mut wr: ffi::ibv_send_wr = unsafe { MaybeUninit::zeroed().assume_init() };
-    wr.wr_id = wr_id;
-    wr.sg_list = sge;
-    wr.num_sge = 1;
-    wr.opcode = opcode;
-    wr.send_flags = flags.bits();
-    wr
 }
 
 fn create_qp_error(cfg: &QpConfig, source: std::io::Error) -> Error {
@@ -648,22 +410,5 @@ mod tests {
         // The numeric values are the kernel ABI; pin a few.
         assert_eq!(INIT_MASK, 0x1 | 0x10 | 0x20 | 0x8);
         assert_eq!(RTS_MASK & Mask::IBV_QP_AV.0, 0);
-    }
-
-    #[test]
-    fn send_flags_map_to_verbs_bits() {
-        assert_eq!(SendFlags::UNSIGNALED.bits(), 0);
-        assert_eq!(
-            SendFlags::SIGNALED.bits(),
-            ffi::ibv_send_flags::IBV_SEND_SIGNALED.0
-        );
-        assert_eq!(
-            SendFlags {
-                signaled: true,
-                inline: true
-            }
-            .bits(),
-            2 | 8
-        );
     }
 }

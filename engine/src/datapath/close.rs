@@ -1,0 +1,126 @@
+//! The end of a connection, and waiting for what is in flight: every
+//! posted request completes (or flushes) before the rings can go.
+
+use std::time::Duration;
+
+use super::{Connection, Event, Stats};
+use crate::error::Result;
+use crate::sys::ledger::RequestKind;
+use crate::wait::BoundedWait;
+
+/// How long close waits for posted receives to come back flushed.
+const RECV_FLUSH_GRACE: Duration = Duration::from_millis(500);
+
+impl Connection {
+    /// Polls until request `seq` retires, or the connection fails, or the
+    /// completion timeout passes. `seq` (or a later request) must be signaled.
+    pub fn wait_retired(&mut self, seq: u64) -> Result<()> {
+        let mut wait = BoundedWait::new(self.completion_timeout, "a send completion");
+        while !self.is_retired(seq) {
+            if let Some(f) = self.failure {
+                return Err(self.completion_error(f));
+            }
+            self.reap()?;
+            if let Some(waited) = wait.tick()? {
+                self.check_peer(waited)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes sure a completion is coming for everything posted: when the
+    /// newest requests are unsignaled, posts a signaled zero-length RDMA
+    /// WRITE behind them (its completion retires them all).
+    pub fn flush_tail(&mut self) -> Result<()> {
+        let ledger = self.sq.ledger();
+        if ledger.outstanding() == 0 || ledger.signal_in_flight() {
+            return Ok(());
+        }
+        while self.sq.ledger().room() == 0 {
+            self.reap()?;
+        }
+        self.post_marker()
+    }
+
+    /// Waits, up to the completion timeout, until every posted request has
+    /// retired; completion events met meanwhile go to `on`.
+    pub fn wait_idle(&mut self, mut on: impl FnMut(Event<'_>)) -> Result<()> {
+        self.flush_tail()?;
+        let mut wait = BoundedWait::new(self.completion_timeout, "the send queue to drain");
+        while self.outstanding() > 0 {
+            self.poll_send(&mut on)?;
+            if let Some(waited) = wait.tick()? {
+                self.check_peer(waited)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the connection in order: disconnects (rdma_cm) or moves the QP
+    /// to ERR, then polls until every posted send and receive has completed
+    /// (flushed), so the NIC is done with every buffer before the QP, the
+    /// rings and their registrations go. Bounded by the completion timeout.
+    /// Dropping a connection does the same, ignoring errors.
+    pub fn close(mut self) -> Result<Stats> {
+        self.drain()?;
+        Ok(self.stats())
+    }
+
+    fn drain(&mut self) -> Result<()> {
+        if std::mem::replace(&mut self.closing, true) {
+            return Ok(());
+        }
+        let disconnected = self.ep.disconnect();
+        // Unsignaled requests that completed before the QP went to ERR make
+        // no completion, and flushed ones make one each, in order. A
+        // signaled marker posted now (to the ERR QP: it flushes at once)
+        // therefore retires exactly the requests that completed silently.
+        if self.outstanding() > 0 {
+            while self.sq.ledger().room() == 0 {
+                self.poll(|_| {})?;
+            }
+            self.post_marker()?;
+        }
+        let mut wait =
+            BoundedWait::new(self.completion_timeout, "the send queue to flush at close");
+        while self.outstanding() > 0 {
+            if self.poll(|_| {})? == 0 {
+                if let Err(e) = wait.tick() {
+                    tracing::warn!(sends = self.outstanding(), "sends still posted at close");
+                    return Err(e);
+                }
+            }
+        }
+        // Posted receives flush too, but rxe (Linux 6.1) flushes a receive
+        // queue only when a packet arrives for it: give them a short grace.
+        // What is left is released when the QP is destroyed — before the
+        // rings are deregistered, so the NIC can no longer write into them.
+        let mut grace = BoundedWait::new(RECV_FLUSH_GRACE, "receives to flush at close");
+        while self.receives_outstanding() > 0 {
+            if self.poll(|_| {})? == 0 && grace.tick().is_err() {
+                tracing::debug!(
+                    receives = self.receives_outstanding(),
+                    "receives not flushed at close; destroying the QP releases them"
+                );
+                break;
+            }
+        }
+        disconnected
+    }
+
+    /// A signaled zero-length RDMA WRITE, posted even after a failure.
+    fn post_marker(&mut self) -> Result<()> {
+        self.sq
+            .post_marker(self.ep.qp(), self.peer, RequestKind::Marker)?;
+        self.stats.doorbells += 1;
+        Ok(())
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if let Err(e) = self.drain() {
+            tracing::warn!(error = %e, "connection did not drain cleanly at close");
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! What a connection reports: events lent to a callback, a received
+//! message, and counters.
+
+use crate::status::{WcError, WcOpcode};
+
+/// Counters of everything that completed, for accounting and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Send-queue work requests posted.
+    pub posted: u64,
+    /// Retired successfully (signaled or covered by a later signal).
+    pub completed: u64,
+    /// Completed with an error other than a flush (at most one per QP).
+    pub failed: u64,
+    /// Flushed after the failure.
+    pub flushed: u64,
+    /// Messages and immediates received.
+    pub received: u64,
+    /// Receives flushed after the failure.
+    pub recv_flushed: u64,
+    /// Doorbells rung (ibv_post_send calls).
+    pub doorbells: u64,
+}
+
+/// Something that happened on the connection, lent to a callback.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// A SEND arrived; `data` lives in the receive ring until the callback returns.
+    Received { data: &'a [u8] },
+    /// A WRITE_WITH_IMM arrived: `len` bytes landed in the target ring.
+    WriteImm { imm: u32, len: u32 },
+    /// A signaled request completed (and every request before it).
+    Completed { seq: u64, opcode: WcOpcode },
+    /// A READ completed with `data`.
+    ReadCompleted { seq: u64, data: &'a [u8] },
+    /// The first error on this connection; the QP is now in error.
+    Failed(WcError),
+    /// A send request flushed because of the earlier failure.
+    Flushed { seq: u64, opcode: Option<WcOpcode> },
+    /// A posted receive flushed because of the earlier failure.
+    RecvFlushed,
+}
+
+/// A message or immediate taken by [`crate::Connection::recv`]; its
+/// receive slot is posted again only after this borrow ends.
+#[derive(Debug, Clone, Copy)]
+pub struct Incoming<'a> {
+    /// The SEND's payload (empty for WRITE_WITH_IMM).
+    pub data: &'a [u8],
+    /// The immediate of a WRITE_WITH_IMM.
+    pub imm: Option<u32>,
+    /// Bytes transferred (for WRITE_WITH_IMM: bytes written to the target ring).
+    pub len: u32,
+}

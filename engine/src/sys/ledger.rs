@@ -1,0 +1,580 @@
+//! The accounting behind the queues, as pure data: which send-queue
+//! requests are posted and retired, which are signaled, what each one
+//! holds, and which ring slots belong to the CPU or to the NIC. Nothing
+//! here touches a device, so every rule is unit-tested on any machine.
+//!
+//! Every send-queue request gets a sequence number (its wr_id). Only some
+//! are signaled; on RC a completion for `s` means every request through
+//! `s` is done (completions arrive in order, and a flush completes every
+//! request), so it retires them all and hands their ring slots back to the
+//! CPU. Slots are claimed and released in order, so a ring's owner is
+//! told by two positions: `[tail, head)` belongs to the NIC (posted) or to
+//! a request being built, the rest to the CPU.
+//!
+//! The queue never overflows: a request is admitted only while fewer than
+//! `depth` are outstanding, and a signal falls at least every `interval`
+//! requests, so with `batch_size + interval <= depth` a full queue always
+//! holds a signaled request whose completion frees it.
+
+use std::ops::Range;
+
+use crate::status::WcOpcode;
+
+/// What a request is, for its completion event.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum RequestKind {
+    #[default]
+    Send,
+    Write,
+    Read,
+    /// A zero-length WRITE the engine posts to see whether the peer lives.
+    Heartbeat,
+    /// A zero-length WRITE posted at close or flush, so a completion
+    /// retires the unsignaled requests before it.
+    Marker,
+}
+
+impl RequestKind {
+    /// The opcode its completion reports.
+    #[inline]
+    pub(crate) fn completion_opcode(self) -> WcOpcode {
+        match self {
+            RequestKind::Send => WcOpcode::SEND,
+            RequestKind::Read => WcOpcode::RDMA_READ,
+            RequestKind::Write | RequestKind::Heartbeat | RequestKind::Marker => {
+                WcOpcode::RDMA_WRITE
+            }
+        }
+    }
+
+    /// Posted by the engine itself: its completion is bookkeeping.
+    #[inline]
+    pub(crate) fn is_internal(self) -> bool {
+        matches!(self, RequestKind::Heartbeat | RequestKind::Marker)
+    }
+}
+
+/// What one posted request holds until it retires.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Request {
+    pub kind: RequestKind,
+    pub signaled: bool,
+    /// It reads its payload from a send-ring slot.
+    pub send_slot: bool,
+    /// A READ's data land in a read-ring slot.
+    pub read_slot: bool,
+    pub read_len: u32,
+}
+
+/// A request admitted to the send queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Admitted {
+    pub seq: u64,
+    pub signaled: bool,
+}
+
+/// A retired request and where its READ data are, if it was a READ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Released {
+    pub request: Request,
+    pub read_pos: Option<u64>,
+}
+
+/// A completion that names no outstanding request of this queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NotOutstanding {
+    pub wr_id: u64,
+    pub retired: u64,
+    pub posted: u64,
+}
+
+impl From<NotOutstanding> for crate::error::Error {
+    #[cold]
+    #[inline(never)]
+    fn from(e: NotOutstanding) -> Self {
+        crate::error::Error::ForeignCompletion {
+            wr_id: e.wr_id,
+            retired: e.retired,
+            posted: e.posted,
+        }
+    }
+}
+
+/// Slots claimed in order and released in order: `[tail, head)` are taken.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SlotCursor {
+    head: u64,
+    tail: u64,
+}
+
+impl SlotCursor {
+    #[inline]
+    fn claim(&mut self, count: u64) -> Option<u64> {
+        if self.head - self.tail >= count {
+            return None;
+        }
+        self.head += 1;
+        Some(self.head - 1)
+    }
+
+    /// Whether position `pos` was released and not claimed again since.
+    #[inline]
+    pub(crate) fn is_free_and_unclaimed(&self, pos: u64, count: u64) -> bool {
+        pos < self.tail && pos + count >= self.head
+    }
+}
+
+/// Send-queue accounting: sequence numbers, signaling, per-request
+/// records, and the send and read rings' slot cursors.
+#[derive(Debug)]
+pub(crate) struct Ledger {
+    depth: u64,
+    interval: u64,
+    posted: u64,
+    retired: u64,
+    /// The sequence number at which the next signal falls by itself.
+    next_auto_signal: u64,
+    /// A power of two of at least twice the depth: the records of every
+    /// outstanding request and of the `interval` before them survive.
+    requests: Box<[Request]>,
+    slot_count: u64,
+    send_slots: SlotCursor,
+    read_slots: SlotCursor,
+}
+
+impl Ledger {
+    /// A queue of `depth` requests signaling at least every `interval`,
+    /// over rings of `slot_count` slots.
+    pub(crate) fn new(depth: u32, interval: u32, slot_count: usize) -> Ledger {
+        assert!(depth > 0 && interval > 0 && interval <= depth);
+        let table = (2 * depth as usize).next_power_of_two();
+        Ledger {
+            depth: depth.into(),
+            interval: interval.into(),
+            posted: 0,
+            retired: 0,
+            next_auto_signal: u64::from(interval) - 1,
+            requests: vec![Request::default(); table].into_boxed_slice(),
+            slot_count: slot_count as u64,
+            send_slots: SlotCursor::default(),
+            read_slots: SlotCursor::default(),
+        }
+    }
+
+    #[inline]
+    fn record(&mut self, seq: u64) -> &mut Request {
+        let mask = self.requests.len() - 1;
+        &mut self.requests[seq as usize & mask]
+    }
+
+    /// The record of `seq` (valid while it is outstanding).
+    #[inline]
+    pub(crate) fn request(&self, seq: u64) -> Request {
+        self.requests[seq as usize & (self.requests.len() - 1)]
+    }
+
+    #[inline]
+    pub(crate) fn outstanding(&self) -> u64 {
+        self.posted - self.retired
+    }
+
+    #[inline]
+    pub(crate) fn room(&self) -> u64 {
+        self.depth - self.outstanding()
+    }
+
+    #[inline]
+    pub(crate) fn posted(&self) -> u64 {
+        self.posted
+    }
+
+    #[inline]
+    pub(crate) fn retired(&self) -> u64 {
+        self.retired
+    }
+
+    /// The newest signaled request, if any was admitted.
+    #[inline]
+    fn last_signaled(&self) -> Option<u64> {
+        self.next_auto_signal.checked_sub(self.interval)
+    }
+
+    /// Whether a completion is still coming that retires every request
+    /// before it (a signaled request is outstanding).
+    #[inline]
+    pub(crate) fn signal_in_flight(&self) -> bool {
+        self.last_signaled().is_some_and(|s| s >= self.retired)
+    }
+
+    /// Admits one more request of `kind`: its sequence number and whether
+    /// it is signaled (forced, or the interval's turn). `None` when the
+    /// queue is full: reap completions, then retry.
+    #[inline]
+    pub(crate) fn admit(&mut self, kind: RequestKind, must_signal: bool) -> Option<Admitted> {
+        if self.posted - self.retired >= self.depth {
+            return None;
+        }
+        let seq = self.posted;
+        let signaled = must_signal || seq >= self.next_auto_signal;
+        if signaled {
+            self.next_auto_signal = seq + self.interval;
+        }
+        self.posted = seq + 1;
+        *self.record(seq) = Request {
+            kind,
+            signaled,
+            ..Request::default()
+        };
+        Some(Admitted { seq, signaled })
+    }
+
+    /// Claims the next send-ring slot for admitted request `seq`: its
+    /// position, or `None` when every slot is the NIC's.
+    #[inline]
+    pub(crate) fn claim_send_slot(&mut self, seq: u64) -> Option<u64> {
+        let pos = self.send_slots.claim(self.slot_count)?;
+        self.record(seq).send_slot = true;
+        Some(pos)
+    }
+
+    /// Claims the next read-ring slot for admitted READ `seq` of `len` bytes.
+    #[inline]
+    pub(crate) fn claim_read_slot(&mut self, seq: u64, len: u32) -> Option<u64> {
+        let pos = self.read_slots.claim(self.slot_count)?;
+        let record = self.record(seq);
+        record.read_slot = true;
+        record.read_len = len;
+        Some(pos)
+    }
+
+    /// Forgets every request from `seq` on — admitted but never posted, or
+    /// refused by the provider — and gives their slots back (they are the
+    /// newest claims, so this is exact).
+    pub(crate) fn rollback_to(&mut self, seq: u64) {
+        assert!(
+            seq >= self.retired && seq <= self.posted,
+            "rollback to {seq} outside [{}, {}]",
+            self.retired,
+            self.posted
+        );
+        for s in seq..self.posted {
+            let r = self.request(s);
+            self.send_slots.head -= u64::from(r.send_slot);
+            self.read_slots.head -= u64::from(r.read_slot);
+        }
+        self.posted = seq;
+        // The newest signaled request left, within one interval back.
+        let floor = seq.saturating_sub(self.interval);
+        self.next_auto_signal = (floor..seq)
+            .rev()
+            .find(|s| self.request(*s).signaled)
+            .map_or(
+                if seq < self.interval {
+                    self.interval - 1
+                } else {
+                    seq
+                },
+                |s| s + self.interval,
+            );
+    }
+
+    /// A completion for `seq` arrived: every request through it is done.
+    /// Returns the sequence numbers newly retired, which the caller
+    /// [`release`](Ledger::release)s in order. A sequence number outside
+    /// the outstanding ones (not this queue's, or retired already) changes
+    /// nothing.
+    #[inline]
+    pub(crate) fn retire_through(&mut self, seq: u64) -> Result<Range<u64>, NotOutstanding> {
+        if seq < self.retired || seq >= self.posted {
+            return Err(NotOutstanding {
+                wr_id: seq,
+                retired: self.retired,
+                posted: self.posted,
+            });
+        }
+        let from = self.retired;
+        self.retired = seq + 1;
+        Ok(from..seq + 1)
+    }
+
+    /// Hands the slots of retired request `seq` back to the CPU; called for
+    /// each retired sequence number, oldest first.
+    #[inline]
+    pub(crate) fn release(&mut self, seq: u64) -> Released {
+        debug_assert!(seq < self.retired);
+        let request = self.request(seq);
+        self.send_slots.tail += u64::from(request.send_slot);
+        let read_pos = request.read_slot.then_some(self.read_slots.tail);
+        self.read_slots.tail += u64::from(request.read_slot);
+        Released { request, read_pos }
+    }
+
+    /// Whether read-ring position `pos` holds finished data that no later
+    /// READ has claimed.
+    #[inline]
+    pub(crate) fn read_slot_is_readable(&self, pos: u64) -> bool {
+        self.read_slots.is_free_and_unclaimed(pos, self.slot_count)
+    }
+
+    /// Send-ring and read-ring slots taken (claimed and not released).
+    #[cfg(test)]
+    pub(crate) fn slots_in_use(&self) -> (u64, u64) {
+        (
+            self.send_slots.head - self.send_slots.tail,
+            self.read_slots.head - self.read_slots.tail,
+        )
+    }
+}
+
+/// Receive-queue accounting: receives are posted at positions in order
+/// (position = wr_id, slot = position mod depth) and complete in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RecvLedger {
+    depth: u64,
+    posted: u64,
+    done: u64,
+}
+
+impl RecvLedger {
+    pub(crate) fn new(depth: usize) -> RecvLedger {
+        RecvLedger {
+            depth: depth as u64,
+            posted: 0,
+            done: 0,
+        }
+    }
+
+    /// Positions to post so that `depth` receives are outstanding.
+    #[inline]
+    pub(crate) fn wanted(&self) -> Range<u64> {
+        self.posted..self.done + self.depth
+    }
+
+    #[inline]
+    pub(crate) fn outstanding(&self) -> u64 {
+        self.posted - self.done
+    }
+
+    #[inline]
+    pub(crate) fn is_full(&self) -> bool {
+        self.posted - self.done == self.depth
+    }
+
+    /// `n` receives from [`wanted`](RecvLedger::wanted)'s start reached
+    /// the queue (a partial post counts only those the provider took).
+    #[inline]
+    pub(crate) fn posted(&mut self, n: u64) {
+        debug_assert!(self.posted + n <= self.done + self.depth);
+        self.posted += n;
+    }
+
+    /// A receive completion named `wr_id`: the oldest outstanding receive
+    /// (RC receive queues complete in order), or not ours.
+    #[inline]
+    pub(crate) fn complete(&mut self, wr_id: u64) -> Result<u64, NotOutstanding> {
+        if wr_id != self.done || self.done == self.posted {
+            return Err(NotOutstanding {
+                wr_id,
+                retired: self.done,
+                posted: self.posted,
+            });
+        }
+        self.done += 1;
+        Ok(wr_id)
+    }
+
+    /// Whether the slot of completed position `pos` is still the CPU's:
+    /// its receive completed and no later receive was posted into it.
+    #[inline]
+    pub(crate) fn is_readable(&self, pos: u64) -> bool {
+        pos < self.done && pos + self.depth >= self.posted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn admit_n(l: &mut Ledger, n: u64) -> Vec<Admitted> {
+        (0..n)
+            .map(|_| l.admit(RequestKind::Write, false).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn every_kth_request_is_signaled_and_a_forced_one_restarts_the_count() {
+        let mut l = Ledger::new(64, 4, 8);
+        let signals: Vec<bool> = admit_n(&mut l, 8).iter().map(|a| a.signaled).collect();
+        assert_eq!(
+            signals,
+            [false, false, false, true, false, false, false, true]
+        );
+        assert!(l.admit(RequestKind::Send, true).unwrap().signaled);
+        let next: Vec<bool> = admit_n(&mut l, 4).iter().map(|a| a.signaled).collect();
+        assert_eq!(
+            next,
+            [false, false, false, true],
+            "counted from the forced one"
+        );
+    }
+
+    #[test]
+    fn the_queue_never_overflows_and_a_completion_retires_everything_before_it() {
+        let mut l = Ledger::new(8, 4, 8);
+        admit_n(&mut l, 8);
+        assert_eq!(l.admit(RequestKind::Write, false), None, "full");
+        assert_eq!(l.retire_through(3), Ok(0..4));
+        assert_eq!(l.room(), 4);
+        assert!(l.retire_through(3).is_err(), "nothing twice");
+        assert_eq!(l.retire_through(7), Ok(4..8));
+        assert_eq!(l.outstanding(), 0);
+    }
+
+    #[test]
+    fn a_completion_that_is_not_outstanding_retires_nothing() {
+        let mut l = Ledger::new(8, 4, 8);
+        admit_n(&mut l, 3);
+        // A wr_id beyond what was posted (another queue's, a low-level
+        // post's) must not retire — and so free the slots of — requests
+        // the NIC still owns.
+        let err = l.retire_through(1 << 63).unwrap_err();
+        assert_eq!((err.retired, err.posted), (0, 3));
+        assert_eq!(l.outstanding(), 3);
+    }
+
+    #[test]
+    fn a_full_queue_always_holds_a_signaled_request() {
+        let (depth, k, batch) = (16u32, 4u32, 12u64);
+        let mut l = Ledger::new(depth, k, 8);
+        for round in 0..1000u64 {
+            let n = 1 + (round % batch);
+            if l.room() < n {
+                assert!(
+                    l.signal_in_flight(),
+                    "round {round}: a full queue with no signaled request would deadlock"
+                );
+                let newest = (l.retired()..l.posted())
+                    .rev()
+                    .find(|s| l.request(*s).signaled)
+                    .unwrap();
+                l.retire_through(newest).unwrap();
+                continue;
+            }
+            admit_n(&mut l, n);
+        }
+    }
+
+    #[test]
+    fn slots_go_back_to_the_cpu_only_when_their_request_retires() {
+        let mut l = Ledger::new(8, 8, 2);
+        let a = l.admit(RequestKind::Write, false).unwrap();
+        assert_eq!(l.claim_send_slot(a.seq), Some(0));
+        let b = l.admit(RequestKind::Read, true).unwrap();
+        assert_eq!(l.claim_read_slot(b.seq, 100), Some(0));
+        let c = l.admit(RequestKind::Write, false).unwrap();
+        assert_eq!(l.claim_send_slot(c.seq), Some(1));
+        let d = l.admit(RequestKind::Write, false).unwrap();
+        assert_eq!(
+            l.claim_send_slot(d.seq),
+            None,
+            "both send slots are the NIC's"
+        );
+        l.rollback_to(d.seq);
+        assert!(!l.read_slot_is_readable(0), "the READ is in flight");
+        let retired = l.retire_through(b.seq).unwrap();
+        let released: Vec<Released> = retired.map(|s| l.release(s)).collect();
+        assert_eq!(released[1].read_pos, Some(0));
+        assert_eq!(released[1].request.read_len, 100);
+        assert!(l.read_slot_is_readable(0));
+        assert_eq!(l.slots_in_use(), (1, 0));
+        // A later READ takes the slot: its old data are no longer readable.
+        let e = l.admit(RequestKind::Read, true).unwrap();
+        assert_eq!(l.claim_read_slot(e.seq, 8), Some(1));
+        let f = l.admit(RequestKind::Read, true).unwrap();
+        assert_eq!(l.claim_read_slot(f.seq, 8), Some(2));
+        assert!(!l.read_slot_is_readable(0), "position 2 reuses slot 0");
+    }
+
+    #[test]
+    fn a_batch_refused_part_way_keeps_exactly_what_was_posted() {
+        // A batch of five: a SEND from a slot, a READ, three WRITEs from
+        // slots; the provider takes the first two and refuses the third.
+        let mut l = Ledger::new(16, 4, 8);
+        let first = l.posted();
+        let s = l.admit(RequestKind::Send, false).unwrap();
+        l.claim_send_slot(s.seq).unwrap();
+        let r = l.admit(RequestKind::Read, true).unwrap();
+        l.claim_read_slot(r.seq, 64).unwrap();
+        for _ in 0..3 {
+            let w = l.admit(RequestKind::Write, false).unwrap();
+            l.claim_send_slot(w.seq).unwrap();
+        }
+        assert_eq!(l.slots_in_use(), (4, 1));
+        let posted_by_provider = 2;
+        l.rollback_to(first + posted_by_provider);
+        assert_eq!(l.posted(), 2);
+        assert_eq!(
+            l.slots_in_use(),
+            (1, 1),
+            "the refused WRITEs' slots came back"
+        );
+        // The next request gets the next sequence number and the freed slot.
+        let next = l.admit(RequestKind::Write, false).unwrap();
+        assert_eq!(next.seq, 2);
+        assert_eq!(l.claim_send_slot(next.seq), Some(1));
+    }
+
+    #[test]
+    fn a_rollback_restores_the_signal_rhythm() {
+        let mut l = Ledger::new(32, 4, 8);
+        admit_n(&mut l, 6); // signaled: 3
+        l.rollback_to(5);
+        // Signals continue at 3 + 4 = 7 as if 5 had never been admitted.
+        let signals: Vec<(u64, bool)> = admit_n(&mut l, 3)
+            .iter()
+            .map(|a| (a.seq, a.signaled))
+            .collect();
+        assert_eq!(signals, [(5, false), (6, false), (7, true)]);
+        // Rolled back to before any signal: the first K-1 stay unsignaled.
+        let mut l = Ledger::new(32, 4, 8);
+        admit_n(&mut l, 5);
+        l.rollback_to(1);
+        let signals: Vec<bool> = admit_n(&mut l, 3).iter().map(|a| a.signaled).collect();
+        assert_eq!(signals, [false, false, true]);
+        // A rolled-back signal leaves an unsignaled tail that needs one.
+        let mut l = Ledger::new(32, 4, 8);
+        admit_n(&mut l, 4);
+        l.rollback_to(3);
+        assert!(!l.signal_in_flight());
+    }
+
+    #[test]
+    fn receives_refused_part_way_are_posted_again_into_the_same_slots() {
+        let mut r = RecvLedger::new(4);
+        assert_eq!(r.wanted(), 0..4);
+        // The provider takes 2 of 4: positions 2 and 3 are still wanted,
+        // so no two receives ever share a slot.
+        r.posted(2);
+        assert_eq!(r.wanted(), 2..4);
+        r.posted(2);
+        assert!(r.is_full());
+        assert_eq!(r.complete(0), Ok(0));
+        assert!(r.is_readable(0));
+        assert_eq!(r.wanted(), 4..5);
+        r.posted(1);
+        assert!(!r.is_readable(0), "position 4 is slot 0 again");
+    }
+
+    #[test]
+    fn receive_completions_must_come_in_order_and_be_ours() {
+        let mut r = RecvLedger::new(4);
+        r.posted(3);
+        assert!(r.complete(1).is_err(), "out of order");
+        assert!(r.complete(u64::MAX).is_err(), "not a position of ours");
+        assert_eq!(r.complete(0), Ok(0));
+        assert_eq!(r.complete(1), Ok(1));
+        assert_eq!(r.complete(2), Ok(2));
+        assert!(r.complete(3).is_err(), "nothing outstanding");
+        assert_eq!(r.outstanding(), 0);
+    }
+}

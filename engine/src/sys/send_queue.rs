@@ -1,0 +1,536 @@
+//! A connection's send queue: posting (one request or a batch, one
+//! doorbell), and polling its completions — the only code that moves a
+//! send-ring or read-ring slot between the CPU and the NIC.
+//!
+//! A slot is the CPU's until the request that claimed it is posted, and
+//! the NIC's until that request retires ([`Ledger`]); retirement happens
+//! only here, for a completion polled from this queue's own CQ. So a
+//! send-ring slot is written only before its post, and a read-ring slot
+//! is read only after its READ completed and before a later READ takes it.
+
+use std::marker::PhantomData;
+
+use super::cq::{CqPoller, WorkCompletion};
+use super::layout::SlotLayout;
+use super::ledger::{Admitted, Ledger, Request, RequestKind};
+use super::mr::{LocalSlice, Registration, RemoteSlice};
+use super::qp::QueuePair;
+use super::wr::{Payload, SendChain, SendOpcode, SendRequest};
+use crate::error::{Error, Result};
+use crate::status::WcStatus;
+
+/// Completions taken from the CQ per poll.
+pub(crate) const POLL_BATCH: usize = 32;
+
+/// A SEND or an RDMA WRITE, the operations that carry a payload out.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Outbound {
+    Send,
+    Write {
+        remote: RemoteSlice,
+        imm: Option<u32>,
+    },
+}
+
+impl Outbound {
+    #[inline(always)]
+    fn parts(self) -> (SendOpcode, RemoteSlice, RequestKind) {
+        match self {
+            Outbound::Send => (SendOpcode::Send, RemoteSlice::default(), RequestKind::Send),
+            Outbound::Write { remote, imm } => (
+                imm.map_or(SendOpcode::Write, SendOpcode::WriteWithImm),
+                remote,
+                RequestKind::Write,
+            ),
+        }
+    }
+}
+
+/// A posted READ: where its data will be readable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReadTicket {
+    pub seq: u64,
+    pos: u64,
+    len: u32,
+}
+
+/// One request retired by a completion.
+#[derive(Debug)]
+pub(crate) struct Retired<'a> {
+    pub seq: u64,
+    pub request: Request,
+    /// This request is the one the completion names (the others before it
+    /// retired with it, completed silently or flushed).
+    pub named: bool,
+    pub status: WcStatus,
+    pub vendor_err: u32,
+    /// A READ's data, when this is its own successful completion.
+    pub read: Option<&'a [u8]>,
+}
+
+/// The send queue of one connection.
+pub(crate) struct SendQueue {
+    chain: SendChain,
+    ledger: Ledger,
+    send_ring: Registration,
+    read_ring: Registration,
+    layout: SlotLayout,
+    inline_threshold: usize,
+    poller: CqPoller,
+    wcs: [WorkCompletion; POLL_BATCH],
+}
+
+impl std::fmt::Debug for SendQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendQueue")
+            .field("ledger", &self.ledger)
+            .field("layout", &self.layout)
+            .finish()
+    }
+}
+
+impl SendQueue {
+    /// `depth` requests, signaled at least every `interval`, batches of up
+    /// to `batch` requests; payloads up to `inline_threshold` go inline,
+    /// larger ones through `send_ring`; READs land in `read_ring`. Both
+    /// rings have `layout`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        poller: CqPoller,
+        send_ring: Registration,
+        read_ring: Registration,
+        layout: SlotLayout,
+        depth: u32,
+        interval: u32,
+        batch: usize,
+        inline_threshold: usize,
+    ) -> SendQueue {
+        assert!(send_ring.len() >= layout.bytes() && read_ring.len() >= layout.bytes());
+        SendQueue {
+            chain: SendChain::new(batch),
+            ledger: Ledger::new(depth, interval, layout.count()),
+            send_ring,
+            read_ring,
+            layout,
+            inline_threshold,
+            poller,
+            wcs: WorkCompletion::array(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    #[inline]
+    pub(crate) fn layout(&self) -> SlotLayout {
+        self.layout
+    }
+
+    #[inline]
+    pub(crate) fn inline_threshold(&self) -> usize {
+        self.inline_threshold
+    }
+
+    #[inline(always)]
+    fn admit(&mut self, kind: RequestKind, must_signal: bool) -> Result<Admitted> {
+        match self.ledger.admit(kind, must_signal) {
+            Some(a) => Ok(a),
+            None => Err(full("the send queue")),
+        }
+    }
+
+    /// `data` as `seq`'s payload: inline up to the threshold, else copied
+    /// into a send-ring slot.
+    #[inline(always)]
+    fn stage_bytes<'d>(&mut self, seq: u64, data: &'d [u8]) -> Result<Payload<'d>> {
+        if data.len() <= self.inline_threshold {
+            return Ok(Payload::Inline(data));
+        }
+        self.stage_filled(seq, data.len(), |slot| {
+            slot.copy_from_slice(data);
+            Ok(())
+        })
+    }
+
+    /// Claims a send-ring slot for `seq` and lets `fill` write its `len`
+    /// bytes — registered memory, so the NIC reads them from there.
+    #[inline(always)]
+    fn stage_filled(
+        &mut self,
+        seq: u64,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> std::io::Result<()>,
+    ) -> Result<Payload<'static>> {
+        if len > self.layout.size() {
+            return Err(too_big(len, self.layout.size()));
+        }
+        let Some(pos) = self.ledger.claim_send_slot(seq) else {
+            return Err(full("the send ring"));
+        };
+        let range = self.layout.range(pos, len);
+        // SAFETY: the ledger just gave slot `pos` to request `seq`: the
+        // request that used it before retired, so the NIC no longer reads
+        // it, and no other view of the send ring exists (views are made
+        // only here, for the duration of `fill`). The range is inside the
+        // ring (layout.bytes() <= its length, checked in `new`).
+        let slot = unsafe { std::slice::from_raw_parts_mut(self.send_ring.at(range.start), len) };
+        fill(slot).map_err(|source| Error::SlotFill { source })?;
+        Ok(Payload::Registered(LocalSlice {
+            addr: self.send_ring.addr() + range.start as u64,
+            len: len as u32,
+            lkey: self.send_ring.lkey(),
+        }))
+    }
+
+    /// Posts admitted request `a` alone from chain entry 0; a refusal gives
+    /// the request and its slots back.
+    #[inline(always)]
+    fn post_alone(
+        &mut self,
+        qp: &mut QueuePair,
+        a: Admitted,
+        opcode: SendOpcode,
+        payload: Payload<'_>,
+        remote: RemoteSlice,
+    ) -> Result<u64> {
+        self.chain.patch(
+            0,
+            &SendRequest {
+                wr_id: a.seq,
+                opcode,
+                payload,
+                remote,
+                signaled: a.signaled,
+            },
+        );
+        // SAFETY: the payload is inline bytes borrowed for this call, or a
+        // slot the ledger handed to this request, which becomes the NIC's
+        // now and comes back only when the request retires.
+        match unsafe { self.chain.post(qp, 1) } {
+            Ok(()) => Ok(a.seq),
+            Err(refused) => Err(self.give_back(a.seq, refused.error)),
+        }
+    }
+
+    /// Forgets requests from `seq` on and their slots; returns `err`.
+    #[cold]
+    #[inline(never)]
+    fn give_back(&mut self, seq: u64, err: Error) -> Error {
+        self.ledger.rollback_to(seq);
+        err
+    }
+
+    /// SEND or WRITE of `data` on its own: inline when small, else copied
+    /// into a send-ring slot. Returns the request's sequence number.
+    #[inline(always)]
+    pub(crate) fn post_bytes(
+        &mut self,
+        qp: &mut QueuePair,
+        op: Outbound,
+        data: &[u8],
+        must_signal: bool,
+    ) -> Result<u64> {
+        let (opcode, remote, kind) = op.parts();
+        let a = self.admit(kind, must_signal)?;
+        match self.stage_bytes(a.seq, data) {
+            Ok(payload) => self.post_alone(qp, a, opcode, payload, remote),
+            Err(e) => Err(self.give_back(a.seq, e)),
+        }
+    }
+
+    /// SEND or WRITE of `len` bytes that `fill` writes into a send-ring
+    /// slot, on its own. An error from `fill` posts nothing.
+    #[inline(always)]
+    pub(crate) fn post_filled(
+        &mut self,
+        qp: &mut QueuePair,
+        op: Outbound,
+        len: usize,
+        must_signal: bool,
+        fill: impl FnOnce(&mut [u8]) -> std::io::Result<()>,
+    ) -> Result<u64> {
+        let (opcode, remote, kind) = op.parts();
+        let a = self.admit(kind, must_signal)?;
+        match self.stage_filled(a.seq, len, fill) {
+            Ok(payload) => self.post_alone(qp, a, opcode, payload, remote),
+            Err(e) => Err(self.give_back(a.seq, e)),
+        }
+    }
+
+    /// Claims a read-ring slot for READ `seq` of `len` bytes.
+    #[inline(always)]
+    fn stage_read(&mut self, seq: u64, len: usize) -> Result<(Payload<'static>, u64)> {
+        if len > self.layout.size() {
+            return Err(too_big(len, self.layout.size()));
+        }
+        let Some(pos) = self.ledger.claim_read_slot(seq, len as u32) else {
+            return Err(full("the read ring"));
+        };
+        let range = self.layout.range(pos, len);
+        let local = LocalSlice {
+            addr: self.read_ring.addr() + range.start as u64,
+            len: len as u32,
+            lkey: self.read_ring.lkey(),
+        };
+        Ok((Payload::Registered(local), pos))
+    }
+
+    /// RDMA READ of `len` bytes at `remote` into a read-ring slot, on its
+    /// own and always signaled (its completion says the data are there).
+    #[inline(always)]
+    pub(crate) fn post_read(
+        &mut self,
+        qp: &mut QueuePair,
+        remote: RemoteSlice,
+        len: usize,
+    ) -> Result<ReadTicket> {
+        let a = self.admit(RequestKind::Read, true)?;
+        let (payload, pos) = match self.stage_read(a.seq, len) {
+            Ok(staged) => staged,
+            Err(e) => return Err(self.give_back(a.seq, e)),
+        };
+        let seq = self.post_alone(qp, a, SendOpcode::Read, payload, remote)?;
+        Ok(ReadTicket {
+            seq,
+            pos,
+            len: len as u32,
+        })
+    }
+
+    /// A signaled zero-length RDMA WRITE to `remote` (a heartbeat or a
+    /// marker): its completion retires every request before it.
+    pub(crate) fn post_marker(
+        &mut self,
+        qp: &mut QueuePair,
+        remote: RemoteSlice,
+        kind: RequestKind,
+    ) -> Result<u64> {
+        debug_assert!(kind.is_internal());
+        let a = self.admit(kind, true)?;
+        let remote = RemoteSlice { len: 0, ..remote };
+        self.post_alone(qp, a, SendOpcode::Write, Payload::Inline(&[]), remote)
+    }
+
+    /// The data of a READ that has retired, while no later READ has taken
+    /// its slot; `None` otherwise.
+    pub(crate) fn read_data(&self, ticket: ReadTicket) -> Option<&[u8]> {
+        if ticket.seq >= self.ledger.retired() || !self.ledger.read_slot_is_readable(ticket.pos) {
+            return None;
+        }
+        let range = self.layout.range(ticket.pos, ticket.len as usize);
+        // SAFETY: the READ retired, so the NIC wrote its last byte, and the
+        // ledger says no later READ claimed the slot; claiming one needs
+        // &mut self, which this borrow excludes.
+        Some(unsafe { std::slice::from_raw_parts(self.read_ring.at(range.start), range.len()) })
+    }
+
+    /// Starts a batch: up to the chain's capacity of requests, one doorbell.
+    #[inline]
+    pub(crate) fn batch<'q, 'd>(&'q mut self, qp: &'q mut QueuePair) -> SendBatch<'q, 'd> {
+        let first = self.ledger.posted();
+        SendBatch {
+            sq: self,
+            qp,
+            first,
+            len: 0,
+            posted: false,
+            _data: PhantomData,
+        }
+    }
+
+    /// Polls the CQ once and retires what completed, handing each retired
+    /// request to `on`, oldest first. Returns the completions taken.
+    #[inline]
+    pub(crate) fn poll(&mut self, mut on: impl FnMut(Retired<'_>)) -> Result<usize> {
+        let n = self.poller.poll(&mut self.wcs)?;
+        for i in 0..n {
+            let wc = &self.wcs[i];
+            let (wr_id, status, vendor_err) = (wc.wr_id(), wc.status(), wc.vendor_err());
+            let range = match self.ledger.retire_through(wr_id) {
+                Ok(range) => range,
+                Err(e) => return Err(e.into()),
+            };
+            for seq in range {
+                let released = self.ledger.release(seq);
+                let named = seq == wr_id;
+                let read = match released.read_pos {
+                    Some(pos) if named && status == WcStatus::SUCCESS => {
+                        let r = self.layout.range(pos, released.request.read_len as usize);
+                        // SAFETY: this READ's own successful completion: the
+                        // NIC wrote the data and is done with the slot, which
+                        // was just released; a later READ could claim it only
+                        // through &mut self, held by this loop while `on` runs.
+                        Some(unsafe {
+                            std::slice::from_raw_parts(self.read_ring.at(r.start), r.len())
+                        })
+                    }
+                    _ => None,
+                };
+                on(Retired {
+                    seq,
+                    request: released.request,
+                    named,
+                    status,
+                    vendor_err,
+                    read,
+                });
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// Requests gathered for one `ibv_post_send`. Dropped unposted, it
+/// forgets them: nothing reached the NIC.
+#[must_use = "a batch posts nothing until .post() is called"]
+pub(crate) struct SendBatch<'q, 'd> {
+    sq: &'q mut SendQueue,
+    qp: &'q mut QueuePair,
+    first: u64,
+    len: usize,
+    posted: bool,
+    // Inline payloads are borrowed until the post.
+    _data: PhantomData<&'d [u8]>,
+}
+
+impl std::fmt::Debug for SendBatch<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendBatch").field("len", &self.len).finish()
+    }
+}
+
+impl<'d> SendBatch<'_, 'd> {
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline]
+    pub(crate) fn is_full(&self) -> bool {
+        self.len == self.sq.chain.capacity()
+    }
+
+    #[inline(always)]
+    fn admit(&mut self, kind: RequestKind, must_signal: bool) -> Result<Admitted> {
+        if self.is_full() {
+            return Err(full("the batch"));
+        }
+        self.sq.admit(kind, must_signal)
+    }
+
+    /// Patches admitted request `a` into the next chain entry.
+    #[inline(always)]
+    fn add(
+        &mut self,
+        a: Admitted,
+        opcode: SendOpcode,
+        payload: Payload<'d>,
+        remote: RemoteSlice,
+    ) -> u64 {
+        self.sq.chain.patch(
+            self.len,
+            &SendRequest {
+                wr_id: a.seq,
+                opcode,
+                payload,
+                remote,
+                signaled: a.signaled,
+            },
+        );
+        self.len += 1;
+        a.seq
+    }
+
+    /// Adds a SEND or WRITE of `data` (inline when small, else copied into
+    /// a send-ring slot).
+    #[inline]
+    pub(crate) fn push_bytes(
+        &mut self,
+        op: Outbound,
+        data: &'d [u8],
+        must_signal: bool,
+    ) -> Result<u64> {
+        let (opcode, remote, kind) = op.parts();
+        let a = self.admit(kind, must_signal)?;
+        match self.sq.stage_bytes(a.seq, data) {
+            Ok(payload) => Ok(self.add(a, opcode, payload, remote)),
+            Err(e) => Err(self.sq.give_back(a.seq, e)),
+        }
+    }
+
+    /// Adds a SEND or WRITE of `len` bytes that `fill` writes into a
+    /// send-ring slot. An error from `fill` adds nothing.
+    #[inline]
+    pub(crate) fn push_filled(
+        &mut self,
+        op: Outbound,
+        len: usize,
+        must_signal: bool,
+        fill: impl FnOnce(&mut [u8]) -> std::io::Result<()>,
+    ) -> Result<u64> {
+        let (opcode, remote, kind) = op.parts();
+        let a = self.admit(kind, must_signal)?;
+        match self.sq.stage_filled(a.seq, len, fill) {
+            Ok(payload) => Ok(self.add(a, opcode, payload, remote)),
+            Err(e) => Err(self.sq.give_back(a.seq, e)),
+        }
+    }
+
+    /// Adds an RDMA READ into a read-ring slot (always signaled).
+    #[inline]
+    pub(crate) fn push_read(&mut self, remote: RemoteSlice, len: usize) -> Result<u64> {
+        let a = self.admit(RequestKind::Read, true)?;
+        match self.sq.stage_read(a.seq, len) {
+            Ok((payload, _)) => Ok(self.add(a, SendOpcode::Read, payload, remote)),
+            Err(e) => Err(self.sq.give_back(a.seq, e)),
+        }
+    }
+
+    /// Posts every request added with one `ibv_post_send` (none: no
+    /// doorbell). Returns how many went. When the provider refuses one,
+    /// the requests before it stay posted and it and the rest are given
+    /// back; the error says how many went.
+    #[inline]
+    pub(crate) fn post(mut self) -> Result<usize> {
+        self.posted = true;
+        if self.len == 0 {
+            return Ok(0);
+        }
+        // SAFETY: every entry's payload is inline bytes borrowed for 'd
+        // (which outlives the batch) or a slot the ledger handed to its
+        // request; they become the NIC's now, back at retirement.
+        match unsafe { self.sq.chain.post(self.qp, self.len) } {
+            Ok(()) => Ok(self.len),
+            Err(refused) => {
+                let keep = self.first + refused.posted as u64;
+                Err(self.sq.give_back(keep, refused.error))
+            }
+        }
+    }
+}
+
+impl Drop for SendBatch<'_, '_> {
+    fn drop(&mut self) {
+        if !self.posted && self.len > 0 {
+            // Never posted: the NIC saw none of it.
+            self.sq.ledger.rollback_to(self.first);
+        }
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn full(what: &'static str) -> Error {
+    Error::Full { what }
+}
+
+#[cold]
+#[inline(never)]
+fn too_big(len: usize, slot_size: usize) -> Error {
+    Error::TooLarge {
+        len,
+        limit: slot_size,
+    }
+}
