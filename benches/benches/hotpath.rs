@@ -1,85 +1,29 @@
-//! The pure-Rust hot path, no device needed: what pinpoll's own
-//! instructions cost per operation, so a regression shows without a NIC.
+//! What pinpoll's own code costs where no device is needed, so a
+//! regression shows without a NIC:
 //!
-//! - send-queue accounting under selective signaling (admit, retire),
-//! - ring geometry and cursors (slot claim and release, byte ranges),
 //! - remote-range checks done by every RDMA WRITE/READ,
 //! - the engine-mode hand-off ring (push, peek, release; a batch view),
 //! - the clocks a measurement can use (why pinpoll-perf reads the TSC).
 //!
-//! Patching a pre-built chain (`SendChain::patch`) and completion dispatch
-//! (`Connection::poll`) are not reachable without a queue pair and a CQ;
-//! see BENCHMARKS.md.
+//! Posting, polling and dispatch need a queue pair and a CQ: their
+//! instruction counts are guarded by the `hot_path` bench on the device
+//! (`scripts/count-instructions.sh`, BENCHMARKS.md).
 //!
 //! `cargo bench -p pinpoll-benches --bench hotpath`
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use pinpoll::datapath::ring::{RingCursor, SlotLayout};
-use pinpoll::datapath::sq::SendQueueAccount;
-use pinpoll::sys::handoff::handoff_ring;
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use pinpoll::handoff::handoff_ring;
 use pinpoll::RemoteSlice;
 
-/// Work requests per batch in these benches (the throughput profile's N and K).
+/// Requests per batch in these benches (the throughput profile's N).
 const BATCH: u64 = 32;
 
-fn send_queue(c: &mut Criterion) {
-    let mut g = c.benchmark_group("hotpath/send_queue");
+fn remote_ranges(c: &mut Criterion) {
+    let mut g = c.benchmark_group("hotpath/remote");
     g.throughput(Throughput::Elements(BATCH));
-    g.bench_function("admit_32_retire_1", |b| {
-        let mut sq = SendQueueAccount::new(1024, BATCH as u32);
-        b.iter(|| {
-            let mut last = 0;
-            for _ in 0..BATCH {
-                let (seq, _signaled) = black_box(&mut sq).admit(false).expect("room");
-                last = seq;
-            }
-            // One signaled completion retires the whole batch.
-            black_box(sq.retire_through(last));
-        })
-    });
-    g.bench_function("admit_32_rollback", |b| {
-        let mut sq = SendQueueAccount::new(1024, BATCH as u32);
-        b.iter(|| {
-            let mark = sq.posted();
-            for _ in 0..BATCH {
-                black_box(black_box(&mut sq).admit(false));
-            }
-            sq.rollback(mark);
-        })
-    });
-    g.finish();
-    let mut g = c.benchmark_group("hotpath/send_queue_single");
-    g.throughput(Throughput::Elements(1));
-    g.bench_function("admit_signaled_retire", |b| {
-        let mut sq = SendQueueAccount::new(64, 1);
-        b.iter(|| {
-            let (seq, signaled) = black_box(&mut sq).admit(true).expect("room");
-            black_box(signaled);
-            black_box(sq.retire_through(seq));
-        })
-    });
-    g.finish();
-}
-
-fn rings(c: &mut Criterion) {
-    let mut g = c.benchmark_group("hotpath/ring");
-    g.throughput(Throughput::Elements(BATCH));
-    let layout = SlotLayout::new(4096, 256);
-    g.bench_function("claim_range_release_32", |b| {
-        let mut cursor = RingCursor::default();
-        b.iter(|| {
-            for _ in 0..BATCH {
-                let pos = black_box(&mut cursor)
-                    .claim(layout.count())
-                    .expect("free slot");
-                black_box(layout.range(layout.slot(pos), 64));
-            }
-            cursor.release(BATCH);
-        })
-    });
     let peer = RemoteSlice {
         addr: 0x7f00_0000_0000,
         len: 1 << 20,
@@ -112,24 +56,22 @@ fn handoff(c: &mut Criterion) {
     g.throughput(Throughput::Elements(BATCH));
     let (mut w, mut r) = handoff_ring(4096, 256).expect("ring");
     let data = [3u8; 64];
+    // One iteration is the whole round: 32 pushes, one view of all of
+    // them, 32 releases, so the ring is empty again for the next one.
     g.bench_function("push_32_view_release_32", |b| {
-        b.iter_batched(
-            || {
-                for _ in 0..BATCH {
-                    assert!(w.push(&data));
-                }
-            },
-            |()| {
-                let view = r.published();
-                for i in 0..BATCH as usize {
-                    black_box(view.get(i));
-                }
-                for _ in 0..BATCH {
-                    r.release();
-                }
-            },
-            BatchSize::SmallInput,
-        )
+        b.iter(|| {
+            for _ in 0..BATCH {
+                assert!(w.push(black_box(&data)));
+            }
+            let view = r.published();
+            assert_eq!(view.len(), BATCH as usize);
+            for i in 0..BATCH as usize {
+                black_box(view.get(i));
+            }
+            for _ in 0..BATCH {
+                r.release();
+            }
+        })
     });
     g.finish();
 }
@@ -147,5 +89,5 @@ fn clocks(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, send_queue, rings, handoff, clocks);
+criterion_group!(benches, remote_ranges, handoff, clocks);
 criterion_main!(benches);

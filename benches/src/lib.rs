@@ -18,7 +18,7 @@ pub fn device(bench: &str) -> Option<String> {
             return Some(d);
         }
     }
-    match pinpoll::sys::device::list_devices() {
+    match pinpoll::device::list_devices() {
         Ok(list) if !list.is_empty() => Some(list[0].name.clone()),
         _ => {
             println!(

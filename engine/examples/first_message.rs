@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use pinpoll::connect::cm::Listener;
 use pinpoll::connect::parse_socket_addr;
-use pinpoll::{Completion, Connection, Engine, EngineConfig};
+use pinpoll::{Connection, Engine, EngineConfig, EngineEvent};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let host = std::env::args().nth(1).or_else(|| std::env::var("PINPOLL_ADDR4").ok()).ok_or(
@@ -45,7 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut engine = Engine::spawn(Connection::connect(addr, &cfg)?, &cfg)?;
     engine.send(b"hello from engine mode")?;
     loop {
-        if let Completion::Received { data } = engine.wait()? {
+        if let EngineEvent::Received { data } = engine.wait()? {
             println!("client got: {}", String::from_utf8_lossy(data));
             break;
         }

@@ -326,7 +326,7 @@ impl Endpoint {
                 tracing::debug!(event = ev.name(), "device event ends the connection");
                 self.connected = false;
                 self.ended_by = Some(ev.name());
-                let _ = self.qp.to_error();
+                let _ = self.qp.enter_error();
                 if let Some(id) = &self.cm_id {
                     let _ = id.disconnect();
                 }
@@ -348,7 +348,7 @@ impl Endpoint {
                     // Nothing may flush by itself any more: move the QP to
                     // ERR so every posted request completes, flushed.
                     self.ended_by = Some(ev.name());
-                    let _ = self.qp.to_error();
+                    let _ = self.qp.enter_error();
                 }
                 let _ = id.disconnect();
                 return Ok(true);
@@ -403,7 +403,7 @@ impl Endpoint {
                     .next_event("DISCONNECTED", Instant::now() + Duration::from_secs(2));
                 Ok(())
             }
-            None => self.qp.to_error(),
+            None => self.qp.enter_error(),
         }
     }
 }

@@ -4,145 +4,128 @@
 mod common;
 
 use common::*;
-use pinpoll::{Error, SendFlags, WcOpcode, WcStatus};
+use pinpoll::{Error, RegionOp, WcOpcode, WcStatus};
 
 fn send_recv_moves_bytes(method: Method) {
     let (mut client, mut server) = pair(method);
-    for (len, inline) in [(8usize, true), (64, true), (3000, false)] {
+    for len in [8usize, 64, 3000] {
         let data = pattern(len, len as u8);
-        if inline {
-            client.ep.qp().post_send_inline(7, &data, true).unwrap();
-        } else {
-            client.local.as_mut_slice()[..len].copy_from_slice(&data);
-            client
-                .ep
-                .qp()
-                .post_send(7, client.local.slice(0..len).unwrap(), SendFlags::SIGNALED)
-                .unwrap();
-        }
-        let sent = client.ep.wait_send(WAIT).unwrap();
-        assert_eq!((sent.wr_id, sent.opcode), (7, WcOpcode::SEND));
-        let got = server.ep.wait_recv(WAIT).unwrap();
-        assert_eq!(got.opcode, WcOpcode::RECV);
-        assert_eq!(got.byte_len as usize, len);
-        let slot = RECV_BASE + (got.wr_id - RECV_WR_BASE) as usize * RECV_SLOT;
+        let posted = client
+            .ep
+            .post(client.buffer(&data), len, RegionOp::Send)
+            .unwrap();
+        let sent = client.ep.complete(posted, WAIT).unwrap();
+        assert_eq!(sent.done.opcode, WcOpcode::SEND);
         assert_eq!(
-            &server.local.as_slice()[slot..slot + len],
+            sent.region.unwrap().as_slice(),
             &data[..],
-            "{len} B (inline {inline})"
+            "the sender's buffer came back"
         );
+        let (got, bytes) = server.next_receive();
+        assert_eq!(got.opcode, WcOpcode::RECV);
+        assert_eq!(bytes, data, "{len} B");
     }
+}
+
+/// The raw, `unsafe` posting experts get: a SEND named by LocalSlice,
+/// its completion from wait_send.
+fn raw_posting_moves_bytes(method: Method) {
+    let (mut client, mut server) = pair(method);
+    let data = pattern(777, 3);
+    let buffer = client.buffer(&data);
+    let local = buffer.local_slice(0..data.len()).unwrap();
+    // SAFETY: `buffer` stays registered and untouched until wait_send
+    // returns the SEND's completion.
+    unsafe { client.ep.raw().post_send(42, RegionOp::Send, local, true) }.unwrap();
+    let sent = client.ep.wait_send(WAIT).unwrap();
+    assert_eq!((sent.wr_id, sent.opcode), (42, WcOpcode::SEND));
+    drop(buffer);
+    let (_, bytes) = server.next_receive();
+    assert_eq!(bytes, data);
 }
 
 fn write_moves_bytes(method: Method) {
     let (mut client, server) = pair(method);
     let data = pattern(REGION / 2, 3);
-    client.local.as_mut_slice()[..data.len()].copy_from_slice(&data);
     let target = client.remote.sub(100, data.len() as u64).unwrap();
-    client
+    let op = RegionOp::Write {
+        remote: target,
+        imm: None,
+    };
+    let posted = client
         .ep
-        .qp()
-        .post_write(
-            1,
-            client.local.slice(0..data.len()).unwrap(),
-            target,
-            None,
-            SendFlags::SIGNALED,
-        )
+        .post(client.buffer(&data), data.len(), op)
         .unwrap();
-    assert_eq!(
-        client.ep.wait_send(WAIT).unwrap().opcode,
-        WcOpcode::RDMA_WRITE
-    );
+    let done = client.ep.complete(posted, WAIT).unwrap();
+    assert_eq!(done.done.opcode, WcOpcode::RDMA_WRITE);
     // An RC write is acknowledged only once placed in the responder's memory.
-    assert_eq!(&server.exposed.as_slice()[100..100 + data.len()], &data[..]);
+    let exposed = server.exposed_bytes();
+    assert_eq!(&exposed[100..100 + data.len()], &data[..]);
     assert!(
-        server.exposed.as_slice()[..100].iter().all(|b| *b == 0),
+        exposed[..100].iter().all(|b| *b == 0),
         "bytes before the target untouched"
     );
-    // Inline write of a small payload.
-    let small = pattern(48, 9);
-    client
-        .ep
-        .qp()
-        .post_write_inline(2, &small, client.remote.sub(0, 48).unwrap(), None, true)
-        .unwrap();
-    client.ep.wait_send(WAIT).unwrap();
-    assert_eq!(&server.exposed.as_slice()[..48], &small[..]);
 }
 
 fn write_with_imm_delivers_data_and_immediate(method: Method) {
     let (mut client, mut server) = pair(method);
     let data = pattern(4096, 5);
-    client.local.as_mut_slice()[..4096].copy_from_slice(&data);
-    let target = client.remote.sub(8192, 4096).unwrap();
-    client
-        .ep
-        .qp()
-        .post_write(
-            3,
-            client.local.slice(0..4096).unwrap(),
-            target,
-            Some(0xdead_beef),
-            SendFlags::SIGNALED,
-        )
-        .unwrap();
-    client.ep.wait_send(WAIT).unwrap();
-    let got = server.ep.wait_recv(WAIT).unwrap();
+    let op = RegionOp::Write {
+        remote: client.remote.sub(8192, 4096).unwrap(),
+        imm: Some(0xdead_beef),
+    };
+    let posted = client.ep.post(client.buffer(&data), 4096, op).unwrap();
+    client.ep.complete(posted, WAIT).unwrap();
+    let (got, _) = server.next_receive();
     assert_eq!(got.opcode, WcOpcode::RECV_RDMA_WITH_IMM);
     assert_eq!(got.imm, Some(0xdead_beef));
     assert_eq!(got.byte_len, 4096);
-    assert_eq!(&server.exposed.as_slice()[8192..8192 + 4096], &data[..]);
+    assert_eq!(&server.exposed_bytes()[8192..8192 + 4096], &data[..]);
 }
 
 fn read_moves_bytes(method: Method) {
     let (mut client, mut server) = pair(method);
     let data = pattern(REGION, 11);
-    server.exposed.as_mut_slice().copy_from_slice(&data);
+    server.exposed.copy_from(0, &data).unwrap();
     let len = 20_000;
-    let source = client.remote.sub(1000, len as u64).unwrap();
-    client
+    let op = RegionOp::Read {
+        remote: client.remote.sub(1000, len as u64).unwrap(),
+    };
+    let posted = client
         .ep
-        .qp()
-        .post_read(4, client.local.slice(0..len).unwrap(), source, true)
+        .post(client.buffer(&vec![0; len]), len, op)
         .unwrap();
-    let done = client.ep.wait_send(WAIT).unwrap();
+    let done = client.ep.complete(posted, WAIT).unwrap();
     assert_eq!(
-        (done.wr_id, done.opcode, done.byte_len as usize),
-        (4, WcOpcode::RDMA_READ, len)
+        (done.done.opcode, done.done.byte_len as usize),
+        (WcOpcode::RDMA_READ, len)
     );
-    assert_eq!(&client.local.as_slice()[..len], &data[1000..1000 + len]);
+    assert_eq!(done.region.unwrap().as_slice(), &data[1000..1000 + len]);
 }
 
 /// A write the peer's NIC must refuse: REM_ACCESS_ERR, nothing changed there.
 fn assert_refused(method: Method, corrupt: fn(pinpoll::RemoteSlice) -> pinpoll::RemoteSlice) {
     let (mut client, mut server) = pair(method);
     let before = pattern(REGION, 17);
-    server.exposed.as_mut_slice().copy_from_slice(&before);
-    client.local.as_mut_slice()[..256].fill(0xAA);
-    let target = corrupt(client.remote);
-    client
+    server.exposed.copy_from(0, &before).unwrap();
+    let op = RegionOp::Write {
+        remote: corrupt(client.remote),
+        imm: None,
+    };
+    let posted = client
         .ep
-        .qp()
-        .post_write(
-            9,
-            client.local.slice(0..256).unwrap(),
-            target,
-            None,
-            SendFlags::SIGNALED,
-        )
+        .post(client.buffer(&[0xAA; 256]), 256, op)
         .unwrap();
-    let err = client.ep.wait_send(WAIT).unwrap_err();
+    let err = client.ep.complete(posted, WAIT).unwrap_err();
     let wc = match &err {
         Error::Completion(wc) => wc,
         other => panic!("expected an error completion, got {other}"),
     };
-    assert_eq!(wc.wr_id, 9);
     assert_eq!(wc.status, WcStatus::REM_ACCESS_ERR, "{err}");
     assert!(err.to_string().contains("REM_ACCESS_ERR"), "{err}");
     assert_eq!(
-        server.exposed.as_slice(),
-        &before[..],
+        server.exposed_bytes(),
+        before,
         "the peer's memory must be unchanged"
     );
 }
@@ -159,6 +142,29 @@ fn address_past_the_region_is_refused(method: Method) {
         addr: r.addr + r.len - 64,
         ..r
     });
+}
+
+/// Requests on one queue complete in order: completing a later one first
+/// is an error naming both, not a region handed back early.
+fn completions_must_be_taken_in_posting_order(method: Method) {
+    let (mut client, mut server) = pair(method);
+    let first = client
+        .ep
+        .post(client.buffer(b"one"), 3, RegionOp::Send)
+        .unwrap();
+    let second = client
+        .ep
+        .post(client.buffer(b"two"), 3, RegionOp::Send)
+        .unwrap();
+    let (first_id, second_id) = (first.wr_id(), second.wr_id());
+    let err = client.ep.complete(second, WAIT).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("work request {first_id}, not {second_id}")),
+        "{err}"
+    );
+    drop(first);
+    assert_eq!(server.next_receive().1, b"one");
+    assert_eq!(server.next_receive().1, b"two");
 }
 
 macro_rules! both_methods {
@@ -186,6 +192,8 @@ macro_rules! both_methods {
 
 both_methods!(
     send_recv_moves_bytes,
+    raw_posting_moves_bytes,
+    completions_must_be_taken_in_posting_order,
     write_moves_bytes,
     write_with_imm_delivers_data_and_immediate,
     read_moves_bytes,
@@ -225,31 +233,24 @@ fn a_stale_rkey_from_an_earlier_connection_is_refused_and_the_server_goes_on() {
         "the device handed B the rkey of A's deregistered region again; the test could not tell a stale rkey from a live one"
     );
     let before = pattern(REGION, 23);
-    server_b.exposed.as_mut_slice().copy_from_slice(&before);
-    client_b.local.as_mut_slice()[..256].fill(0xAA);
-    client_b
+    server_b.exposed.copy_from(0, &before).unwrap();
+    let op = RegionOp::Write {
+        remote: stale.sub(0, 256).unwrap(),
+        imm: None,
+    };
+    let posted = client_b
         .ep
-        .qp()
-        .post_write(
-            11,
-            client_b.local.slice(0..256).unwrap(),
-            stale.sub(0, 256).unwrap(),
-            None,
-            SendFlags::SIGNALED,
-        )
+        .post(client_b.buffer(&[0xAA; 256]), 256, op)
         .unwrap();
-    let err = client_b.ep.wait_send(WAIT).unwrap_err();
+    let err = client_b.ep.complete(posted, WAIT).unwrap_err();
     match &err {
-        Error::Completion(wc) => {
-            assert_eq!(wc.wr_id, 11);
-            assert_eq!(wc.status, WcStatus::REM_ACCESS_ERR, "{err}");
-        }
+        Error::Completion(wc) => assert_eq!(wc.status, WcStatus::REM_ACCESS_ERR, "{err}"),
         other => panic!("expected an error completion, got {other}"),
     }
     assert!(err.to_string().contains("REM_ACCESS_ERR"), "{err}");
     assert_eq!(
-        server_b.exposed.as_slice(),
-        &before[..],
+        server_b.exposed_bytes(),
+        before,
         "B's region must be unchanged byte for byte"
     );
     drop(client_b);
@@ -258,25 +259,17 @@ fn a_stale_rkey_from_an_earlier_connection_is_refused_and_the_server_goes_on() {
     let mut client_c = cm_client_side(addr);
     let server_c = rx.recv().expect("server side of C");
     let data = pattern(REGION, 29);
-    client_c.local.as_mut_slice().copy_from_slice(&data);
-    client_c
+    let op = RegionOp::Write {
+        remote: client_c.remote.sub(0, REGION as u64).unwrap(),
+        imm: None,
+    };
+    let posted = client_c
         .ep
-        .qp()
-        .post_write(
-            12,
-            client_c.local.slice(0..REGION).unwrap(),
-            client_c.remote.sub(0, REGION as u64).unwrap(),
-            None,
-            SendFlags::SIGNALED,
-        )
+        .post(client_c.buffer(&data), REGION, op)
         .unwrap();
-    let done = client_c.ep.wait_send(WAIT).unwrap();
-    assert_eq!((done.wr_id, done.opcode), (12, WcOpcode::RDMA_WRITE));
-    assert_eq!(
-        server_c.exposed.as_slice(),
-        &data[..],
-        "C's data, byte for byte"
-    );
+    let done = client_c.ep.complete(posted, WAIT).unwrap();
+    assert_eq!(done.done.opcode, WcOpcode::RDMA_WRITE);
+    assert_eq!(server_c.exposed_bytes(), data, "C's data, byte for byte");
     server.join().expect("server thread");
 }
 
@@ -284,18 +277,18 @@ fn a_stale_rkey_from_an_earlier_connection_is_refused_and_the_server_goes_on() {
 #[ignore = "needs an RDMA device"]
 fn the_named_device_opens_with_an_active_port_and_a_roce_v2_gid() {
     let name = device();
-    let devices = pinpoll::sys::device::list_devices().unwrap();
+    let devices = pinpoll::device::list_devices().unwrap();
     assert!(
         devices.iter().any(|d| d.name == name),
         "{name} not in {devices:?}"
     );
-    let ctx = pinpoll::sys::device::Context::open(Some(&name)).unwrap();
+    let ctx = pinpoll::device::Device::open(Some(&name)).unwrap();
     let attr = ctx.query_device().unwrap();
     assert!(attr.max_qp_wr > 0 && attr.phys_port_cnt >= 1, "{attr:?}");
     let port = ctx.query_port(1).unwrap();
     assert!(port.is_active(), "{port:?}");
     assert!(
-        pinpoll::sys::device::mtu_bytes(port.active_mtu) >= 256,
+        pinpoll::device::mtu_bytes(port.active_mtu) >= 256,
         "{port:?}"
     );
     let table = pinpoll::gid::gid_table(
@@ -309,7 +302,9 @@ fn the_named_device_opens_with_an_active_port_and_a_roce_v2_gid() {
         let chosen = pinpoll::gid::select(&table, None, 1).unwrap();
         assert!(chosen.is_roce_v2(), "{table:?}");
     }
-    let missing = pinpoll::sys::device::Context::open(Some("no-such-device0"))
+    let inline = pinpoll::device::max_inline_data(&ctx, 4096).unwrap();
+    assert!(inline >= 64, "rxe grants inline data: {inline}");
+    let missing = pinpoll::device::Device::open(Some("no-such-device0"))
         .unwrap_err()
         .to_string();
     assert!(

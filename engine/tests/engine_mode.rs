@@ -5,8 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{cm_pair, pattern};
-use pinpoll::{Completion, Engine, EngineConfig, Error, QpConfig, WcOpcode};
+use common::{cm_pair, pattern, target_bytes};
+use pinpoll::{Engine, EngineConfig, EngineEvent, Error, QpConfig, WcOpcode};
 
 /// Deeper queues than the fast-path tests: the worker batches what it takes.
 fn engine_config() -> EngineConfig {
@@ -66,12 +66,12 @@ fn operations_round_trip_through_the_worker() {
         let mut received = false;
         while !(sent && received) {
             match engine.wait().unwrap() {
-                Completion::Completed { opcode, .. } => {
+                EngineEvent::Completed { opcode, .. } => {
                     assert_eq!(opcode, WcOpcode::SEND);
                     sent = true;
                     server.send(&data).unwrap();
                 }
-                Completion::Received { data: got } => {
+                EngineEvent::Received { data: got } => {
                     assert_eq!(got, &data[..], "{len} B back from the server");
                     received = true;
                 }
@@ -87,14 +87,16 @@ fn operations_round_trip_through_the_worker() {
         .unwrap();
     let imm = server.recv().unwrap();
     assert_eq!((imm.imm, imm.len), (Some(0xfeed), 3000));
-    assert_eq!(&server.target()[8192..11192], &data[..]);
-    assert!(matches!(engine.wait().unwrap(), Completion::Completed { id: done, .. } if done == id));
+    assert_eq!(&target_bytes(&server, 8192..11192)[..], &data[..]);
+    assert!(
+        matches!(engine.wait().unwrap(), EngineEvent::Completed { id: done, .. } if done == id)
+    );
 
     let published = pattern(2048, 31);
-    server.target_mut()[..2048].copy_from_slice(&published);
+    server.target_mut().copy_from(0, &published).unwrap();
     let id = engine.read(0, 2048).unwrap();
     match engine.wait().unwrap() {
-        Completion::ReadCompleted { id: done, data } => {
+        EngineEvent::ReadCompleted { id: done, data } => {
             assert_eq!(done, id);
             assert_eq!(data, &published[..]);
         }
@@ -106,7 +108,13 @@ fn operations_round_trip_through_the_worker() {
         engine.write(&[0; 8], server.target().len() as u64, None),
         Err(Error::OutOfRegion { .. })
     ));
-    assert!(matches!(engine.send(&vec![0; 4097]), Err(Error::Config(_))));
+    assert!(matches!(
+        engine.send(&vec![0; 4097]),
+        Err(Error::TooLarge {
+            len: 4097,
+            limit: 4096
+        })
+    ));
     engine.shutdown().unwrap();
 }
 
@@ -147,5 +155,5 @@ fn a_full_queue_is_backpressure_and_shutdown_drains_everything() {
         s.posted == submitted || s.posted == submitted + 1,
         "{s:?} vs {submitted}"
     );
-    assert_eq!(&server.target()[..512], &data[..]);
+    assert_eq!(&target_bytes(&server, 0..512)[..], &data[..]);
 }

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{cm_pair, engine_config, oob_pair, pattern};
+use common::{cm_pair, engine_config, oob_pair, pattern, target_bytes};
 use pinpoll::{Error, Event, RemoteSlice, WcStatus};
 
 #[test]
@@ -64,7 +64,7 @@ fn batches_beyond_the_send_queue_meet_backpressure_not_overflow() {
     for i in total - 16..total {
         let at = ((i % 16) * 256) as usize;
         assert_eq!(
-            &server.target()[at..at + 256],
+            &target_bytes(&server, at..at + 256)[..],
             &payloads[(i % 4) as usize][..],
             "cell of write {i}"
         );
@@ -163,14 +163,14 @@ fn an_error_in_the_middle_of_unsignaled_work_is_reported_once_and_everything_is_
     for i in 0..bad_seq {
         let at = (i * 100) as usize;
         assert_eq!(
-            &server.target()[at..at + 100],
+            &target_bytes(&server, at..at + 100)[..],
             &data[..],
             "write {i} landed"
         );
     }
     let after = (bad_seq * 100) as usize;
     assert!(
-        server.target()[after..(total * 100) as usize]
+        target_bytes(&server, after..(total * 100) as usize)
             .iter()
             .all(|b| *b == 0),
         "nothing after the error landed"
@@ -205,14 +205,14 @@ fn inline_and_ring_payloads_arrive_byte_for_byte() {
             let imm = client.recv().unwrap();
             assert_eq!((imm.imm, imm.len as usize), (Some(len as u32), len));
             assert_eq!(
-                &client.target()[..len],
+                &target_bytes(&client, 0..len)[..],
                 &data[..],
                 "WRITE_WITH_IMM of {len} B"
             );
         }
         // READ back what the server publishes.
         let published = pattern(3000, 99);
-        server.target_mut()[4096..7096].copy_from_slice(&published);
+        server.target_mut().copy_from(4096, &published).unwrap();
         assert_eq!(client.read(4096, 3000).unwrap(), &published[..]);
     }
 }
@@ -278,10 +278,16 @@ fn rings_on_huge_pages_move_data_and_missing_pages_are_a_clear_error() {
     client.write(&data, 4096, Some(1)).unwrap();
     let mut server = server;
     assert_eq!(server.recv().unwrap().imm, Some(1));
-    assert_eq!(&server.target()[4096..8096], &data[..]);
+    assert_eq!(&target_bytes(&server, 4096..8096)[..], &data[..]);
 
     // Far more huge pages than the machine reserved: refused with the fix.
-    let err = pinpoll::Buffer::new(1 << 40, pinpoll::PageSize::Huge2M)
+    let err = server
+        .endpoint()
+        .register(
+            1 << 40,
+            pinpoll::PageSize::Huge2M,
+            pinpoll::Access::LOCAL_WRITE,
+        )
         .unwrap_err()
         .to_string();
     assert!(err.contains("nr_hugepages"), "{err}");
@@ -412,10 +418,14 @@ fn single_operations_post_alone_refuse_when_full_and_give_back_what_they_refused
     // on RC the peer sees a SEND only after the WRITEs posted before it.
     client.try_send(b"fence").unwrap();
     assert_eq!(server.recv().unwrap().data, b"fence");
-    assert_eq!(&server.target()[..48], &cells[1][..]);
+    assert_eq!(&target_bytes(&server, 0..48)[..], &cells[1][..]);
     for (i, cell) in cells.iter().enumerate().skip(1) {
         let at = i * 64;
-        assert_eq!(&server.target()[at..at + 48], &cell[..], "cell {i}");
+        assert_eq!(
+            &target_bytes(&server, at..at + 48)[..],
+            &cell[..],
+            "cell {i}"
+        );
     }
 
     // try_recv: nothing yet, then exactly what was sent, inline and not.
@@ -433,7 +443,7 @@ fn single_operations_post_alone_refuse_when_full_and_give_back_what_they_refused
 
     // try_read: the data come with ReadCompleted for its sequence number.
     let published = pattern(3000, 77);
-    server.target_mut()[8192..11192].copy_from_slice(&published);
+    server.target_mut().copy_from(8192, &published).unwrap();
     let seq = client.try_read(8192, 3000).unwrap();
     let mut read = None;
     while read.is_none() {
@@ -486,7 +496,11 @@ fn single_operations_post_alone_refuse_when_full_and_give_back_what_they_refused
     assert_eq!((last.imm, last.len), (Some(0xab), 2000));
     for (i, want) in built.iter().enumerate() {
         let at = 16384 + i * 2048;
-        assert_eq!(&server.target()[at..at + 2000], &want[..], "slot write {i}");
+        assert_eq!(
+            &target_bytes(&server, at..at + 2000)[..],
+            &want[..],
+            "slot write {i}"
+        );
     }
     // Batch::send_from, likewise, and a failed fill adds nothing.
     let message = pattern(1500, 9);

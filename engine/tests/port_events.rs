@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{device, engine_config, oob_pair};
-use pinpoll::sys::device::Context;
+use pinpoll::device::Device;
 use pinpoll::Error;
 
 fn netdev() -> String {
@@ -54,7 +54,7 @@ fn restore_link_local(netdev: &str) {
 fn wait_until_back(dev: &str, netdev: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let active = Context::open(Some(dev))
+        let active = Device::open(Some(dev))
             .and_then(|c| c.query_port(1))
             .is_ok_and(|p| p.is_active());
         let addrs = Command::new("ip")

@@ -12,10 +12,7 @@ use std::net::SocketAddr;
 use common::*;
 use pinpoll::connect::cm::{Connector, Listener};
 use pinpoll::connect::oob::Prepared;
-use pinpoll::sys::device::Context;
-use pinpoll::sys::mem::Buffer;
-use pinpoll::sys::mr::MemoryRegion;
-use pinpoll::sys::pd::ProtectionDomain;
+use pinpoll::device::Device;
 use pinpoll::{Access, Error, PageSize, QpConfig};
 
 /// (pd, cq, qp, cm_id, mr, ctx) of `device`, as the kernel counts them.
@@ -62,29 +59,28 @@ fn failed_setups_release_everything_they_created() {
     {
         let listener = Listener::bind(cm_addr()).unwrap();
         drop(listener);
-        drop(Context::open(Some(&dev)).unwrap());
+        drop(Device::open(Some(&dev)).unwrap());
     }
     let baseline = (kernel_counts(&dev), open_fds());
 
-    // 1. Context, PD, CQs and QP exist, then registration fails
-    //    (REMOTE_WRITE without LOCAL_WRITE is EINVAL).
+    // 1. Context, PD, CQs and QP exist, and a region is registered; then
+    //    mapping the next one fails (more 1 GiB pages than any machine
+    //    reserves).
     for _ in 0..20 {
         let mut prepared = Prepared::new(Some(&dev), &config(), Access::REMOTE_WRITE).unwrap();
-        let err = prepared
-            .endpoint()
-            .register(4096, PageSize::Base, Access::REMOTE_WRITE)
+        let ep = prepared.endpoint();
+        let first = ep.register_shared(4096, PageSize::Base, false).unwrap();
+        let err = ep
+            .register(64 << 30, PageSize::Huge1G, Access::LOCAL_WRITE)
             .unwrap_err();
-        assert!(matches!(err, Error::RegMr { .. }), "{err}");
-        assert!(
-            err.to_string().contains("REMOTE_WRITE needs LOCAL_WRITE"),
-            "{err}"
-        );
+        assert!(matches!(err, Error::Map { .. }), "{err}");
+        drop(first);
     }
     assert_released(&dev, "failed registration", baseline);
 
     // 2. QP creation fails after the PD and CQs exist (more WRs than the
     //    device allows).
-    let limit = Context::open(Some(&dev))
+    let limit = Device::open(Some(&dev))
         .unwrap()
         .query_device()
         .unwrap()
@@ -123,18 +119,17 @@ fn failed_setups_release_everything_they_created() {
         assert_released(&dev, &format!("connected pair ({method:?})"), baseline);
     }
 
-    // 5. The parent dropped before its child: the child's Arc keeps it.
-    let ctx = Context::open(Some(&dev)).unwrap();
-    let pd = ProtectionDomain::new(&ctx).unwrap();
-    drop(ctx);
-    let mr = MemoryRegion::register(
-        &pd,
-        Buffer::new(8192, PageSize::Base).unwrap(),
-        Access::LOCAL_WRITE,
-    )
-    .unwrap();
-    drop(pd);
-    assert_eq!(mr.len(), 8192);
+    // 5. The parents dropped before their child: a region outlives the
+    //    endpoint (QP, CQs, PD handle, context) it was registered on; its
+    //    Arc keeps the PD, and the PD the context.
+    let mut prepared = Prepared::new(Some(&dev), &config(), Access::REMOTE_WRITE).unwrap();
+    let mut mr = prepared
+        .endpoint()
+        .register(8192, PageSize::Base, Access::LOCAL_WRITE)
+        .unwrap();
+    drop(prepared);
+    mr.as_mut_slice()[8191] = 7;
+    assert_eq!(mr.as_slice()[8191], 7);
     drop(mr);
     assert_released(&dev, "child outliving its parent handle", baseline);
 }

@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::cm_addr;
+use pinpoll::alloc::CountingAllocator;
 use pinpoll::connect::cm::Listener;
-use pinpoll::sys::alloc::CountingAllocator;
-use pinpoll::{Completion, Connection, Engine, EngineConfig, Error, Event, QpConfig};
+use pinpoll::{Connection, Engine, EngineConfig, EngineEvent, Error, Event, QpConfig};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator::new();
@@ -186,13 +186,13 @@ fn engine(e: &mut Engine, kind: Kind, n: u64) {
     let drain = |e: &mut Engine, acks: &mut u64, reads: &mut u64| {
         while let Some(c) = e.poll() {
             match c {
-                Completion::Received { data } => {
+                EngineEvent::Received { data } => {
                     assert_eq!(data, &[0xAC; 8]);
                     *acks += 1;
                 }
-                Completion::ReadCompleted { .. } => *reads += 1,
-                Completion::Failed(err) => panic!("{err}"),
-                Completion::Refused { id } => panic!("op {id} refused"),
+                EngineEvent::ReadCompleted { .. } => *reads += 1,
+                EngineEvent::Failed(err) => panic!("{err}"),
+                EngineEvent::Refused { id } => panic!("op {id} refused"),
                 _ => {}
             }
         }

@@ -4,14 +4,8 @@
 //! ([`gather_sysfs`]). The doctor's checks take an `Inventory` as input, so
 //! tests build one by hand.
 
-use std::sync::Arc;
-
+use pinpoll::device::{self, Device};
 use pinpoll::gid::{self, GidEntry, SYSFS_INFINIBAND};
-use pinpoll::sys::cq::CompletionQueue;
-use pinpoll::sys::device::{self, Context};
-use pinpoll::sys::pd::ProtectionDomain;
-use pinpoll::sys::qp::QueuePair;
-use pinpoll::QpConfig;
 
 use crate::root::SystemRoot;
 
@@ -280,7 +274,7 @@ pub fn gather_verbs(root: &SystemRoot, only: Option<&str>) -> Inventory {
 
 fn verbs_device(root: &SystemRoot, name: &str) -> DeviceFacts {
     tracing::debug!(device = name, "ibv_open_device");
-    let ctx = match Context::open(Some(name)) {
+    let ctx = match Device::open(Some(name)) {
         Ok(ctx) => ctx,
         Err(e) => {
             let why = error_chain(&e);
@@ -318,7 +312,7 @@ fn verbs_device(root: &SystemRoot, name: &str) -> DeviceFacts {
     }
 }
 
-fn verbs_port(root: &SystemRoot, ctx: &Context, port: u8) -> PortFacts {
+fn verbs_port(root: &SystemRoot, ctx: &Device, port: u8) -> PortFacts {
     tracing::debug!(device = ctx.name(), port, "ibv_query_port");
     match ctx.query_port(port) {
         Ok(attr) => PortFacts {
@@ -355,37 +349,10 @@ fn verbs_port(root: &SystemRoot, ctx: &Context, port: u8) -> PortFacts {
 pub const ENGINE_MAX_INLINE: u32 = 4096;
 
 /// The largest `max_inline_data` the device grants an RC queue pair with
-/// one SGE, found by creating queue pairs (binary search; inline capacity
-/// is monotonic). Devices report it nowhere else: `ibv_query_device` has no
-/// such field.
-fn probe_max_inline(ctx: &Arc<Context>) -> Result<u32, String> {
-    let pd = ProtectionDomain::new(ctx).map_err(|e| error_chain(&e))?;
-    let cq = CompletionQueue::new(ctx, 32).map_err(|e| error_chain(&e))?;
-    let try_inline = |bytes: u32| {
-        let cfg = QpConfig {
-            max_send_wr: 16,
-            max_recv_wr: 16,
-            max_sge: 1,
-            max_inline_data: bytes,
-            cq_depth: 32,
-            ..QpConfig::default()
-        };
-        QueuePair::new(&pd, &cq, &cq, &cfg).map(drop)
-    };
-    try_inline(0).map_err(|e| format!("cannot create a probe queue pair: {}", error_chain(&e)))?;
-    if try_inline(ENGINE_MAX_INLINE).is_ok() {
-        return Ok(ENGINE_MAX_INLINE);
-    }
-    // Invariant: lo is accepted, hi is refused.
-    let (mut lo, mut hi) = (0u32, ENGINE_MAX_INLINE);
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        if try_inline(mid).is_ok() {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    tracing::debug!(device = ctx.name(), max_inline_data = lo, "inline probe");
-    Ok(lo)
+/// one SGE, up to the engine's own limit (the device reports it nowhere).
+fn probe_max_inline(ctx: &std::sync::Arc<Device>) -> Result<u32, String> {
+    let found = device::max_inline_data(ctx, ENGINE_MAX_INLINE)
+        .map_err(|e| format!("cannot create a probe queue pair: {}", error_chain(&e)))?;
+    tracing::debug!(device = ctx.name(), max_inline_data = found, "inline probe");
+    Ok(found)
 }

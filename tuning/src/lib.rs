@@ -1,6 +1,6 @@
 //! pinpoll-tune: the tuning kit of pinpoll.
 //!
-//! - [`profile`] — the shipped engine profiles (`tuning/profiles/*.toml`):
+//! - [`profile`] — the engine profiles (built in from `engine/profiles/*.toml`, or files):
 //!   finding them, and printing the effective configuration of one.
 //! - [`doctor`] — is this host ready for busy-poll RDMA? Every check is a
 //!   pure function over a [`SystemRoot`] (sysfs and procfs under `/`, or a

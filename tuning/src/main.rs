@@ -39,7 +39,7 @@ enum Command {
     /// is reported as "warn: cannot read X: reason". Exits 1 when any check
     /// fails.
     Doctor(DoctorArgs),
-    /// Engine profiles (tuning/profiles/*.toml)
+    /// Engine profiles (the built-in ones, or a .toml file)
     #[command(subcommand)]
     Profile(ProfileCommand),
     /// Measure pinpoll-perf workloads over a grid of engine parameters and
@@ -100,7 +100,7 @@ struct SweepArgs {
     /// Directory for the CSV, SVG and recommended profiles (created)
     #[arg(long, value_name = "DIR", default_value = "pinpoll-sweep")]
     out: PathBuf,
-    /// Profile every point starts from: a name from tuning/profiles or a
+    /// Profile every point starts from: a built-in profile name (latency, throughput, softroce) or a
     /// path [default: softroce on an rxe device, else pinpoll-perf's
     /// default for the workload: latency or throughput]
     #[arg(long, value_name = "NAME|FILE")]
@@ -126,7 +126,7 @@ struct SweepArgs {
 #[derive(Debug, clap::Args)]
 struct DoctorArgs {
     /// Profile whose needs are checked (huge pages, locked memory, device
-    /// limits, its `core`): a name from tuning/profiles or a path to a .toml
+    /// limits, its `core`): a built-in profile name (latency, throughput, softroce) or a path to a .toml
     /// file [default: the engine's defaults]
     #[arg(long, value_name = "NAME|FILE")]
     profile: Option<String>,
@@ -155,7 +155,7 @@ enum ProfileCommand {
     /// Validate a profile and print its effective configuration (every key,
     /// defaults included, in the profile format)
     Check {
-        /// A profile name from tuning/profiles (latency, throughput,
+        /// A built-in profile name (latency, throughput,
         /// softroce; also $PINPOLL_PROFILE_DIR) or a path to a .toml file
         #[arg(value_name = "NAME|FILE")]
         profile: String,
@@ -247,8 +247,8 @@ fn doctor_cmd(args: DoctorArgs) -> anyhow::Result<ExitCode> {
 fn profile_check(name: &str) -> anyhow::Result<ExitCode> {
     match profile::check(name) {
         Ok(checked) => {
-            let from = match &checked.path {
-                Some(p) => format!(" ({})", p.display()),
+            let from = match &checked.source {
+                Some(source) => format!(" ({source})"),
                 None => String::new(),
             };
             write_stdout(&format!(

@@ -6,28 +6,23 @@
 //! it accepts.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 
+use pinpoll::config::profile::{self, ProfileSource};
 use pinpoll::{EngineConfig, IdlePolicy, PageSize};
 
 use crate::doctor::{pages_needed, pinned_bytes};
 use crate::facts::error_chain;
 
-/// The profiles shipped with pinpoll (`tuning/profiles`).
-pub fn shipped_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles")
-}
-
-/// The file a name or path refers to, as [`EngineConfig::load`] resolves it.
-pub fn locate(name_or_path: &str) -> Option<PathBuf> {
-    pinpoll::profile::locate_profile(name_or_path).ok()
+/// What a name or path refers to, as [`EngineConfig::load`] resolves it.
+pub fn locate(name_or_path: &str) -> Option<ProfileSource> {
+    profile::locate(name_or_path).ok()
 }
 
 /// A profile that loaded and validated.
 #[derive(Debug, Clone)]
 pub struct Checked {
     pub name: String,
-    pub path: Option<PathBuf>,
+    pub source: Option<ProfileSource>,
     pub config: EngineConfig,
     /// The keys the file sets (the rest are engine defaults).
     pub set_keys: BTreeSet<String>,
@@ -37,16 +32,16 @@ pub struct Checked {
 /// naming the file, the key and the allowed range.
 pub fn check(name_or_path: &str) -> Result<Checked, String> {
     let config = EngineConfig::load(name_or_path).map_err(|e| load_error(&e))?;
-    let path = locate(name_or_path);
-    let set_keys = path
+    let source = locate(name_or_path);
+    let set_keys = source
         .as_ref()
-        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|s| s.text().ok())
         .and_then(|t| t.parse::<toml::Table>().ok())
         .map(|t| t.keys().cloned().collect())
         .unwrap_or_default();
     Ok(Checked {
         name: name_or_path.to_owned(),
-        path,
+        source,
         config,
         set_keys,
     })

@@ -159,7 +159,7 @@ pub struct PerfArgs {
     #[arg(long, value_name = "N")]
     pub server_core: Option<usize>,
 
-    /// Tuning profile: a name in tuning/profiles/ or a path to a .toml
+    /// Tuning profile: a built-in name (latency, throughput, softroce) or a path to a .toml
     /// file (default: `latency` for latency tests, `throughput` for
     /// bandwidth tests). Flags above override its keys.
     #[arg(long, value_name = "NAME|PATH")]

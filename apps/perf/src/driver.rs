@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use pinpoll::datapath::Stats;
-use pinpoll::{Completion, Connection, Engine, EngineConfig, Error, Event, Result};
+use pinpoll::{Connection, Engine, EngineConfig, EngineEvent, Error, Event, Result};
 
 use crate::clock;
 use crate::plan::{Kind, Mode, Plan};
@@ -483,13 +483,13 @@ impl EngineClient {
         while let Some(c) = self.engine.poll() {
             n += 1;
             match c {
-                Completion::Received { data } => {
+                EngineEvent::Received { data } => {
                     if let Some(count) = read_credit(data) {
                         acked = acked.max(count);
                     }
                 }
-                Completion::Failed(e) => return Err(Error::Completion(e)),
-                Completion::Refused { id } => {
+                EngineEvent::Failed(e) => return Err(Error::Completion(e)),
+                EngineEvent::Refused { id } => {
                     return Err(Error::Config(format!(
                         "the worker refused operation {id}: the connection had failed"
                     )))
@@ -505,12 +505,12 @@ impl EngineClient {
     /// Spins on `Engine::poll` with our cheap clock rather than
     /// `Engine::wait`, which reads the OS clock on every call.
     #[inline]
-    fn wait_for(&mut self, mut want: impl FnMut(&Completion<'_>) -> bool) -> Result<()> {
+    fn wait_for(&mut self, mut want: impl FnMut(&EngineEvent<'_>) -> bool) -> Result<()> {
         let mut spin = Spin::new(self.timeout, "a completion from the worker");
         loop {
             match self.engine.poll() {
-                Some(Completion::Failed(e)) => return Err(Error::Completion(e)),
-                Some(Completion::Refused { id }) => {
+                Some(EngineEvent::Failed(e)) => return Err(Error::Completion(e)),
+                Some(EngineEvent::Refused { id }) => {
                     return Err(Error::Config(format!(
                         "the worker refused operation {id}: the connection had failed"
                     )))
@@ -536,16 +536,16 @@ impl Driver for EngineClient {
                 self.buf[size - 1] = v;
                 self.submit(false)?;
                 let v = u32::from(v);
-                self.wait_for(|c| matches!(c, Completion::WriteImm { imm, .. } if *imm == v))
+                self.wait_for(|c| matches!(c, EngineEvent::WriteImm { imm, .. } if *imm == v))
             }
             Kind::SendLat => {
                 self.submit(false)?;
-                self.wait_for(|c| matches!(c, Completion::Received { .. }))
+                self.wait_for(|c| matches!(c, EngineEvent::Received { .. }))
             }
             Kind::ReadLat => {
                 let id = self.submit(false)?;
                 self.wait_for(
-                    |c| matches!(c, Completion::ReadCompleted { id: done, .. } if *done == id),
+                    |c| matches!(c, EngineEvent::ReadCompleted { id: done, .. } if *done == id),
                 )
             }
             other => Err(wrong_kind(other)),
@@ -576,8 +576,8 @@ impl Driver for EngineClient {
                 let mut done = 0;
                 while let Some(c) = self.engine.poll() {
                     match c {
-                        Completion::ReadCompleted { .. } => done += 1,
-                        Completion::Failed(e) => return Err(Error::Completion(e)),
+                        EngineEvent::ReadCompleted { .. } => done += 1,
+                        EngineEvent::Failed(e) => return Err(Error::Completion(e)),
                         _ => {}
                     }
                 }
@@ -596,8 +596,8 @@ impl Driver for EngineClient {
             let mut spin = Spin::new(self.timeout, "the last READ completions");
             while reads_done < n {
                 match self.engine.poll() {
-                    Some(Completion::ReadCompleted { .. }) => reads_done += 1,
-                    Some(Completion::Failed(e)) => return Err(Error::Completion(e)),
+                    Some(EngineEvent::ReadCompleted { .. }) => reads_done += 1,
+                    Some(EngineEvent::Failed(e)) => return Err(Error::Completion(e)),
                     Some(_) => {}
                     None => {
                         spin.tick()?;
@@ -606,7 +606,7 @@ impl Driver for EngineClient {
             }
             Ok(())
         } else {
-            self.wait_for(|c| matches!(c, Completion::Completed { id, .. } if *id == last_id))
+            self.wait_for(|c| matches!(c, EngineEvent::Completed { id, .. } if *id == last_id))
         }
     }
 
@@ -634,7 +634,7 @@ impl Driver for EngineClient {
                 Err(e) => return Err(e),
             }
         };
-        self.wait_for(|c| matches!(c, Completion::Completed { id: done, .. } if *done == id))
+        self.wait_for(|c| matches!(c, EngineEvent::Completed { id: done, .. } if *done == id))
     }
 
     fn finish(self: Box<Self>) -> Result<Stats> {
@@ -655,8 +655,8 @@ impl EngineClient {
                     while let Some(c) = self.engine.poll() {
                         any = true;
                         match c {
-                            Completion::ReadCompleted { .. } => *reads_done += 1,
-                            Completion::Failed(e) => return Err(Error::Completion(e)),
+                            EngineEvent::ReadCompleted { .. } => *reads_done += 1,
+                            EngineEvent::Failed(e) => return Err(Error::Completion(e)),
                             _ => {}
                         }
                     }

@@ -50,7 +50,7 @@ impl Prepared {
                 kind: String::new(),
             })
         };
-        endpoint.qp().to_init(port, remote_access)?;
+        endpoint.qp().enter_init(port, remote_access)?;
         let psn = rand::thread_rng().gen::<u32>() & 0xff_ffff;
         Ok(Prepared {
             endpoint,
@@ -120,8 +120,8 @@ impl Prepared {
             sgid_index: self.gid.index as u8,
             mtu: u32::from(peer.mtu).min(self.endpoint.port_attr().active_mtu),
         };
-        self.endpoint.qp().to_rtr(&path, &self.cfg)?;
-        self.endpoint.qp().to_rts(self.psn, &self.cfg)?;
+        self.endpoint.qp().enter_rtr(&path, &self.cfg)?;
+        self.endpoint.qp().enter_rts(self.psn, &self.cfg)?;
 
         stream.write_all(b"R").map_err(io("signalling ready"))?;
         let mut ready = [0u8; 1];

@@ -250,7 +250,7 @@ impl QueuePair {
     }
 
     /// RESET→INIT, allowing the remote accesses `access` on this QP.
-    pub(crate) fn to_init(&mut self, port: u8, access: Access) -> Result<()> {
+    pub(crate) fn enter_init(&mut self, port: u8, access: Access) -> Result<()> {
         let mut attr = zeroed_attr();
         attr.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
         attr.pkey_index = 0;
@@ -266,7 +266,7 @@ impl QueuePair {
     }
 
     /// INIT→RTR towards `peer`.
-    pub(crate) fn to_rtr(&mut self, peer: &PeerPath, cfg: &QpConfig) -> Result<()> {
+    pub(crate) fn enter_rtr(&mut self, peer: &PeerPath, cfg: &QpConfig) -> Result<()> {
         let mut attr = zeroed_attr();
         attr.qp_state = ffi::ibv_qp_state::IBV_QPS_RTR;
         attr.path_mtu = peer.mtu;
@@ -296,7 +296,7 @@ impl QueuePair {
     }
 
     /// RTR→RTS, sending from `psn`.
-    pub(crate) fn to_rts(&mut self, psn: u32, cfg: &QpConfig) -> Result<()> {
+    pub(crate) fn enter_rts(&mut self, psn: u32, cfg: &QpConfig) -> Result<()> {
         let mut attr = zeroed_attr();
         attr.qp_state = ffi::ibv_qp_state::IBV_QPS_RTS;
         attr.timeout = cfg.timeout;
@@ -315,7 +315,7 @@ impl QueuePair {
 
     /// Moves the QP to ERR, which flushes every posted work request with
     /// WR_FLUSH_ERR; the first step of an orderly teardown.
-    pub(crate) fn to_error(&mut self) -> Result<()> {
+    pub(crate) fn enter_error(&mut self) -> Result<()> {
         let mut attr = zeroed_attr();
         attr.qp_state = ffi::ibv_qp_state::IBV_QPS_ERR;
         self.modify(

@@ -123,10 +123,8 @@ impl RecvQueue {
         let max = max.min(POLL_BATCH);
         let n = self.poller.poll(&mut self.wcs[..max])?;
         for i in 0..n {
-            let arrival = match self.ledger.complete(self.wcs[i].wr_id()) {
-                Ok(pos) => describe(&self.wcs[i], pos),
-                Err(e) => return Err(e.into()),
-            };
+            let pos = self.ledger.complete(self.wcs[i].wr_id())?;
+            let arrival = describe(&self.wcs[i], pos);
             on(arrival, self.bytes(&arrival));
         }
         Ok(n)

@@ -348,10 +348,7 @@ impl SendQueue {
         for i in 0..n {
             let wc = &self.wcs[i];
             let (wr_id, status, vendor_err) = (wc.wr_id(), wc.status(), wc.vendor_err());
-            let range = match self.ledger.retire_through(wr_id) {
-                Ok(range) => range,
-                Err(e) => return Err(e.into()),
-            };
+            let range = self.ledger.retire_through(wr_id)?;
             for seq in range {
                 let released = self.ledger.release(seq);
                 let named = seq == wr_id;

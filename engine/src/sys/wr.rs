@@ -138,7 +138,7 @@ fn position<T>(list: &[T], bad: *const T) -> usize {
     let base = list.as_ptr() as usize;
     let size = std::mem::size_of::<T>();
     let at = (bad as usize).wrapping_sub(base);
-    if at % size == 0 && at / size < list.len() {
+    if at.is_multiple_of(size) && at / size < list.len() {
         at / size
     } else {
         0

@@ -4,6 +4,7 @@
 //! with the reason instead of passing silently.
 #![allow(dead_code)]
 
+use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
@@ -11,15 +12,14 @@ use pinpoll::connect::cm::{Connector, Listener};
 use pinpoll::connect::oob::Prepared;
 use pinpoll::connect::{parse_socket_addr, RegionDescriptor};
 use pinpoll::{
-    Access, Connection, Endpoint, EngineConfig, MemoryRegion, PageSize, QpConfig, RemoteSlice,
+    Access, Connection, Endpoint, EngineConfig, MemoryRegion, PageSize, Posted, QpConfig,
+    RemoteSlice, SharedRegion, WorkDone,
 };
 
 pub const REGION: usize = 64 * 1024;
-/// Receives are posted into the upper half of `local`, in slots of this size.
+/// Each side keeps this many receives posted, each into its own region.
 pub const RECV_SLOT: usize = 4096;
-pub const RECV_BASE: usize = REGION / 2;
-pub const RECVS: u64 = 8;
-pub const RECV_WR_BASE: u64 = 1000;
+pub const RECVS: usize = 8;
 pub const WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,14 +28,48 @@ pub enum Method {
     Oob,
 }
 
-/// One side of a connection: its endpoint, a local buffer (send source,
-/// receive and READ target), a region it exposes to the peer, and the
-/// peer's exposed region.
+/// One side of a connection: its endpoint, the region it exposes to the
+/// peer (which the peer may write at any time), the peer's exposed
+/// region, and its posted receives, oldest first.
 pub struct Side {
     pub ep: Endpoint,
-    pub local: MemoryRegion,
-    pub exposed: MemoryRegion,
+    pub exposed: SharedRegion,
     pub remote: RemoteSlice,
+    pub receives: VecDeque<Posted>,
+}
+
+impl Side {
+    /// A fresh buffer holding `data` (LOCAL_WRITE, so a READ may land in it).
+    pub fn buffer(&self, data: &[u8]) -> MemoryRegion {
+        let mut region = self
+            .ep
+            .register(data.len(), PageSize::Base, Access::LOCAL_WRITE)
+            .expect("register a buffer");
+        region.as_mut_slice().copy_from_slice(data);
+        region
+    }
+
+    /// Waits for the oldest posted receive, posts a new one behind it, and
+    /// returns what arrived: the completion and the bytes received.
+    pub fn next_receive(&mut self) -> (WorkDone, Vec<u8>) {
+        let posted = self.receives.pop_front().expect("a posted receive");
+        let done = self
+            .ep
+            .complete(posted, WAIT)
+            .expect("a receive completion");
+        let region = done.region.expect("receives have buffers");
+        let bytes = region.as_slice()[..done.done.byte_len as usize].to_vec();
+        let again = self.ep.post_recv(Some(region)).expect("post_recv");
+        self.receives.push_back(again);
+        (done.done, bytes)
+    }
+
+    /// The exposed region's bytes, copied out.
+    pub fn exposed_bytes(&self) -> Vec<u8> {
+        let mut out = vec![0u8; self.exposed.len()];
+        self.exposed.copy_to(0, &mut out).unwrap();
+        out
+    }
 }
 
 pub fn device() -> String {
@@ -67,30 +101,20 @@ pub fn config() -> QpConfig {
     }
 }
 
-fn regions(ep: &Endpoint) -> (MemoryRegion, MemoryRegion) {
-    let local = ep
-        .register(REGION, PageSize::Base, Access::LOCAL_WRITE)
-        .expect("register local buffer");
-    let exposed = ep
-        .register(
-            REGION,
-            PageSize::Base,
-            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
-        )
-        .expect("register exposed region");
-    (local, exposed)
+fn exposed(ep: &Endpoint) -> SharedRegion {
+    ep.register_shared(REGION, PageSize::Base, true)
+        .expect("register exposed region")
 }
 
-fn post_receives(ep: &mut Endpoint, local: &MemoryRegion) {
-    for i in 0..RECVS {
-        let at = RECV_BASE + i as usize * RECV_SLOT;
-        ep.qp()
-            .post_recv(
-                RECV_WR_BASE + i,
-                Some(local.slice(at..at + RECV_SLOT).unwrap()),
-            )
-            .expect("post_recv");
-    }
+fn post_receives(ep: &mut Endpoint) -> VecDeque<Posted> {
+    (0..RECVS)
+        .map(|_| {
+            let region = ep
+                .register(RECV_SLOT, PageSize::Base, Access::LOCAL_WRITE)
+                .expect("register a receive buffer");
+            ep.post_recv(Some(region)).expect("post_recv")
+        })
+        .collect()
 }
 
 /// A connected (client, server) pair.
@@ -115,8 +139,8 @@ pub fn cm_server_side(listener: &Listener) -> Side {
     let mut req = listener
         .next_request(&config(), WAIT)
         .expect("connect request");
-    let (local, exposed) = regions(req.endpoint());
-    post_receives(req.endpoint(), &local);
+    let exposed = exposed(req.endpoint());
+    let receives = post_receives(req.endpoint());
     let descriptor = RegionDescriptor(exposed.remote(0..REGION).unwrap()).encode();
     let ep = req.accept(&descriptor).expect("accept");
     let remote = RegionDescriptor::decode(ep.peer_private_data())
@@ -124,17 +148,17 @@ pub fn cm_server_side(listener: &Listener) -> Side {
         .0;
     Side {
         ep,
-        local,
         exposed,
         remote,
+        receives,
     }
 }
 
 /// The client side of a connection to an rdma_cm listener at `addr`.
 pub fn cm_client_side(addr: SocketAddr) -> Side {
     let mut conn = Connector::resolve(addr, &config()).expect("resolve");
-    let (local, exposed) = regions(conn.endpoint());
-    post_receives(conn.endpoint(), &local);
+    let exposed = exposed(conn.endpoint());
+    let receives = post_receives(conn.endpoint());
     let descriptor = RegionDescriptor(exposed.remote(0..REGION).unwrap()).encode();
     let ep = conn.connect(&descriptor).expect("connect");
     let remote = RegionDescriptor::decode(ep.peer_private_data())
@@ -142,9 +166,9 @@ pub fn cm_client_side(addr: SocketAddr) -> Side {
         .0;
     Side {
         ep,
-        local,
         exposed,
         remote,
+        receives,
     }
 }
 
@@ -155,17 +179,17 @@ fn oob_side(stream: &mut TcpStream) -> Side {
         Access::REMOTE_WRITE | Access::REMOTE_READ,
     )
     .expect("prepare QP");
-    let (local, exposed) = regions(prepared.endpoint());
-    post_receives(prepared.endpoint(), &local);
+    let exposed = exposed(prepared.endpoint());
+    let receives = post_receives(prepared.endpoint());
     let ep = prepared
         .handshake(stream, Some(exposed.remote(0..REGION).unwrap()))
         .expect("handshake");
     let remote = ep.remote_region().expect("peer exposed a region");
     Side {
         ep,
-        local,
         exposed,
         remote,
+        receives,
     }
 }
 
@@ -233,4 +257,12 @@ pub fn oob_pair(cfg: &EngineConfig) -> (Connection, Connection) {
     let mut stream = TcpStream::connect(addr).unwrap();
     let client = Connection::over_tcp(&mut stream, Some(&device()), cfg).unwrap();
     (client, server.join().unwrap())
+}
+
+/// Bytes `range` of `conn`'s target ring, copied out (the peer may write
+/// it: no reference to it is ever held).
+pub fn target_bytes(conn: &Connection, range: std::ops::Range<usize>) -> Vec<u8> {
+    let mut out = vec![0u8; range.len()];
+    conn.target().copy_to(range.start, &mut out).unwrap();
+    out
 }
