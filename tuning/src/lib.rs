@@ -16,6 +16,7 @@
 pub mod cpulist;
 pub mod doctor;
 pub mod facts;
+pub mod plot;
 pub mod profile;
 pub mod root;
 pub mod sweep;
