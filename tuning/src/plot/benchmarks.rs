@@ -84,15 +84,16 @@ impl Percentiles {
     }
 }
 
+/// Both tools' figures at one message size.
 #[derive(Debug, Clone, PartialEq)]
-pub struct LatencyPoint {
+pub struct SizePoint<T> {
     pub bytes: u64,
-    pub pinpoll: Percentiles,
-    pub perftest: Percentiles,
+    pub pinpoll: T,
+    pub perftest: T,
 }
 
-impl LatencyPoint {
-    pub fn of(&self, tool: Tool) -> &Percentiles {
+impl<T> SizePoint<T> {
+    pub fn of(&self, tool: Tool) -> &T {
         match tool {
             Tool::Pinpoll => &self.pinpoll,
             Tool::Perftest => &self.perftest,
@@ -100,22 +101,10 @@ impl LatencyPoint {
     }
 }
 
+/// Latency percentiles of both tools at one size.
+pub type LatencyPoint = SizePoint<Percentiles>;
 /// Bandwidth of both tools at one size, in Gb/s.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BandwidthPoint {
-    pub bytes: u64,
-    pub pinpoll: Option<f64>,
-    pub perftest: Option<f64>,
-}
-
-impl BandwidthPoint {
-    pub fn of(&self, tool: Tool) -> Option<f64> {
-        match tool {
-            Tool::Pinpoll => self.pinpoll,
-            Tool::Perftest => self.perftest,
-        }
-    }
-}
+pub type BandwidthPoint = SizePoint<Option<f64>>;
 
 /// What the plot needs of a summary.json.
 #[derive(Debug, Clone, PartialEq)]
@@ -142,8 +131,8 @@ pub enum SummaryError {
     },
     #[error("field `{field}` has no measured point: run scripts/compare-perftest.sh --sweep")]
     NoData { field: String },
-    #[error(transparent)]
-    Plot(#[from] PlotError),
+    #[error("the summary should be a JSON object, found {found}")]
+    NotAnObject { found: String },
 }
 
 /// A JSON value and its path in the document, for errors.
@@ -164,33 +153,48 @@ impl<'a> Field<'a> {
                 Some(value) => Ok(Field { path, value }),
                 None => Err(SummaryError::Missing { field: path }),
             },
+            None if self.path.is_empty() => Err(SummaryError::NotAnObject {
+                found: self.found(),
+            }),
             None => Err(self.wrong("an object")),
         }
     }
 
-    fn wrong(&self, expected: &'static str) -> SummaryError {
-        let mut found = self.value.to_string();
-        if found.len() > 40 {
-            found.truncate(40);
-            found.push_str("...");
-        }
-        SummaryError::Type {
-            field: self.path.clone(),
-            expected,
-            found,
+    /// The value as an error quotes it: its JSON, cut short.
+    fn found(&self) -> String {
+        const QUOTED: usize = 40;
+        let text = self.value.to_string();
+        if text.chars().count() > QUOTED {
+            text.chars().take(QUOTED).chain("...".chars()).collect()
+        } else {
+            text
         }
     }
 
-    fn items(&self) -> Result<Vec<Field<'a>>, SummaryError> {
+    fn wrong(&self, expected: &'static str) -> SummaryError {
+        SummaryError::Type {
+            field: self.path.clone(),
+            expected,
+            found: self.found(),
+        }
+    }
+
+    /// Reads each item of a list with `read`.
+    fn each<T>(
+        &self,
+        read: impl Fn(&Field<'a>) -> Result<T, SummaryError>,
+    ) -> Result<Vec<T>, SummaryError> {
         let array = self.value.as_array().ok_or_else(|| self.wrong("a list"))?;
-        Ok(array
+        array
             .iter()
             .enumerate()
-            .map(|(i, value)| Field {
-                path: format!("{}[{i}]", self.path),
-                value,
+            .map(|(i, value)| {
+                read(&Field {
+                    path: format!("{}[{i}]", self.path),
+                    value,
+                })
             })
-            .collect())
+            .collect()
     }
 
     /// A figure: a non-negative number, or null for "not measured".
@@ -210,6 +214,18 @@ impl<'a> Field<'a> {
             .as_u64()
             .filter(|n| *n > 0)
             .ok_or_else(|| self.wrong("a positive integer"))
+    }
+
+    /// `bytes`, and `pinpoll` and `perftest` read with `read`.
+    fn size_point<T>(
+        &self,
+        read: impl Fn(&Field<'a>) -> Result<T, SummaryError>,
+    ) -> Result<SizePoint<T>, SummaryError> {
+        Ok(SizePoint {
+            bytes: self.get("bytes")?.positive_integer()?,
+            pinpoll: read(&self.get("pinpoll")?)?,
+            perftest: read(&self.get("perftest")?)?,
+        })
     }
 
     fn percentiles(&self) -> Result<Percentiles, SummaryError> {
@@ -232,28 +248,10 @@ impl ComparisonSummary {
         let sweep = root.get("sweep")?;
         let write_lat = sweep
             .get("write_lat")?
-            .items()?
-            .iter()
-            .map(|p| {
-                Ok(LatencyPoint {
-                    bytes: p.get("bytes")?.positive_integer()?,
-                    pinpoll: p.get("pinpoll")?.percentiles()?,
-                    perftest: p.get("perftest")?.percentiles()?,
-                })
-            })
-            .collect::<Result<Vec<_>, SummaryError>>()?;
+            .each(|p| p.size_point(Field::percentiles))?;
         let write_bw = sweep
             .get("write_bw")?
-            .items()?
-            .iter()
-            .map(|p| {
-                Ok(BandwidthPoint {
-                    bytes: p.get("bytes")?.positive_integer()?,
-                    pinpoll: p.get("pinpoll")?.figure()?,
-                    perftest: p.get("perftest")?.figure()?,
-                })
-            })
-            .collect::<Result<Vec<_>, SummaryError>>()?;
+            .each(|p| p.size_point(Field::figure))?;
         let summary = ComparisonSummary {
             rounds: root.get("rounds")?.positive_integer()?,
             write_lat,
@@ -324,7 +322,7 @@ impl ComparisonSummary {
                     name: format!("{} bandwidth", tool.name()),
                     colour: tool.colour(),
                     dash: Dash::Solid,
-                    points: indexed(self.write_bw.iter().map(|p| p.of(tool))),
+                    points: indexed(self.write_bw.iter().map(|p| *p.of(tool))),
                 })
                 .to_vec(),
         }

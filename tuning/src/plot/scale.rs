@@ -116,7 +116,8 @@ fn one_two_five(lo: i32, hi: i32) -> Vec<f64> {
 }
 
 /// A log10 axis from the largest 1-2-5 value at or below `lo` to the
-/// smallest above it and at or above `hi` (positive, `lo <= hi`).
+/// smallest above it and at or above `hi` (positive, `lo <= hi`), ticks
+/// at each 1-2-5 value, or only at the decades when that is too many.
 fn log_axis(lo: f64, hi: f64) -> Axis {
     // Float noise in log10 must not push a value out of its own decade.
     let slack = 1e-9;
@@ -138,23 +139,18 @@ fn log_axis(lo: f64, hi: f64) -> Axis {
         .copied()
         .filter(|c| *c >= first && *c <= last)
         .collect();
-    let (labelled, minor) = if within.len() <= MAX_LOG_TICKS {
+    let (labelled, minor): (Vec<f64>, Vec<f64>) = if within.len() <= MAX_LOG_TICKS {
         (within, Vec::new())
     } else {
-        // Many decades: the range runs from decade to decade, labelled at
-        // each, with 2 and 5 as grid lines only.
+        // Many decades: labels at the decades, 2 and 5 as grid lines only.
         let decades: Vec<f64> = (a..=b).map(|e| 10f64.powi(e)).collect();
-        let minor = candidates
-            .into_iter()
-            .filter(|c| !decades.contains(c) && *c < 10f64.powi(b))
-            .collect();
-        (decades, minor)
+        within.into_iter().partition(|c| decades.contains(c))
     };
     let pos = |v: &f64| v.log10();
     Axis {
         map: Map::Log10,
-        lo: labelled.first().map_or(lo.log10(), pos),
-        hi: labelled.last().map_or(hi.log10(), pos),
+        lo: pos(&first),
+        hi: pos(&last),
         ticks: labelled.iter().map(|v| (pos(v), tick_label(*v))).collect(),
         minor: minor.iter().map(pos).collect(),
     }

@@ -548,7 +548,8 @@ pub fn svg_texts(svg: &str) -> Vec<SvgText> {
             Some("-0.5ex") => -0.25 * size,
             _ => 0.0,
         };
-        let rotated = attribute(tag, "transform").is_some_and(|t| t.starts_with("rotate(270"));
+        let rotated = attribute(tag, "transform")
+            .is_some_and(|t| t.starts_with("rotate(270") || t.starts_with("rotate(-90"));
         let (x, y) = (number("x"), number("y"));
         out.push(SvgText {
             // A turned text's baseline moves along x, not y.
