@@ -324,6 +324,32 @@ fn stacked_panels_wrap_a_long_subtitle_and_keep_text_apart() {
     assert_eq!(svg.matches("<circle").count(), 2 * 6 * 2);
 }
 
+#[test]
+fn a_panel_is_as_tall_as_its_legend() {
+    let panel = Panel {
+        caption: String::new(),
+        x_label: "batch_size".into(),
+        x: XAxis::Categories(vec!["1".into(), "16".into()]),
+        y_label: "bandwidth [MiB/s]".into(),
+        y_scale: YScale::Auto,
+        series: (0..20)
+            .map(|k| Series {
+                name: format!("MiB/s {} B", 1 << k),
+                colour: k,
+                dash: Dash::Solid,
+                points: vec![(0, k as f64), (1, 2.0 * k as f64)],
+            })
+            .collect(),
+    };
+    let svg = plot::stacked("t", "s", &[panel.clone(), panel]).unwrap();
+    assert_well_formed(&svg);
+    assert_text_fits(&svg);
+    assert_eq!(
+        svg_labels(&svg).iter().filter(|l| *l == "MiB/s 524288 B").count(),
+        2
+    );
+}
+
 // ---- the command ----------------------------------------------------------------------
 
 fn tune(args: &[&str]) -> std::process::Output {

@@ -25,8 +25,9 @@ pub const PALETTE: [RGBColor; 8] = [
     RGBColor(0x8c, 0x56, 0x4b),
     RGBColor(0xe3, 0x77, 0xc2),
 ];
-/// Legend samples that stand for a line style, not a series' colour.
-const NEUTRAL: RGBColor = RGBColor(0x55, 0x55, 0x55);
+/// Subtitles and notes, and legend samples that stand for a line style
+/// rather than a series' colour.
+const GREY: RGBColor = RGBColor(0x55, 0x55, 0x55);
 const FRAME: RGBColor = RGBColor(0x44, 0x44, 0x44);
 const GRID: RGBColor = RGBColor(0xdd, 0xdd, 0xdd);
 const LIGHT_GRID: RGBColor = RGBColor(0xf0, 0xf0, 0xf0);
@@ -50,14 +51,16 @@ const LEGEND_ROW_H: i32 = 20;
 const PANEL_MARGIN: i32 = 10;
 
 /// Stacked charts: the header (title and a line of subtitle), its left
-/// edge, each further subtitle line, each panel's height,
-/// the narrowest legend column and the overall width.
+/// edge, each further subtitle line, each panel's least height, the
+/// narrowest legend column and the least overall width.
 const HEADER_H: u32 = 56;
 const HEADER_LEFT: i32 = 16;
-const SUBTITLE_LINE_H: i32 = 15;
+const LINE_H: i32 = 15;
 const STACKED_PANEL_H: u32 = 300;
 const STACKED_W: u32 = 720;
 const LEGEND_COLUMN_MIN: u32 = 150;
+/// The first legend entry's centre below the top of its panel.
+const LEGEND_TOP: i32 = 24;
 /// Side-by-side charts: each panel's width and height.
 const SIDE_PANEL_W: u32 = 500;
 const SIDE_PANEL_H: u32 = 400;
@@ -251,7 +254,7 @@ fn panel(area: &Area, p: &Panel) -> Result<(), PlotError> {
 
 /// One legend entry with its sample's left end at `(x, y)` (pixels).
 fn legend_entry(area: &Area, (x, y): (i32, i32), entry: &LegendEntry) -> Result<(), PlotError> {
-    let c = entry.colour.map_or(NEUTRAL, colour);
+    let c = entry.colour.map_or(GREY, colour);
     drawn(stroke(
         area,
         &[(x, y), (x + SAMPLE_W, y)],
@@ -292,9 +295,9 @@ fn header(area: &Area, left: i32, title: &str, subtitle: &[String]) -> Result<()
         drawn(
             area.draw(&Text::new(
                 line.clone(),
-                (left, 32 + SUBTITLE_LINE_H * i as i32),
+                (left, 32 + LINE_H * i as i32),
                 font(NOTE_PX)
-                    .color(&NEUTRAL)
+                    .color(&GREY)
                     .pos(Pos::new(HPos::Left, VPos::Top)),
             )),
         )?;
@@ -328,13 +331,16 @@ pub fn stacked(title: &str, subtitle: &str, panels: &[Panel]) -> Result<String, 
         .map_or(LEGEND_COLUMN_MIN, |w| (w as u32).max(LEGEND_COLUMN_MIN));
     let width = STACKED_W.max(legend_w + 400);
     let rows = panels.len().max(1) as u32;
+    // Each panel is as tall as its legend column, at least.
+    let most_series = panels.iter().map(|p| p.series.len()).max().unwrap_or(0);
+    let panel_h = STACKED_PANEL_H.max((LEGEND_TOP + LEGEND_ROW_H * most_series as i32) as u32 + 8);
     let subtitle = wrap(subtitle, NOTE_PX, width as i32 - 2 * HEADER_LEFT);
-    let header_h = HEADER_H + SUBTITLE_LINE_H as u32 * subtitle.len().saturating_sub(1) as u32;
-    let height = header_h + STACKED_PANEL_H * rows + 8;
+    let header_h = HEADER_H + LINE_H as u32 * subtitle.len().saturating_sub(1) as u32;
+    let height = header_h + panel_h * rows + 8;
     render((width, height), |root| {
         header(root, HEADER_LEFT, title, &subtitle)?;
         let (_, body) = root.split_vertically(header_h);
-        let (body, _) = body.split_vertically(STACKED_PANEL_H * rows);
+        let (body, _) = body.split_vertically(panel_h * rows);
         for (p, row) in panels
             .iter()
             .zip(body.split_evenly((panels.len().max(1), 1)))
@@ -342,7 +348,7 @@ pub fn stacked(title: &str, subtitle: &str, panels: &[Panel]) -> Result<String, 
             let (plot, legend) = row.split_horizontally(width - legend_w);
             panel(&plot, p)?;
             for (k, s) in p.series.iter().enumerate() {
-                let y = 24 + LEGEND_ROW_H * k as i32;
+                let y = LEGEND_TOP + LEGEND_ROW_H * k as i32;
                 legend_entry(&legend, (4, y), &LegendEntry::from(s))?;
             }
         }
@@ -354,18 +360,18 @@ pub fn stacked(title: &str, subtitle: &str, panels: &[Panel]) -> Result<String, 
 /// end, row by row.
 fn legend_rows(entries: &[LegendEntry], width: i32) -> Vec<Vec<(i32, &LegendEntry)>> {
     const GAP: i32 = 28;
-    let mut rows: Vec<Vec<(i32, &LegendEntry)>> = vec![Vec::new()];
+    let mut rows = Vec::new();
+    let mut row = Vec::new();
     let mut x = 0;
     for e in entries {
-        let row = rows.last_mut().expect("one row at least");
         if x > 0 && x + e.width() > width {
-            rows.push(vec![(0, e)]);
-            x = e.width() + GAP;
-        } else {
-            row.push((x, e));
-            x += e.width() + GAP;
+            rows.push(std::mem::take(&mut row));
+            x = 0;
         }
+        row.push((x, e));
+        x += e.width() + GAP;
     }
+    rows.push(row);
     rows
 }
 
@@ -381,8 +387,9 @@ pub fn side_by_side(
     let width = SIDE_PANEL_W * count;
     let rows = legend_rows(legend, width as i32 - 2 * LEFT);
     let legend_h = LEGEND_ROW_H as u32 * rows.len() as u32;
-    let note_h = if note.is_empty() { 0 } else { 22 };
-    let height = SIDE_PANEL_H + 12 + legend_h + note_h + 12;
+    let note = wrap(note, NOTE_PX, width as i32 - 2 * LEFT);
+    let note_h = LINE_H as u32 * note.len() as u32;
+    let height = SIDE_PANEL_H + 12 + legend_h + 4 + note_h + 12;
     render((width, height), |root| {
         let (top, bottom) = root.split_vertically(SIDE_PANEL_H);
         for (p, area) in panels
@@ -397,14 +404,18 @@ pub fn side_by_side(
                 legend_entry(&bottom, (LEFT + x, y), entry)?;
             }
         }
-        drawn(
-            bottom.draw(&Text::new(
-                note.to_owned(),
-                (LEFT, 12 + legend_h as i32 + 4),
-                font(NOTE_PX)
-                    .color(&NEUTRAL)
-                    .pos(Pos::new(HPos::Left, VPos::Top)),
-            )),
-        )
+        for (i, line) in note.iter().enumerate() {
+            let y = 12 + legend_h as i32 + 4 + LINE_H * i as i32;
+            drawn(
+                bottom.draw(&Text::new(
+                    line.clone(),
+                    (LEFT, y),
+                    font(NOTE_PX)
+                        .color(&GREY)
+                        .pos(Pos::new(HPos::Left, VPos::Top)),
+                )),
+            )?;
+        }
+        Ok(())
     })
 }
