@@ -345,7 +345,10 @@ fn a_panel_is_as_tall_as_its_legend() {
     assert_well_formed(&svg);
     assert_text_fits(&svg);
     assert_eq!(
-        svg_labels(&svg).iter().filter(|l| *l == "MiB/s 524288 B").count(),
+        svg_labels(&svg)
+            .iter()
+            .filter(|l| *l == "MiB/s 524288 B")
+            .count(),
         2
     );
 }
