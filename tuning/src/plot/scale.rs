@@ -99,9 +99,9 @@ pub fn tick_label(v: f64) -> String {
 
 /// A message size as the axis shows it: 64, 4K, 1M.
 pub fn size_label(bytes: u64) -> String {
-    if bytes >= 1 << 20 && bytes.is_multiple_of(1 << 20) {
+    if bytes >= 1 << 20 && bytes.trailing_zeros() >= 20 {
         format!("{}M", bytes >> 20)
-    } else if bytes >= 1 << 10 && bytes.is_multiple_of(1 << 10) {
+    } else if bytes >= 1 << 10 && bytes.trailing_zeros() >= 10 {
         format!("{}K", bytes >> 10)
     } else {
         bytes.to_string()
