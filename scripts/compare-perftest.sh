@@ -3,7 +3,9 @@
 #
 #   scripts/compare-perftest.sh            full compare (3 rounds, ~10 min under TCG)
 #   scripts/compare-perftest.sh --quick    fewer iterations (~4 min)
-#   scripts/compare-perftest.sh --sweep    also sweep sizes for the plot (docs/)
+#   scripts/compare-perftest.sh --sweep    also sweep sizes and draw the plot
+#                                          (benchmarks.svg in the run's directory,
+#                                          by `pinpoll-tune plot`; docs/ has the published one)
 #   options: --rounds N (>= 3)  --out DIR  --no-build  --only REGEX (point names)
 #
 # Outside the SoftRoCE guest it builds pinpoll-perf (release) on the host and
@@ -31,7 +33,7 @@ while [ $# -gt 0 ]; do
         --out) out=${2:?--out needs a directory}; shift ;;
         --no-build) build=0 ;;
         --only) only=${2:?--only needs a pattern}; shift ;;
-        -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -41,6 +43,7 @@ case $rounds in ''|*[!0-9]*) echo "error: --rounds must be a number" >&2; exit 2
 
 target_dir=${CARGO_TARGET_DIR:-$top/target}
 perf=$target_dir/release/pinpoll-perf
+tune=$target_dir/release/pinpoll-tune
 
 if [ "${PINPOLL_VM:-}" != 1 ]; then
     if [ "$build" = 1 ]; then
@@ -51,7 +54,13 @@ if [ "${PINPOLL_VM:-}" != 1 ]; then
             cargo build --release -p pinpoll-apps --bin filexfer >&2 ||
                 echo "warning: filexfer did not build; its row will say n/a" >&2
         fi
+        if [ "$sweep" = 1 ]; then
+            echo "==> cargo build --release -p pinpoll-tune" >&2
+            cargo build --release -p pinpoll-tune >&2
+        fi
     fi
+    [ "$sweep" = 0 ] || [ -x "$tune" ] ||
+        { echo "error: $tune is missing (it draws the --sweep plot); build it (drop --no-build)" >&2; exit 1; }
     [ -x "$perf" ] || { echo "error: $perf is missing; build it (drop --no-build)" >&2; exit 1; }
     exec scripts/softroce-vm --timeout "${PINPOLL_COMPARE_TIMEOUT:-1800}" -- \
         bash "$top/scripts/compare-perftest.sh" --no-build "${args[@]}"
@@ -226,5 +235,13 @@ if [ "$sweep" = 1 ]; then
 fi
 elapsed=$(( $(date +%s) - start ))
 
+table_status=0
 python3 "$top/scripts/lib/compare_table.py" "$results" "$run_dir" "$elapsed" "$rounds" \
-    "$( [ -n "$filexfer" ] && echo yes || echo no )"
+    "$( [ -n "$filexfer" ] && echo yes || echo no )" > "$run_dir/table.md" || table_status=$?
+if [ "$sweep" = 1 ] && [ "$table_status" = 0 ]; then
+    # The plot's messages go to stderr: the table's last line stays the verdict.
+    "$tune" plot "$run_dir/summary.json" -o "$run_dir/benchmarks.svg" >&2 ||
+        echo "warning: the plot was not drawn (see above); the table stands" >&2
+fi
+cat "$run_dir/table.md"
+exit "$table_status"

@@ -9,13 +9,16 @@
 //!
 //! - [`sweep`] — measure `pinpoll-perf` workloads over a grid of engine
 //!   parameters (medians of repeats), plot them, recommend a profile.
+//! - [`plot`] — every chart (the sweep's, and the perftest comparison of
+//!   `pinpoll-tune plot`), drawn with plotters as SVG.
 //!
-//! The `pinpoll-tune` binary is the command line over both.
+//! The `pinpoll-tune` binary is the command line over them.
 #![forbid(unsafe_code)]
 
 pub mod cpulist;
 pub mod doctor;
 pub mod facts;
+pub mod plot;
 pub mod profile;
 pub mod root;
 pub mod sweep;

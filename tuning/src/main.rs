@@ -1,6 +1,6 @@
 //! `pinpoll-tune`: check engine profiles, check a host for busy-poll
-//! RDMA (`doctor`), and measure a parameter grid to recommend a profile
-//! (`sweep`).
+//! RDMA (`doctor`), measure a parameter grid to recommend a profile
+//! (`sweep`), and draw the benchmark comparison (`plot`).
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use pinpoll::EngineConfig;
 use pinpoll_tune::cpulist::{self, CpuSet};
 use pinpoll_tune::doctor::{self, CoresFrom, Inputs, Status};
+use pinpoll_tune::plot::benchmarks::ComparisonSummary;
 use pinpoll_tune::sweep::measure::Workload;
 use pinpoll_tune::{facts, profile, SystemRoot};
 
@@ -18,8 +19,8 @@ use pinpoll_tune::{facts, profile, SystemRoot};
 #[command(
     name = "pinpoll-tune",
     version,
-    about = "Tuning kit of pinpoll: check engine profiles, check a host for busy-poll RDMA, sweep engine parameters",
-    after_help = "Exit status: 0 success; 1 a doctor check failed, `profile check` found the profile invalid,\nor a sweep workload has no point measured at every size; 2 bad usage (including a doctor\n--profile that does not load, and a sweep that cannot start: no pinpoll-perf, a bad grid).\nLogs: RUST_LOG=debug shows the verbs queries the doctor makes (stderr)."
+    about = "Tuning kit of pinpoll: check engine profiles, check a host for busy-poll RDMA, sweep engine parameters, plot benchmarks",
+    after_help = "Exit status: 0 success; 1 a doctor check failed, `profile check` found the profile invalid,\nor a sweep workload has no point measured at every size; 2 bad usage (including a doctor\n--profile that does not load, and a sweep that cannot start: no pinpoll-perf, a bad grid; a plot\nwhose summary cannot be read, or lacks a field).\nLogs: RUST_LOG=debug shows the verbs queries the doctor makes (stderr)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -57,6 +58,28 @@ enum Command {
     /// minimize median p50 (tie-break p99), bandwidth workloads maximize
     /// median MiB/s.
     Sweep(SweepArgs),
+    /// Draw the benchmark comparison (docs/benchmarks.svg) from the
+    /// summary.json of `scripts/compare-perftest.sh --sweep`
+    ///
+    /// Two panels against message size: RDMA WRITE latency p50, p99 and
+    /// p99.9 (half round trip, µs), and RDMA WRITE bandwidth (Gb/s),
+    /// pinpoll-perf against perftest, both on log scales. Reads `rounds`,
+    /// `sweep.write_lat[].{bytes, pinpoll, perftest}.{p50, p99, p99_9}` and
+    /// `sweep.write_bw[].{bytes, pinpoll, perftest}`; a null figure (a point
+    /// whose every round failed) is left out of its line. A missing or
+    /// mistyped field is an error that names it.
+    Plot(PlotArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct PlotArgs {
+    /// The summary.json of a compare-perftest run
+    /// (target/compare-perftest/<run>/summary.json)
+    #[arg(value_name = "SUMMARY.json")]
+    summary: PathBuf,
+    /// Where to write the SVG [default: benchmarks.svg beside SUMMARY.json]
+    #[arg(short = 'o', long, value_name = "OUT.svg")]
+    out: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -183,6 +206,7 @@ fn main() -> ExitCode {
         Command::Doctor(args) => doctor_cmd(args),
         Command::Profile(ProfileCommand::Check { profile }) => profile_check(&profile),
         Command::Sweep(args) => sweep_cmd::run(args),
+        Command::Plot(args) => plot_cmd(&args),
     };
     match result {
         Ok(code) => code,
@@ -263,6 +287,23 @@ fn profile_check(name: &str) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(1))
         }
     }
+}
+
+fn plot_cmd(args: &PlotArgs) -> anyhow::Result<ExitCode> {
+    let input = args.summary.display();
+    let text =
+        std::fs::read_to_string(&args.summary).with_context(|| format!("cannot read {input}"))?;
+    let summary = ComparisonSummary::from_json(&text).with_context(|| format!("{input}"))?;
+    let svg = summary.chart().with_context(|| format!("{input}"))?;
+    let out = args.out.clone().unwrap_or_else(|| {
+        args.summary
+            .parent()
+            .unwrap_or(std::path::Path::new("."))
+            .join("benchmarks.svg")
+    });
+    std::fs::write(&out, svg).with_context(|| format!("cannot write {}", out.display()))?;
+    println!("wrote {}", out.display());
+    Ok(ExitCode::SUCCESS)
 }
 
 mod sweep_cmd;

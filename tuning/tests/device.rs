@@ -237,11 +237,11 @@ fn a_tiny_sweep_runs_end_to_end() {
     // runs.csv: header + 2 workloads x 2 valid points x 1 size x 2 repeats.
     let runs = std::fs::read_to_string(out.join("runs.csv")).unwrap();
     let lines: Vec<&str> = runs.lines().collect();
-    let head = pinpoll_tune::sweep::csv::split(lines[0]);
+    let head = common::csv_fields(lines[0]);
     let col = |n: &str| head.iter().position(|h| h == n).unwrap();
     assert_eq!(lines.len(), 1 + 8, "{runs}");
     for l in &lines[1..] {
-        let f = pinpoll_tune::sweep::csv::split(l);
+        let f = common::csv_fields(l);
         assert_eq!(f[col("status")], "ok", "{l}");
         assert_eq!(f[col("inline_threshold")], "64");
         if f[col("workload")] == "write-lat" {
@@ -271,9 +271,10 @@ fn a_tiny_sweep_runs_end_to_end() {
     for (w, series) in [("write-lat", "p50 64 B"), ("write-bw", "MiB/s 64 B")] {
         let svg = std::fs::read_to_string(out.join(format!("{w}.svg"))).unwrap();
         common::assert_well_formed(&svg);
-        common::assert_contains(&svg, &format!("data-series=\"{series}\""));
-        common::assert_contains(&svg, ">signal_interval</text>");
-        common::assert_contains(&svg, ">inline_threshold</text>");
+        let labels = common::svg_labels(&svg);
+        for label in [series, "signal_interval", "inline_threshold"] {
+            assert!(labels.iter().any(|l| l == label), "{label} in {labels:?}");
+        }
     }
     for f in [
         "recommended.toml",

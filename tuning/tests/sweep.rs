@@ -6,13 +6,15 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{assert_contains, assert_well_formed, Fixture};
+use common::{
+    assert_contains, assert_text_fits, assert_well_formed, csv_fields, svg_labels, Fixture,
+};
 use pinpoll::{EngineConfig, IdlePolicy};
+use pinpoll_tune::plot::{self, Dash, Series, XAxis, YScale};
 use pinpoll_tune::sweep::csv;
 use pinpoll_tune::sweep::grid::{self, Grid, Value};
 use pinpoll_tune::sweep::measure::{self, median, Measurement, Outcome, Run, Workload};
 use pinpoll_tune::sweep::recommend::{self, HostInfo};
-use pinpoll_tune::sweep::svg;
 use pinpoll_tune::sweep::{write_outputs, OutputInfo, Sweep};
 
 // ---- grid ----------------------------------------------------------------
@@ -342,10 +344,10 @@ fn csv_has_a_header_and_a_row_per_run_and_per_point() {
     let (runs, invalid) = synthetic_latency();
     let g = Grid::from_args(&["batch_size=1,16", "signal_interval=1,16"]).unwrap();
     let points = g.points();
-    let text = csv::runs_csv(&g.keys(), &points, &runs);
+    let text = csv::runs_csv(&g.keys(), &points, &runs).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 1 + runs.len());
-    let head = csv::split(lines[0]);
+    let head = csv_fields(lines[0]);
     assert_eq!(
         &head[..7],
         [
@@ -361,25 +363,25 @@ fn csv_has_a_header_and_a_row_per_run_and_per_point() {
     assert!(head.contains(&"p50_us".to_owned()) && head.contains(&"mib_per_sec".to_owned()));
     assert_eq!(head.last().unwrap(), "error");
     for l in &lines[1..] {
-        assert_eq!(csv::split(l).len(), head.len(), "{l}");
+        assert_eq!(csv_fields(l).len(), head.len(), "{l}");
     }
-    let first = csv::split(lines[1]);
+    let first = csv_fields(lines[1]);
     assert_eq!(&first[..7], ["write-lat", "8", "1", "1", "1", "1", "ok"]);
     let col = |name: &str| head.iter().position(|h| h == name).unwrap();
     assert_eq!(first[col("p50_us")], "10");
     let failed = lines.iter().find(|l| l.contains("failed")).unwrap();
     assert_eq!(
-        csv::split(failed)[col("error")],
+        csv_fields(failed)[col("error")],
         "pinpoll-perf exited with 1: error: boom"
     );
 
     let s = measure::summarize(&runs, &[Workload::WriteLat], 4, &[8, 4096], &invalid);
-    let text = csv::medians_csv(&g.keys(), &points, &s, &|x| x.point == 0);
+    let text = csv::medians_csv(&g.keys(), &points, &s, &|x| x.point == 0).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 1 + 8);
-    let head = csv::split(lines[0]);
+    let head = csv_fields(lines[0]);
     let col = |name: &str| head.iter().position(|h| h == name).unwrap();
-    let p1 = csv::split(
+    let p1 = csv_fields(
         lines
             .iter()
             .find(|l| l.starts_with("write-lat,8,2,"))
@@ -387,7 +389,7 @@ fn csv_has_a_header_and_a_row_per_run_and_per_point() {
     );
     assert_eq!(p1[col("p50_us")], "20");
     assert_eq!(p1[col("ok_runs")], "3");
-    let p0 = csv::split(lines[1]);
+    let p0 = csv_fields(lines[1]);
     assert_eq!(p0[col("recommended")], "yes");
     let skipped = lines.iter().find(|l| l.contains(",invalid,")).unwrap();
     assert_contains(skipped, "out of range");
@@ -395,13 +397,31 @@ fn csv_has_a_header_and_a_row_per_run_and_per_point() {
 
 #[test]
 fn csv_fields_are_quoted_when_needed() {
-    assert_eq!(csv::field("plain"), "plain");
-    assert_eq!(csv::field("a,b"), "\"a,b\"");
-    assert_eq!(csv::field("say \"hi\""), "\"say \"\"hi\"\"\"");
+    let g = Grid::from_args(&["batch_size=1"]).unwrap();
+    let failed = |repeat: u32, error: &str| Run {
+        workload: Workload::WriteLat,
+        point: 0,
+        size: 8,
+        repeat,
+        outcome: Outcome::Failed(error.into()),
+    };
+    let runs = [
+        failed(1, "plain"),
+        failed(2, "a,b"),
+        failed(3, "say \"hi\""),
+    ];
+    let text = csv::runs_csv(&g.keys(), &g.points(), &runs).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[1].ends_with(",plain"), "{}", lines[1]);
+    assert!(lines[2].ends_with(",\"a,b\""), "{}", lines[2]);
+    assert!(lines[3].ends_with(",\"say \"\"hi\"\"\""), "{}", lines[3]);
     assert_eq!(
-        csv::split("x,\"a,b\",\"say \"\"hi\"\"\","),
+        csv_fields("x,\"a,b\",\"say \"\"hi\"\"\",").as_slice(),
         ["x", "a,b", "say \"hi\"", ""]
     );
+    for (line, error) in lines[1..].iter().zip(["plain", "a,b", "say \"hi\""]) {
+        assert_eq!(csv_fields(line).last().unwrap(), error);
+    }
 }
 
 // ---- SVG --------------------------------------------------------------------
@@ -412,10 +432,13 @@ fn svg_charts_are_well_formed_with_a_line_per_series() {
     let g = Grid::from_args(&["batch_size=1,16", "signal_interval=1,16"]).unwrap();
     let points = g.points();
     let s = measure::summarize(&runs, &[Workload::WriteLat], 4, &[8, 4096], &invalid);
-    let panels = svg::workload_panels(Workload::WriteLat, &g, &points, &s, &[8, 4096]);
+    let panels = plot::sweep::workload_panels(Workload::WriteLat, &g, &points, &s, &[8, 4096]);
     assert_eq!(panels.len(), 2, "one panel per swept key");
     assert_eq!(panels[0].x_label, "batch_size");
-    assert_eq!(panels[0].categories, ["1", "16"]);
+    assert_eq!(
+        panels[0].x,
+        XAxis::Categories(vec!["1".into(), "16".into()])
+    );
     let names: Vec<&str> = panels[0].series.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["p50 8 B", "p99 8 B", "p50 4096 B", "p99 4096 B"]);
     // batch_size=1: best of points 0 and 1 -> point 0 (p50 10); batch_size=16:
@@ -423,38 +446,54 @@ fn svg_charts_are_well_formed_with_a_line_per_series() {
     assert_eq!(panels[0].series[0].points, [(0, 10.0)]);
     assert_eq!(panels[1].series[0].points, [(0, 10.0), (1, 20.0)]);
 
-    let text = svg::chart("write-lat <&> test", "sub", &panels);
+    let text = plot::stacked("write-lat <&> test", "sub", &panels).unwrap();
     assert_well_formed(&text);
-    assert_eq!(text.matches("<polyline").count(), 8);
+    assert_text_fits(&text);
+    let labels = svg_labels(&text);
+    // A legend line per series of each panel, 8 in all, and a marker per
+    // point drawn.
     for n in names {
-        assert_contains(&text, &format!("data-series=\"{n}\""));
+        assert_eq!(labels.iter().filter(|l| *l == n).count(), 2, "{n}");
     }
-    assert_contains(&text, "write-lat &lt;&amp;&gt; test");
-    assert_contains(&text, ">batch_size</text>");
-    assert_contains(&text, ">signal_interval</text>");
+    let drawn: usize = panels
+        .iter()
+        .flat_map(|p| &p.series)
+        .map(|s| s.points.len())
+        .sum();
+    assert_eq!(text.matches("<circle").count(), drawn);
+    assert!(
+        labels.contains(&"write-lat &lt;&amp;&gt; test".to_owned()),
+        "{labels:?}"
+    );
+    assert!(labels.contains(&"batch_size".to_owned()));
+    assert!(labels.contains(&"signal_interval".to_owned()));
 }
 
 #[test]
 fn tails_far_above_the_median_get_a_log_axis() {
-    let panel = svg::Panel {
+    let panel = plot::Panel {
+        caption: String::new(),
         x_label: "k".into(),
-        categories: vec!["a".into(), "b".into()],
+        x: XAxis::Categories(vec!["a".into(), "b".into()]),
         y_label: "latency".into(),
-        series: vec![svg::Series {
+        y_scale: YScale::Auto,
+        series: vec![Series {
             name: "s".into(),
             colour: 0,
-            dashed: false,
+            dash: Dash::Solid,
             points: vec![(0, 10.0), (1, 9000.0)],
         }],
     };
-    let text = svg::chart("t", "", std::slice::from_ref(&panel));
+    let text = plot::stacked("t", "", std::slice::from_ref(&panel)).unwrap();
     assert_well_formed(&text);
     assert_contains(&text, "(log scale)");
-    assert_contains(&text, ">10000</text>");
+    assert!(svg_labels(&text).contains(&"10000".to_owned()));
     let mut linear = panel;
     linear.series[0].points = vec![(0, 10.0), (1, 30.0)];
-    assert!(!svg::chart("t", "", &[linear]).contains("log scale"));
-    assert_eq!(svg::ticks(0.0, 31.5), [0.0, 10.0, 20.0, 30.0, 40.0]);
+    assert!(!plot::stacked("t", "", &[linear])
+        .unwrap()
+        .contains("log scale"));
+    assert_eq!(plot::ticks(0.0, 31.5), [0.0, 10.0, 20.0, 30.0, 40.0]);
 }
 
 // ---- the whole sweep, with a fake runner ----------------------------------
@@ -575,12 +614,12 @@ fn check_outputs(out: &Path, points: usize, sizes: usize, repeat: usize) {
     let lines: Vec<&str> = runs.lines().collect();
     assert!(lines[0].starts_with("workload,size,point,"));
     assert_eq!(lines.len() - 1, 2 * points * sizes * repeat, "{runs}");
-    let status = csv::split(lines[0])
+    let status = csv_fields(lines[0])
         .iter()
         .position(|h| h == "status")
         .unwrap();
     for l in &lines[1..] {
-        assert_eq!(csv::split(l)[status], "ok", "{l}");
+        assert_eq!(csv_fields(l)[status], "ok", "{l}");
     }
     for w in ["write-lat", "write-bw"] {
         let svg = std::fs::read_to_string(out.join(format!("{w}.svg"))).unwrap();

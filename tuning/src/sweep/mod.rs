@@ -7,7 +7,7 @@
 //!   medians of repeats.
 //! - [`runner`] — finding and running `pinpoll-perf`, with a timeout.
 //! - [`recommend`] — the best point of a workload, as a commented profile.
-//! - [`csv`], [`svg`] — the output files.
+//! - [`csv`] — the CSV files; the charts are drawn by [`crate::plot::sweep`].
 //!
 //! Everything but [`runner`] is pure, so the sweep itself runs in tests
 //! with a fake `pinpoll-perf` ([`Sweep::run`] takes the runner).
@@ -17,11 +17,12 @@ pub mod grid;
 pub mod measure;
 pub mod recommend;
 pub mod runner;
-pub mod svg;
 
 use std::path::{Path, PathBuf};
 
 use pinpoll::EngineConfig;
+
+use crate::plot;
 
 use grid::{Grid, Point};
 use measure::{Outcome, Run, Summary, Workload};
@@ -230,7 +231,7 @@ pub fn write_outputs(
         Ok(())
     };
     let keys = sweep.grid.keys();
-    write("runs.csv", &csv::runs_csv(&keys, &sweep.points, runs))?;
+    write("runs.csv", &csv::runs_csv(&keys, &sweep.points, runs)?)?;
     let chosen = |s: &Summary| {
         choices
             .iter()
@@ -238,10 +239,11 @@ pub fn write_outputs(
     };
     write(
         "medians.csv",
-        &csv::medians_csv(&keys, &sweep.points, summaries, &chosen),
+        &csv::medians_csv(&keys, &sweep.points, summaries, &chosen)?,
     )?;
     for &w in &sweep.workloads {
-        let panels = svg::workload_panels(w, &sweep.grid, &sweep.points, summaries, &sweep.sizes);
+        let panels =
+            plot::sweep::workload_panels(w, &sweep.grid, &sweep.points, summaries, &sweep.sizes);
         let prep = sweep.prepared(w);
         let title = format!(
             "pinpoll-tune sweep: {w} on {}",
@@ -252,15 +254,14 @@ pub fn write_outputs(
             }
         );
         let subtitle = format!(
-            "base profile {}; {} repeats per point, medians; each point: the best grid point with that value{}",
+            "base profile {}; medians of {} per point; each point: the best grid point with that value{}",
             prep.base_name,
-            sweep.repeat,
+            if sweep.repeat == 1 { "1 run".to_owned() } else { format!("{} runs", sweep.repeat) },
             if w.is_latency() { " (lowest p50)" } else { " (highest MiB/s)" }
         );
-        write(
-            &format!("{}.svg", w.name()),
-            &svg::chart(&title, &subtitle, &panels),
-        )?;
+        let svg = plot::stacked(&title, &subtitle, &panels)
+            .map_err(|e| format!("{}.svg: {e}", w.name()))?;
+        write(&format!("{}.svg", w.name()), &svg)?;
     }
     let mut first = true;
     for choice in choices {

@@ -458,3 +458,154 @@ fn check_text(text: &str) {
         );
     }
 }
+
+/// The fields of one CSV line, as the `csv` crate reads them.
+pub fn csv_fields(line: &str) -> Vec<String> {
+    let mut reader = ::csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(line.as_bytes());
+    let record = reader
+        .records()
+        .next()
+        .expect("a CSV record")
+        .expect("valid CSV");
+    record.iter().map(str::to_owned).collect()
+}
+
+/// One `<text>` of an SVG as plotters writes it.
+#[derive(Debug, Clone)]
+pub struct SvgText {
+    pub x: f64,
+    pub y: f64,
+    /// `start`, `middle` or `end`.
+    pub anchor: String,
+    pub size: f64,
+    /// Turned a quarter (a y axis title).
+    pub rotated: bool,
+    /// As written in the SVG (escaped), trimmed.
+    pub text: String,
+}
+
+/// Average glyph width of sans-serif text, as a share of its size: what
+/// a viewer's fonts take, give or take, for judging where text lands.
+const GLYPH_WIDTH: f64 = 0.55;
+
+impl SvgText {
+    /// The box the text covers, (left, top, right, bottom), turned with
+    /// the text when it is rotated.
+    pub fn bounds(&self) -> (f64, f64, f64, f64) {
+        let length = self.text.chars().count() as f64 * self.size * GLYPH_WIDTH;
+        let (before, after) = match self.anchor.as_str() {
+            "middle" => (length / 2.0, length / 2.0),
+            "end" => (length, 0.0),
+            _ => (0.0, length),
+        };
+        if self.rotated {
+            // Read bottom to top: the text's start is at the bottom.
+            (
+                self.x - self.size,
+                self.y - after,
+                self.x + self.size,
+                self.y + before,
+            )
+        } else {
+            (
+                self.x - before,
+                self.y - self.size,
+                self.x + after,
+                self.y + self.size * 0.3,
+            )
+        }
+    }
+}
+
+fn attribute<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
+    let start = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+    let len = tag[start..].find('"')?;
+    Some(&tag[start..start + len])
+}
+
+/// Every `<text>` of `svg`, with its baseline where plotters' `dy` puts
+/// it (`0.76em`: hung from the top, `0.5ex`: centred, `-0.5ex`: on the
+/// bottom).
+pub fn svg_texts(svg: &str) -> Vec<SvgText> {
+    let mut out = Vec::new();
+    let mut rest = svg;
+    while let Some(open) = rest.find("<text ") {
+        let close = rest[open..].find('>').expect("a tag closes") + open;
+        let end = rest[close..].find("</text>").expect("a text closes") + close;
+        let tag = &rest[open..close];
+        let number = |name: &str| -> f64 {
+            attribute(tag, name)
+                .unwrap_or_else(|| panic!("no {name} in {tag}"))
+                .parse()
+                .unwrap_or_else(|e| panic!("{name} in {tag}: {e}"))
+        };
+        let size = number("font-size");
+        let shift = match attribute(tag, "dy") {
+            Some("0.76em") => 0.76 * size,
+            Some("0.5ex") => 0.25 * size,
+            Some("-0.5ex") => -0.25 * size,
+            _ => 0.0,
+        };
+        let rotated = attribute(tag, "transform")
+            .is_some_and(|t| t.starts_with("rotate(270") || t.starts_with("rotate(-90"));
+        let (x, y) = (number("x"), number("y"));
+        out.push(SvgText {
+            // A turned text's baseline moves along x, not y.
+            x: if rotated { x + shift } else { x },
+            y: if rotated { y } else { y + shift },
+            anchor: attribute(tag, "text-anchor").unwrap_or("start").to_owned(),
+            size,
+            rotated,
+            text: rest[close + 1..end].trim().to_owned(),
+        });
+        rest = &rest[end..];
+    }
+    out
+}
+
+/// The texts of `svg`'s `<text>` elements, in order.
+pub fn svg_labels(svg: &str) -> Vec<String> {
+    svg_texts(svg).into_iter().map(|t| t.text).collect()
+}
+
+/// The canvas size of `svg`.
+pub fn svg_size(svg: &str) -> (f64, f64) {
+    let open = svg.find("<svg ").expect("an svg element");
+    let tag = &svg[open..open + svg[open..].find('>').expect("it closes")];
+    let get = |name: &str| {
+        attribute(tag, name)
+            .expect(name)
+            .parse::<f64>()
+            .expect(name)
+    };
+    (get("width"), get("height"))
+}
+
+/// Checks that every text of `svg` lies on its canvas and that no two
+/// texts cover one another (as a viewer would draw them, give or take).
+#[track_caller]
+pub fn assert_text_fits(svg: &str) {
+    let (width, height) = svg_size(svg);
+    let texts: Vec<(SvgText, (f64, f64, f64, f64))> = svg_texts(svg)
+        .into_iter()
+        .filter(|t| !t.text.is_empty())
+        .map(|t| {
+            let b = t.bounds();
+            (t, b)
+        })
+        .collect();
+    for (t, (l, top, r, bottom)) in &texts {
+        assert!(
+            *l >= 0.0 && *top >= 0.0 && *r <= width && *bottom <= height,
+            "{t:?} runs off the {width}x{height} canvas"
+        );
+    }
+    for (i, (a, (al, at, ar, ab))) in texts.iter().enumerate() {
+        for (b, (bl, bt, br, bb)) in &texts[i + 1..] {
+            let apart = ar <= bl || br <= al || ab <= bt || bb <= at;
+            assert!(apart, "{a:?}\n  overlaps\n{b:?}");
+        }
+    }
+}
