@@ -465,7 +465,7 @@ fn single_operations_post_alone_refuse_when_full_and_give_back_what_they_refused
     let err = client
         .try_write_from(2000, 0, None, |_| Err(std::io::Error::other("no data")))
         .unwrap_err();
-    assert!(matches!(err, Error::Exchange { .. }), "{err}");
+    assert!(matches!(err, Error::SlotFill { .. }), "{err}");
     assert_eq!(client.stats(), before, "a failed fill posts nothing");
     while client.outstanding() > 0 {
         client.reap().unwrap();
