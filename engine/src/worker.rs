@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam::queue::ArrayQueue;
+use rtrb::{Consumer, Producer, RingBuffer};
 
 use crate::config::{EngineConfig, IdlePolicy};
 use crate::datapath::{Connection, Event, Stats};
@@ -112,8 +112,8 @@ pub struct WorkerReport {
 /// `Send`, not `Sync`: one application thread submits and polls.
 #[derive(Debug)]
 pub struct Engine {
-    ops: Arc<ArrayQueue<Op>>,
-    notes: Arc<ArrayQueue<Relayed>>,
+    ops: Producer<Op>,
+    notes: Consumer<Relayed>,
     tx: SlotWriter,
     rx: SlotReader,
     rx_held: bool,
@@ -137,15 +137,17 @@ impl Engine {
         let slot_size = conn.slot_size();
         let (tx, tx_reader) = handoff_ring(slot_size, slots)?;
         let (rx_writer, rx) = handoff_ring(slot_size, slots)?;
-        let ops = Arc::new(ArrayQueue::new(depth));
-        let notes = Arc::new(ArrayQueue::new(depth));
+        let (ops, ops_out) = RingBuffer::new(depth);
+        let (notes_in, notes) = RingBuffer::new(depth);
         let stop = Arc::new(AtomicBool::new(false));
         let peer_len = conn.peer_ring().len;
         let worker = Worker {
-            ids: vec![0; cfg.qp.max_send_wr as usize].into_boxed_slice(),
+            // A power of two at least the send-queue depth: an outstanding
+            // request's sequence number maps to its entry with a mask.
+            ids: vec![0; (cfg.qp.max_send_wr as usize).next_power_of_two()].into_boxed_slice(),
             conn,
-            ops: Arc::clone(&ops),
-            notes: Arc::clone(&notes),
+            ops: ops_out,
+            notes: notes_in,
             tx: tx_reader,
             rx: rx_writer,
             stop: Arc::clone(&stop),
@@ -233,7 +235,7 @@ impl Engine {
             kind,
             signaled: std::mem::take(&mut self.signal_next),
         };
-        // One producer (&mut self) and checked not full: cannot fail.
+        // Checked not full, and this is the only producer: cannot fail.
         let pushed = self.ops.push(op);
         debug_assert!(pushed.is_ok());
         id
@@ -283,7 +285,7 @@ impl Engine {
         if std::mem::take(&mut self.rx_held) {
             self.rx.release();
         }
-        let note = self.notes.pop()?;
+        let note = self.notes.pop().ok()?;
         Some(match note {
             Relayed::Received => {
                 self.rx_held = true;
@@ -356,12 +358,12 @@ impl Drop for Engine {
 
 struct Worker {
     conn: Connection,
-    ops: Arc<ArrayQueue<Op>>,
-    notes: Arc<ArrayQueue<Relayed>>,
+    ops: Consumer<Op>,
+    notes: Producer<Relayed>,
     tx: SlotReader,
     rx: SlotWriter,
     stop: Arc<AtomicBool>,
-    /// Operation id by send-queue sequence number (mod depth).
+    /// Operation id by send-queue sequence number (masked to its length).
     ids: Box<[u64]>,
     pending: Option<Op>,
     batch_size: usize,
@@ -422,19 +424,19 @@ impl Worker {
     /// Moves queued operations into one batch and posts it.
     fn submit(&mut self) -> Result<usize> {
         if self.pending.is_none() {
-            match self.ops.len() {
+            match self.ops.slots() {
                 0 => return Ok(0),
                 1 => return self.submit_alone(),
                 _ => {}
             }
         }
-        let depth = self.ids.len() as u64;
+        let mask = self.ids.len() - 1;
         let payloads = self.tx.published();
         let mut used = 0usize;
         let mut refused = 0usize;
         let mut batch = self.conn.batch();
         while batch.len() < self.batch_size {
-            let Some(op) = self.pending.take().or_else(|| self.ops.pop()) else {
+            let Some(op) = self.pending.take().or_else(|| self.ops.pop().ok()) else {
                 break;
             };
             if op.signaled {
@@ -450,7 +452,7 @@ impl Worker {
             let has_payload = !matches!(op.kind, OpKind::Read { .. });
             match result {
                 Ok(seq) => {
-                    self.ids[(seq % depth) as usize] = op.id;
+                    self.ids[seq as usize & mask] = op.id;
                     used += usize::from(has_payload);
                 }
                 Err(Error::Full { .. }) => {
@@ -479,7 +481,7 @@ impl Worker {
     /// no `Batch` state, which is several hundred instructions per request
     /// (`BENCHMARKS.md`), the cost engine mode paid over direct mode.
     fn submit_alone(&mut self) -> Result<usize> {
-        let Some(op) = self.ops.pop() else {
+        let Ok(op) = self.ops.pop() else {
             return Ok(0);
         };
         let has_payload = !matches!(op.kind, OpKind::Read { .. });
@@ -497,8 +499,8 @@ impl Worker {
         };
         match result {
             Ok(seq) => {
-                let depth = self.ids.len() as u64;
-                self.ids[(seq % depth) as usize] = op.id;
+                let mask = self.ids.len() - 1;
+                self.ids[seq as usize & mask] = op.id;
             }
             Err(Error::Full { .. }) => {
                 self.pending = Some(op);
@@ -519,12 +521,12 @@ impl Worker {
     /// Polls both CQs and hands the events to the application, when it
     /// has room for them (otherwise the completions wait in the CQ).
     fn collect(&mut self) -> Result<usize> {
-        let room = self.notes.capacity() - self.notes.len();
+        let room = self.notes.slots();
         if room < EVENTS_PER_POLL || self.rx.free() < EVENTS_PER_POLL {
             return Ok(0);
         }
-        let (notes, rx, ids) = (&self.notes, &mut self.rx, &self.ids);
-        let id_of = |seq: u64| ids[(seq % ids.len() as u64) as usize];
+        let (notes, rx, ids) = (&mut self.notes, &mut self.rx, &self.ids);
+        let id_of = |seq: u64| ids[seq as usize & (ids.len() - 1)];
         self.conn.poll(|ev| {
             let note = match ev {
                 Event::Received { data } => {
