@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use pinpoll::connect::cm::{Connector, Listener, Request};
-use pinpoll::endpoint::Completion;
-use pinpoll::{Endpoint, QpConfig, WcOpcode};
+use pinpoll::{Completed, Endpoint, Posted, QpConfig, WcOpcode};
 
 use crate::cli::{show_addr, socket_addr, CommonArgs, ServerArgs};
 use crate::output::Output;
@@ -48,7 +47,7 @@ fn explain(err: pinpoll::Error) -> anyhow::Error {
 
 /// Fails unless an RDMA device named `name` exists, naming those that do.
 pub fn device_exists(name: &str) -> anyhow::Result<()> {
-    let devices = pinpoll::sys::device::list_devices().context("listing RDMA devices")?;
+    let devices = pinpoll::device::list_devices().context("listing RDMA devices")?;
     if devices.is_empty() {
         return Err(pinpoll::Error::NoDevice.into());
     }
@@ -238,55 +237,30 @@ pub fn refuse(req: Request, err: anyhow::Error) -> anyhow::Error {
     err.context("refused")
 }
 
-/// Waits for the send-queue completion of work request `wr_id`, which must
-/// be an `opcode`; `what` names it in errors.
-pub fn wait_send(
+/// Waits for the completion of `posted` (which gives its region back),
+/// which must be an `opcode`; `what` names it in errors. The wait ends
+/// early with `Error::Disconnected` when rdma_cm reports that the peer
+/// left.
+pub fn complete(
     ep: &mut Endpoint,
+    posted: Posted,
     timeout: Duration,
-    wr_id: u64,
     opcode: WcOpcode,
     what: &str,
-) -> anyhow::Result<Completion> {
-    let c =
-        wait(ep, timeout, Endpoint::wait_send).with_context(|| format!("waiting for {what}"))?;
-    expect(c, wr_id, opcode, what)
-}
-
-/// Waits for the receive completion of work request `wr_id` (a SEND from
-/// the peer landing in it); `what` names it in errors.
-pub fn wait_recv(
-    ep: &mut Endpoint,
-    timeout: Duration,
-    wr_id: u64,
-    what: &str,
-) -> anyhow::Result<Completion> {
-    let c =
-        wait(ep, timeout, Endpoint::wait_recv).with_context(|| format!("waiting for {what}"))?;
-    expect(c, wr_id, WcOpcode::RECV, what)
-}
-
-/// Waits with `poll`, which ends early with `Error::Disconnected` when
-/// rdma_cm reports that the peer left.
-fn wait(
-    ep: &mut Endpoint,
-    timeout: Duration,
-    poll: fn(&mut Endpoint, Duration) -> pinpoll::Result<Completion>,
-) -> anyhow::Result<Completion> {
-    match poll(ep, timeout) {
-        Ok(c) => Ok(c),
-        Err(pinpoll::Error::Timeout { .. }) => {
-            bail!("timed out after {timeout:?} (--timeout); is the peer stuck or gone?")
-        }
-        Err(err) => Err(err.into()),
-    }
-}
-
-fn expect(c: Completion, wr_id: u64, opcode: WcOpcode, what: &str) -> anyhow::Result<Completion> {
-    if c.wr_id != wr_id || c.opcode != opcode {
+) -> anyhow::Result<Completed> {
+    let c = ep
+        .complete(posted, timeout)
+        .map_err(|err| match err {
+            pinpoll::Error::Timeout { .. } => anyhow::anyhow!(
+                "timed out after {timeout:?} (--timeout); is the peer stuck or gone?"
+            ),
+            err => err.into(),
+        })
+        .with_context(|| format!("waiting for {what}"))?;
+    if c.done.opcode != opcode {
         bail!(
-            "waiting for {what}: got a {} completion of work request {}, expected {opcode} of {wr_id}",
-            c.opcode,
-            c.wr_id
+            "waiting for {what}: got a {} completion, expected {opcode}",
+            c.done.opcode
         );
     }
     Ok(c)

@@ -11,9 +11,6 @@ use std::time::Duration;
 
 use common::{addr4, serial, Finished, Running, Server};
 use fxutil::{random_file, run_bounded, run_bounded_env, sha256, Scratch, FILEXFER};
-use pinpoll::connect::cm::Connector;
-use pinpoll::connect::RegionDescriptor;
-use pinpoll::datapath::Rings;
 use pinpoll::{Access, Connection, EngineConfig};
 use pinpoll_apps::filexfer::protocol::{FailCode, Msg, HELLO};
 use pinpoll_apps::filexfer::{engine_config, CHUNK, SLOT_SIZE};
@@ -389,13 +386,11 @@ fn raw_connect(port: u16) -> Connection {
 
 fn raw_connect_with(port: u16, cfg: &EngineConfig) -> Connection {
     let addr = pinpoll::connect::parse_socket_addr(&addr4(), port).unwrap();
-    let mut c = Connector::resolve(addr, &cfg.qp).expect("resolve");
-    let rings = Rings::prepare(c.endpoint(), cfg, Access::LOCAL_WRITE).expect("rings");
-    let ep = c.connect(&HELLO).expect("connect");
-    let peer = RegionDescriptor::decode(ep.peer_private_data())
-        .expect("descriptor")
-        .0;
-    Connection::new(ep, rings, peer, cfg).expect("connection")
+    Connection::builder(cfg)
+        .remote_access(Access::LOCAL_READ)
+        .private_data(&HELLO)
+        .connect(addr)
+        .expect("connect")
 }
 
 /// Connects, sends `bytes` as one message, and returns the server's answer.

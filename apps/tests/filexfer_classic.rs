@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::{addr4, serial, Server};
 use fxutil::{random_file, sha256, Scratch, FILEXFER};
 use pinpoll::connect::cm::Connector;
-use pinpoll::{Access, PageSize, QpConfig, RemoteSlice, SendFlags, WcOpcode};
+use pinpoll::{Access, Endpoint, PageSize, QpConfig, RegionOp, RemoteSlice, WcOpcode};
 use pinpoll_apps::filexfer::classic::{decode, BUFFER, MSG_DONE, MSG_LEN, MSG_MR, MSG_READY};
 
 const T: Duration = Duration::from_secs(20);
@@ -31,21 +31,20 @@ fn classic_send(port: u16, name: &str, data: &[u8]) -> Vec<i32> {
     let recv = ep
         .register(MSG_LEN, PageSize::Base, Access::LOCAL_WRITE)
         .unwrap();
-    let mut src = ep
-        .register(BUFFER, PageSize::Base, Access::LOCAL_READ)
-        .unwrap();
-    ep.qp()
-        .post_recv(1, Some(recv.slice(0..MSG_LEN).unwrap()))
-        .unwrap();
+    let mut src = Some(
+        ep.register(BUFFER, PageSize::Base, Access::LOCAL_READ)
+            .unwrap(),
+    );
+    let mut recv = Some(ep.post_recv(Some(recv)).unwrap());
     let mut ep = c.connect(&[]).expect("connect");
 
-    let next_msg = |ep: &mut pinpoll::Endpoint| {
-        let c = ep.wait_recv(T).expect("a message from the server");
-        assert_eq!(c.opcode, WcOpcode::RECV);
-        let m = decode(&recv.as_slice()[..c.byte_len as usize]).unwrap();
-        ep.qp()
-            .post_recv(1, Some(recv.slice(0..MSG_LEN).unwrap()))
-            .unwrap();
+    let mut next_msg = |ep: &mut Endpoint| {
+        let posted = recv.take().expect("a receive is posted");
+        let c = ep.complete(posted, T).expect("a message from the server");
+        assert_eq!(c.done.opcode, WcOpcode::RECV);
+        let buffer = c.region.expect("the receive buffer back");
+        let m = decode(&buffer.as_slice()[..c.done.byte_len as usize]).unwrap();
+        recv = Some(ep.post_recv(Some(buffer)).unwrap());
         m
     };
     let (id, raddr, rkey) = next_msg(&mut ep);
@@ -55,19 +54,17 @@ fn classic_send(port: u16, name: &str, data: &[u8]) -> Vec<i32> {
         len: BUFFER as u64,
         rkey,
     };
-    let mut write = |ep: &mut pinpoll::Endpoint, bytes: &[u8]| {
-        src.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
-        ep.qp()
-            .post_write(
-                2,
-                src.slice(0..bytes.len()).unwrap(),
-                remote.sub(0, bytes.len() as u64).unwrap(),
-                Some(bytes.len() as u32),
-                SendFlags::SIGNALED,
-            )
-            .unwrap();
-        let c = ep.wait_send(T).expect("the write completes");
-        assert_eq!(c.opcode, WcOpcode::RDMA_WRITE);
+    let mut write = |ep: &mut Endpoint, bytes: &[u8]| {
+        let mut buffer = src.take().expect("the send buffer is ours");
+        buffer.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
+        let op = RegionOp::Write {
+            remote,
+            imm: Some(bytes.len() as u32),
+        };
+        let posted = ep.post(buffer, bytes.len(), op).unwrap();
+        let c = ep.complete(posted, T).expect("the write completes");
+        assert_eq!(c.done.opcode, WcOpcode::RDMA_WRITE);
+        src = c.region;
     };
     let mut ids = Vec::new();
     let mut name_bytes = name.as_bytes().to_vec();
@@ -144,39 +141,33 @@ fn classic_server() -> (u16, std::thread::JoinHandle<Received>) {
             "a classic client sends no private data"
         );
         let ep = req.endpoint();
-        let buf = ep
-            .register(
-                BUFFER,
-                PageSize::Base,
-                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-            )
-            .unwrap();
-        let mut msg = ep
-            .register(MSG_LEN, PageSize::Base, Access::LOCAL_READ)
-            .unwrap();
-        ep.qp().post_recv(1, None).unwrap();
+        let buf = ep.register_shared(BUFFER, PageSize::Base, false).unwrap();
+        let ring = buf.remote(0..BUFFER).unwrap();
+        let mut msg = Some(
+            ep.register(MSG_LEN, PageSize::Base, Access::LOCAL_READ)
+                .unwrap(),
+        );
+        let mut recv = ep.post_recv(None).unwrap();
         let mut ep = req.accept(&[]).expect("accept");
-        let mut say = |ep: &mut pinpoll::Endpoint, id: i32| {
-            msg.as_mut_slice()
+        let mut say = |ep: &mut Endpoint, id: i32| {
+            let mut m = msg.take().expect("the message buffer is ours");
+            m.as_mut_slice()
                 .copy_from_slice(&pinpoll_apps::filexfer::classic::encode(
-                    id,
-                    buf.addr(),
-                    buf.rkey(),
+                    id, ring.addr, ring.rkey,
                 ));
-            ep.qp()
-                .post_send(2, msg.slice(0..MSG_LEN).unwrap(), SendFlags::SIGNALED)
-                .unwrap();
-            ep.wait_send(T).expect("a send completes");
+            let posted = ep.post(m, MSG_LEN, RegionOp::Send).unwrap();
+            msg = ep.complete(posted, T).expect("a send completes").region;
         };
         say(&mut ep, MSG_MR);
         let (mut name, mut data) = (None, Vec::new());
         loop {
-            let c = ep.wait_recv(T).expect("a write with immediate");
-            assert_eq!(c.opcode, WcOpcode::RECV_RDMA_WITH_IMM);
-            ep.qp().post_recv(1, None).unwrap();
-            let len = c.imm.unwrap() as usize;
+            let c = ep.complete(recv, T).expect("a write with immediate");
+            assert_eq!(c.done.opcode, WcOpcode::RECV_RDMA_WITH_IMM);
+            recv = ep.post_recv(None).unwrap();
+            let len = c.done.imm.unwrap() as usize;
             assert!(len <= BUFFER);
-            let bytes = &buf.as_slice()[..len];
+            let mut bytes = vec![0; len];
+            buf.copy_to(0, &mut bytes).unwrap();
             if name.is_none() {
                 assert_eq!(bytes.last(), Some(&0), "the name ends with NUL");
                 name = Some(bytes[..len - 1].to_vec());
@@ -185,12 +176,12 @@ fn classic_server() -> (u16, std::thread::JoinHandle<Received>) {
                 say(&mut ep, MSG_DONE);
                 break;
             } else {
-                data.extend_from_slice(bytes);
+                data.extend_from_slice(&bytes);
                 say(&mut ep, MSG_READY);
             }
         }
         // The client disconnects.
-        let _ = ep.wait_recv(T);
+        let _ = ep.complete(recv, T);
         (name.unwrap(), data)
     });
     (port, handle)

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::*;
 use pinpoll::connect::cm::Connector;
 use pinpoll::connect::{parse_socket_addr, RegionDescriptor};
-use pinpoll::{Access, Endpoint, Error, MemoryRegion, PageSize, SendFlags, WcStatus};
+use pinpoll::{Access, Endpoint, Error, PageSize, Posted, RegionOp, WcStatus};
 use pinpoll_apps::protocol::{Hello, Mode};
 use pinpoll_apps::session::qp_config;
 
@@ -166,15 +166,13 @@ fn the_default_messages_name_the_peers_pid() {
 
 /// Connects to the server on `port` with `private_data`, a receive posted
 /// for its descriptor.
-fn hand_made_client(port: u16, private_data: &[u8]) -> pinpoll::Result<(Endpoint, MemoryRegion)> {
+fn hand_made_client(port: u16, private_data: &[u8]) -> pinpoll::Result<(Endpoint, Posted)> {
     let addr = parse_socket_addr(&addr4(), port).expect("PINPOLL_ADDR4 parses");
     let mut conn = Connector::resolve(addr, &qp_config(WAIT))?;
     let recv = conn
         .endpoint()
         .register(64, PageSize::Base, Access::LOCAL_WRITE)?;
-    conn.endpoint()
-        .qp()
-        .post_recv(1, Some(recv.slice(0..64)?))?;
+    let recv = conn.endpoint().post_recv(Some(recv))?;
     let ep = conn.connect(private_data)?;
     Ok((ep, recv))
 }
@@ -227,8 +225,9 @@ fn the_other_access_is_refused(announced: Mode) {
     let server = Server::start(READWRITE, &["server", "--count", "1", "--timeout", "3"]);
     let (mut ep, recv) =
         hand_made_client(server.port, &Hello { mode: announced }.encode()).expect("connect");
-    let got = ep.wait_recv(WAIT).expect("the region descriptor");
-    let remote = RegionDescriptor::decode(&recv.as_slice()[..got.byte_len as usize])
+    let got = ep.complete(recv, WAIT).expect("the region descriptor");
+    let recv = got.region.expect("the receive buffer back");
+    let remote = RegionDescriptor::decode(&recv.as_slice()[..got.done.byte_len as usize])
         .expect("a region descriptor")
         .0;
     let len = remote.len as usize;
@@ -236,18 +235,16 @@ fn the_other_access_is_refused(announced: Mode) {
         .register(len, PageSize::Base, Access::LOCAL_WRITE)
         .expect("register");
     local.as_mut_slice().fill(b'!');
-    let slice = local.slice(0..len).unwrap();
-    match announced {
-        Mode::Read => ep
-            .qp()
-            .post_write(7, slice, remote, None, SendFlags::SIGNALED),
-        Mode::Write => ep.qp().post_read(7, slice, remote, true),
-    }
-    .expect("post");
-    let err = ep.wait_send(WAIT).unwrap_err();
+    let op = match announced {
+        Mode::Read => RegionOp::Write { remote, imm: None },
+        Mode::Write => RegionOp::Read { remote },
+    };
+    let posted = ep.post(local, len, op).expect("post");
+    let wr_id = posted.wr_id();
+    let err = ep.complete(posted, WAIT).unwrap_err();
     assert_eq!(
         err.completion().map(|wc| (wc.wr_id, wc.status)),
-        Some((7, WcStatus::REM_ACCESS_ERR)),
+        Some((wr_id, WcStatus::REM_ACCESS_ERR)),
         "{err}"
     );
     drop(ep);
@@ -284,9 +281,9 @@ fn a_client_that_disconnects_early_ends_the_servers_wait_at_once() {
     // A timeout far longer than the test: only noticing the disconnect
     // produces the error checked below.
     let server = Server::start(READWRITE, &["server", "--count", "1", "--timeout", "300"]);
-    let (mut ep, _recv) =
+    let (mut ep, recv) =
         hand_made_client(server.port, &Hello { mode: Mode::Write }.encode()).expect("connect");
-    ep.wait_recv(WAIT).expect("the region descriptor");
+    ep.complete(recv, WAIT).expect("the region descriptor");
     ep.disconnect().expect("disconnect");
     let out = server.finish();
     let line = out.assert_one_error_line("readwrite server after an early disconnect");

@@ -12,14 +12,12 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use pinpoll::{Access, Endpoint, MemoryRegion, PageSize, SendFlags, WcOpcode};
+use pinpoll::{Access, Endpoint, MemoryRegion, PageSize, Posted, RegionOp, WcOpcode};
 use pinpoll_apps::cli::{CommonArgs, ServerArgs, MAX_MESSAGE};
 use pinpoll_apps::output::{printable, Output};
 use pinpoll_apps::session::{self, Client};
 
 const DEFAULT_PORT: u16 = 7471;
-const WR_RECV: u64 = 1;
-const WR_SEND: u64 = 2;
 
 /// Swap one text message each way with SEND/RECV over an rdma_cm
 /// connection.
@@ -71,7 +69,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             // client later.
             let page = PageSize::Base.bytes();
             let per_client = MAX_MESSAGE.div_ceil(page) * page + page;
-            pinpoll::sys::mem::check_memlock(per_client as u64)
+            pinpoll::memory::check_memlock(per_client as u64)
                 .context("registering a client's buffers")?;
             session::serve(args, &cli.common, cli.port, out, |mut req, out| {
                 let message = format!("message from server pid {}", std::process::id());
@@ -80,7 +78,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     Err(err) => return Err(session::refuse(req, err)),
                 };
                 let ep = req.accept(&[]).context("accepting")?;
-                exchange(ep, &buffers, cli.common.timeout, out)
+                exchange(ep, buffers, cli.common.timeout, out)
             })
         }
         Command::Client { host } => {
@@ -90,15 +88,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let addr = client.addr();
             let ep = client.connect(&[])?;
             out.progress(format_args!("connected to {addr} on {}", ep.device_name()))?;
-            exchange(ep, &buffers, cli.common.timeout, &out)
+            exchange(ep, buffers, cli.common.timeout, &out)
         }
     }
 }
 
-/// A receive buffer (the NIC writes it: LOCAL_WRITE) and our message (only
-/// read by the NIC: no access flags), registered on one connection's PD.
+/// A receive buffer (the NIC writes it: LOCAL_WRITE), posted, and our
+/// message (only read by the NIC: no access flags), registered on one
+/// connection's PD.
 struct Buffers {
-    recv: MemoryRegion,
+    recv: Posted,
     send: MemoryRegion,
 }
 
@@ -113,9 +112,7 @@ impl Buffers {
             .register(message.len(), PageSize::Base, Access::LOCAL_READ)
             .context("registering the message")?;
         send.as_mut_slice().copy_from_slice(message);
-        ep.qp()
-            .post_recv(WR_RECV, Some(recv.slice(0..recv.len())?))
-            .context("posting the receive")?;
+        let recv = ep.post_recv(Some(recv)).context("posting the receive")?;
         Ok(Buffers { recv, send })
     }
 }
@@ -123,26 +120,32 @@ impl Buffers {
 /// Sends ours, receives theirs, prints it, disconnects.
 fn exchange(
     mut ep: Endpoint,
-    buffers: &Buffers,
+    buffers: Buffers,
     timeout: Duration,
     out: &Output,
 ) -> anyhow::Result<()> {
-    let message = buffers.send.slice(0..buffers.send.len())?;
-    ep.qp()
-        .post_send(WR_SEND, message, SendFlags::SIGNALED)
+    let len = buffers.send.len();
+    let sent = ep
+        .post(buffers.send, len, RegionOp::Send)
         .context("sending our message")?;
-    session::wait_send(
+    session::complete(
         &mut ep,
+        sent,
         timeout,
-        WR_SEND,
         WcOpcode::SEND,
         "our message to be delivered",
     )?;
-    let got = session::wait_recv(&mut ep, timeout, WR_RECV, "the peer's message")?;
-    let text = buffers
-        .recv
+    let got = session::complete(
+        &mut ep,
+        buffers.recv,
+        timeout,
+        WcOpcode::RECV,
+        "the peer's message",
+    )?;
+    let recv = got.region.context("the receive gave no buffer back")?;
+    let text = recv
         .as_slice()
-        .get(..got.byte_len as usize)
+        .get(..got.done.byte_len as usize)
         .context("the received length exceeds the receive buffer")?;
     out.data(format_args!("{}", printable(text)))?;
     session::disconnect(ep)

@@ -16,7 +16,9 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context as _};
 use clap::{Parser, Subcommand};
 use pinpoll::connect::RegionDescriptor;
-use pinpoll::{Access, Endpoint, MemoryRegion, PageSize, SendFlags, WcOpcode};
+use pinpoll::{
+    Access, Endpoint, MemoryRegion, PageSize, Posted, RegionOp, RemoteSlice, SharedRegion, WcOpcode,
+};
 use pinpoll_apps::cli::{parse_message, CommonArgs, ServerArgs, MAX_MESSAGE};
 use pinpoll_apps::output::{printable, Output};
 use pinpoll_apps::protocol::{Done, Hello, Mode};
@@ -29,11 +31,6 @@ const WRITE_REGION: usize = MAX_MESSAGE;
 /// either, so a peer's oversized message is an error we name, not a
 /// length error in the NIC.
 const CONTROL_RECV: usize = 64;
-
-const WR_RECV: u64 = 1;
-const WR_SEND: u64 = 2;
-const WR_WRITE: u64 = 3;
-const WR_READ: u64 = 4;
 
 /// RDMA WRITE into, or RDMA READ from, a peer's memory region, after
 /// swapping region descriptors with SEND/RECV over an rdma_cm connection.
@@ -137,14 +134,43 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 
 /// One connection's memory on the server.
 struct ServerSide {
-    mode: Mode,
     /// The region the client writes into or reads from.
-    region: MemoryRegion,
-    /// Receives the client's done message (LOCAL_WRITE).
-    recv: MemoryRegion,
+    region: Exposed,
+    /// The receive for the client's done message (LOCAL_WRITE), posted.
+    recv: Posted,
     /// The region's descriptor, to send (no access flags: the NIC only
     /// reads it).
     descriptor: MemoryRegion,
+}
+
+/// The server's region: one the client writes into (never borrowed, only
+/// copied out of), or one it only reads.
+enum Exposed {
+    Written(SharedRegion),
+    Read(MemoryRegion),
+}
+
+impl Exposed {
+    fn len(&self) -> usize {
+        match self {
+            Exposed::Written(r) => r.len(),
+            Exposed::Read(r) => r.len(),
+        }
+    }
+
+    fn access(&self) -> Access {
+        match self {
+            Exposed::Written(r) => r.access(),
+            Exposed::Read(r) => r.access(),
+        }
+    }
+
+    fn remote(&self) -> pinpoll::Result<RemoteSlice> {
+        match self {
+            Exposed::Written(r) => r.remote(0..r.len()),
+            Exposed::Read(r) => r.remote(0..r.len()),
+        }
+    }
 }
 
 impl ServerSide {
@@ -152,17 +178,24 @@ impl ServerSide {
     /// `message` for a reader), and posts the receive for the done message,
     /// before the connection exists.
     fn prepare(ep: &mut Endpoint, mode: Mode, message: &[u8]) -> anyhow::Result<ServerSide> {
-        let len = match mode {
-            Mode::Write => WRITE_REGION,
-            Mode::Read => message.len(),
-        };
-        let mut region = ep
-            .register(len, PageSize::Base, mode.region_access())
-            .with_context(|| format!("registering the region for {mode} mode"))?;
-        if mode == Mode::Read {
-            region.as_mut_slice().copy_from_slice(message);
+        let access = mode.region_access();
+        let region = match mode {
+            Mode::Write => ep
+                .register_shared(
+                    WRITE_REGION,
+                    PageSize::Base,
+                    access.contains(Access::REMOTE_READ),
+                )
+                .map(Exposed::Written),
+            Mode::Read => ep
+                .register(message.len(), PageSize::Base, access)
+                .map(|mut r| {
+                    r.as_mut_slice().copy_from_slice(message);
+                    Exposed::Read(r)
+                }),
         }
-        tracing::debug!(?region, %mode, "region registered");
+        .with_context(|| format!("registering the region for {mode} mode"))?;
+        tracing::debug!(len = region.len(), access = %region.access(), %mode, "region registered");
         let recv = ep
             .register(CONTROL_RECV, PageSize::Base, Access::LOCAL_WRITE)
             .context("registering the receive buffer")?;
@@ -171,12 +204,9 @@ impl ServerSide {
             .context("registering the descriptor buffer")?;
         descriptor
             .as_mut_slice()
-            .copy_from_slice(&RegionDescriptor(region.remote(0..len)?).encode());
-        ep.qp()
-            .post_recv(WR_RECV, Some(recv.slice(0..CONTROL_RECV)?))
-            .context("posting the receive")?;
+            .copy_from_slice(&RegionDescriptor(region.remote()?).encode());
+        let recv = ep.post_recv(Some(recv)).context("posting the receive")?;
         Ok(ServerSide {
-            mode,
             region,
             recv,
             descriptor,
@@ -185,22 +215,25 @@ impl ServerSide {
 
     /// Sends the descriptor, waits for "done", prints what a writer wrote.
     fn serve(self, mut ep: Endpoint, timeout: Duration, out: &Output) -> anyhow::Result<()> {
-        ep.qp()
-            .post_send(
-                WR_SEND,
-                self.descriptor.slice(0..RegionDescriptor::LEN)?,
-                SendFlags::SIGNALED,
-            )
+        let sent = ep
+            .post(self.descriptor, RegionDescriptor::LEN, RegionOp::Send)
             .context("sending the region descriptor")?;
-        session::wait_send(
+        session::complete(
             &mut ep,
+            sent,
             timeout,
-            WR_SEND,
             WcOpcode::SEND,
             "the region descriptor to be delivered",
         )?;
-        let got = session::wait_recv(&mut ep, timeout, WR_RECV, "the client's done message")?;
-        let done = Done::decode(&self.recv.as_slice()[..got.byte_len as usize])
+        let got = session::complete(
+            &mut ep,
+            self.recv,
+            timeout,
+            WcOpcode::RECV,
+            "the client's done message",
+        )?;
+        let recv = got.region.context("the receive gave no buffer back")?;
+        let done = Done::decode(&recv.as_slice()[..got.done.byte_len as usize])
             .context("the client's done message")?;
         let len = done.len as usize;
         ensure!(
@@ -208,12 +241,14 @@ impl ServerSide {
             "the client says it moved {len} bytes; the region has {}",
             self.region.len()
         );
-        match self.mode {
-            Mode::Write => out.data(format_args!(
-                "{}",
-                printable(&self.region.as_slice()[..len])
-            ))?,
-            Mode::Read => out.progress(format_args!("client read {len} bytes"))?,
+        match &self.region {
+            Exposed::Written(region) => {
+                // A copy: the client could still write the region.
+                let mut written = vec![0; len];
+                region.copy_to(0, &mut written)?;
+                out.data(format_args!("{}", printable(&written)))?
+            }
+            Exposed::Read(_) => out.progress(format_args!("client read {len} bytes"))?,
         }
         session::disconnect(ep)
     }
@@ -247,15 +282,20 @@ fn client(
         }
         Mode::Read => None,
     };
-    ep.qp()
-        .post_recv(WR_RECV, Some(recv.slice(0..CONTROL_RECV)?))
-        .context("posting the receive")?;
+    let recv = ep.post_recv(Some(recv)).context("posting the receive")?;
     let addr = client.addr();
     let mut ep = client.connect(&Hello { mode }.encode())?;
     out.progress(format_args!("connected to {addr} on {}", ep.device_name()))?;
 
-    let got = session::wait_recv(&mut ep, timeout, WR_RECV, "the server's region descriptor")?;
-    let bytes = &recv.as_slice()[..got.byte_len as usize];
+    let got = session::complete(
+        &mut ep,
+        recv,
+        timeout,
+        WcOpcode::RECV,
+        "the server's region descriptor",
+    )?;
+    let recv = got.region.context("the receive gave no buffer back")?;
+    let bytes = &recv.as_slice()[..got.done.byte_len as usize];
     ensure!(
         bytes.len() == RegionDescriptor::LEN,
         "the server's region descriptor has {} bytes, expected {}",
@@ -270,32 +310,28 @@ fn client(
         remote.len, remote.addr, remote.rkey
     ))?;
 
-    let moved = match (mode, &source) {
+    let moved = match (mode, source) {
         (Mode::Write, Some(source)) => {
+            let len = source.len();
             let target = remote
-                .sub(0, source.len() as u64)
+                .sub(0, len as u64)
                 .context("the message does not fit the server's region")?;
-            ep.qp()
-                .post_write(
-                    WR_WRITE,
-                    source.slice(0..source.len())?,
-                    target,
-                    None,
-                    SendFlags::SIGNALED,
-                )
+            let write = RegionOp::Write {
+                remote: target,
+                imm: None,
+            };
+            let posted = ep
+                .post(source, len, write)
                 .context("posting the RDMA WRITE")?;
-            session::wait_send(
+            session::complete(
                 &mut ep,
+                posted,
                 timeout,
-                WR_WRITE,
                 WcOpcode::RDMA_WRITE,
                 "the RDMA WRITE",
             )?;
-            out.progress(format_args!(
-                "wrote {} bytes into the server's region",
-                source.len()
-            ))?;
-            source.len()
+            out.progress(format_args!("wrote {len} bytes into the server's region"))?;
+            len
         }
         _ => {
             let len = usize::try_from(remote.len).unwrap_or(usize::MAX);
@@ -308,16 +344,17 @@ fn client(
             let target = ep
                 .register(len, PageSize::Base, Access::LOCAL_WRITE)
                 .context("registering the read buffer")?;
-            ep.qp()
-                .post_read(WR_READ, target.slice(0..len)?, remote, true)
+            let posted = ep
+                .post(target, len, RegionOp::Read { remote })
                 .context("posting the RDMA READ")?;
-            session::wait_send(
+            let read = session::complete(
                 &mut ep,
+                posted,
                 timeout,
-                WR_READ,
                 WcOpcode::RDMA_READ,
                 "the RDMA READ",
             )?;
+            let target = read.region.context("the RDMA READ gave no buffer back")?;
             out.data(format_args!("{}", printable(target.as_slice())))?;
             len
         }
@@ -329,13 +366,13 @@ fn client(
         }
         .encode(),
     );
-    ep.qp()
-        .post_send(WR_SEND, done.slice(0..Done::LEN)?, SendFlags::SIGNALED)
+    let sent = ep
+        .post(done, Done::LEN, RegionOp::Send)
         .context("sending the done message")?;
-    session::wait_send(
+    session::complete(
         &mut ep,
+        sent,
         timeout,
-        WR_SEND,
         WcOpcode::SEND,
         "the done message to be delivered",
     )?;

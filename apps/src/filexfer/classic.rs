@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
-use pinpoll::{Access, Endpoint, MemoryRegion, PageSize, SendFlags, WcOpcode};
+use pinpoll::{Access, Endpoint, MemoryRegion, PageSize, Posted, RegionOp, SharedRegion, WcOpcode};
 
 use crate::filexfer::name;
 use crate::filexfer::temp::TempFile;
@@ -36,9 +36,6 @@ pub const MSG_READY: i32 = 2;
 pub const MSG_DONE: i32 = 3;
 /// Bytes of a control message.
 pub const MSG_LEN: usize = 24;
-
-const WR_RECV: u64 = 1;
-const WR_SEND: u64 = 2;
 
 /// A control message in the classic layout (host byte order).
 pub fn encode(id: i32, addr: u64, rkey: u32) -> [u8; MSG_LEN] {
@@ -66,55 +63,70 @@ pub fn decode(b: &[u8]) -> anyhow::Result<(i32, u64, u32)> {
 /// A classic connection's memory, registered (and its first receive
 /// posted) before accepting.
 pub struct ClassicSide {
-    buffer: MemoryRegion,
-    msg: MemoryRegion,
+    /// The client RDMA-writes here: read only by copying out.
+    buffer: SharedRegion,
+    /// The control message to send; `None` while a send is posted (and
+    /// after one failed, which ends the connection).
+    msg: Option<MemoryRegion>,
+    /// The receive posted for the client's next write with immediate.
+    recv: Option<Posted>,
 }
 
 impl ClassicSide {
     pub fn prepare(ep: &mut Endpoint, pages: PageSize) -> anyhow::Result<ClassicSide> {
         let buffer = ep
-            .register(BUFFER, pages, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .register_shared(BUFFER, pages, false)
             .context("registering the classic 10 MiB buffer")?;
         let msg = ep
             .register(MSG_LEN, PageSize::Base, Access::LOCAL_READ)
             .context("registering the message buffer")?;
-        ep.qp()
-            .post_recv(WR_RECV, None)
-            .context("posting a receive")?;
-        Ok(ClassicSide { buffer, msg })
+        let recv = ep.post_recv(None).context("posting a receive")?;
+        Ok(ClassicSide {
+            buffer,
+            msg: Some(msg),
+            recv: Some(recv),
+        })
     }
 
     fn send(&mut self, ep: &mut Endpoint, id: i32, timeout: Duration) -> anyhow::Result<()> {
-        let m = encode(id, self.buffer.addr(), self.buffer.rkey());
-        self.msg.as_mut_slice().copy_from_slice(&m);
-        ep.qp()
-            .post_send(WR_SEND, self.msg.slice(0..MSG_LEN)?, SendFlags::SIGNALED)
+        let buffer = self.buffer.remote(0..BUFFER)?;
+        let mut msg = self
+            .msg
+            .take()
+            .context("the message buffer went with an earlier failed send")?;
+        msg.as_mut_slice()
+            .copy_from_slice(&encode(id, buffer.addr, buffer.rkey));
+        let posted = ep
+            .post(msg, MSG_LEN, RegionOp::Send)
             .context("sending a control message")?;
         let c = ep
-            .wait_send(timeout)
+            .complete(posted, timeout)
             .map_err(|e| explain_link(e, "client"))?;
         ensure!(
-            c.wr_id == WR_SEND && c.opcode == WcOpcode::SEND,
+            c.done.opcode == WcOpcode::SEND,
             "unexpected send completion"
         );
+        self.msg = c.region;
         Ok(())
     }
 
     /// Waits for the next write-with-imm, re-posting the receive; returns
     /// the immediate (the length written).
-    fn next_write(&self, ep: &mut Endpoint, timeout: Duration) -> anyhow::Result<usize> {
+    fn next_write(&mut self, ep: &mut Endpoint, timeout: Duration) -> anyhow::Result<usize> {
+        let posted = self
+            .recv
+            .take()
+            .context("no receive is posted after an earlier failure")?;
         let c = ep
-            .wait_recv(timeout)
+            .complete(posted, timeout)
             .map_err(|e| explain_link(e, "client"))?;
         ensure!(
-            c.opcode == WcOpcode::RECV_RDMA_WITH_IMM,
+            c.done.opcode == WcOpcode::RECV_RDMA_WITH_IMM,
             "the classic client sent a {} instead of a write with immediate",
-            c.opcode
+            c.done.opcode
         );
-        ep.qp()
-            .post_recv(WR_RECV, None)
-            .context("posting a receive")?;
-        let len = c.imm.unwrap_or(0) as usize;
+        self.recv = Some(ep.post_recv(None).context("posting a receive")?);
+        let len = c.done.imm.unwrap_or(0) as usize;
         ensure!(
             len <= BUFFER,
             "the classic client announced {len} bytes; the buffer has {BUFFER}"
@@ -133,10 +145,15 @@ impl ClassicSide {
         out: Output,
     ) -> anyhow::Result<()> {
         self.send(&mut ep, MSG_MR, timeout)?;
+        // What the client wrote is copied out of its reach once, and only
+        // the copy is looked at: what is checked is what is stored.
+        let mut copy = vec![0u8; BUFFER];
         let len = self
             .next_write(&mut ep, timeout)
             .context("waiting for the file name")?;
-        let raw = &self.buffer.as_slice()[..len];
+        let raw = &mut copy[..len];
+        self.buffer.copy_to(0, raw)?;
+        let raw = &*raw;
         let raw = raw.strip_suffix(&[0]).unwrap_or(raw);
         // The classic client sends a path: keep its last component only.
         let base = raw.rsplit(|b| *b == b'/').next().unwrap_or(raw);
@@ -159,8 +176,10 @@ impl ClassicSide {
                 if len == 0 {
                     break;
                 }
+                let chunk = &mut copy[..len];
+                self.buffer.copy_to(0, chunk)?;
                 temp.file_mut()
-                    .write_all(&self.buffer.as_slice()[..len])
+                    .write_all(chunk)
                     .context("writing the file")?;
                 total += len as u64;
                 self.send(&mut ep, MSG_READY, timeout)?;
@@ -196,7 +215,9 @@ impl ClassicSide {
             summary(total, began.elapsed())
         ))?;
         // The classic client disconnects after MSG_DONE.
-        let _ = ep.wait_recv(timeout.min(Duration::from_secs(2)));
+        if let Some(recv) = self.recv.take() {
+            let _ = ep.complete(recv, timeout.min(Duration::from_secs(2)));
+        }
         let _ = ep.disconnect();
         Ok(())
     }
@@ -213,112 +234,45 @@ pub fn send(
     out: Output,
 ) -> anyhow::Result<()> {
     use std::os::unix::fs::FileExt as _;
-    let timeout = cfg.completion_timeout;
     let shown = printable(name.as_bytes());
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let size = file
         .metadata()
         .with_context(|| format!("reading {}", path.display()))?
         .len();
-    let mut connector = pinpoll::connect::cm::Connector::resolve(addr, &cfg.qp)
-        .with_context(|| format!("connecting to {addr}"))?;
-    crate::session::check_device(connector.endpoint(), device)
-        .with_context(|| format!("connecting to {addr}"))?;
-    let ep = connector.endpoint();
-    let recv = ep
-        .register(MSG_LEN, PageSize::Base, Access::LOCAL_WRITE)
-        .context("registering the message buffer")?;
-    let mut src = ep
-        .register(BUFFER, cfg.pages, Access::LOCAL_READ)
-        .context("registering the 10 MiB send buffer")?;
-    ep.qp()
-        .post_recv(WR_RECV, Some(recv.slice(0..MSG_LEN)?))
-        .context("posting a receive")?;
-    let mut ep = connector
-        .connect(&[])
-        .with_context(|| format!("connecting to {addr}"))?;
+    let mut client = ClassicClient::connect(addr, cfg, device)?;
     out.progress(format_args!(
         "connected to {addr} on {} (classic)",
-        ep.device_name()
+        client.ep.device_name()
     ))?;
     let began = Instant::now();
-    let next_msg = |ep: &mut Endpoint, want: i32, what: &str| -> anyhow::Result<(u64, u32)> {
-        let c = ep
-            .wait_recv(timeout)
-            .map_err(|e| explain_link(e, "server"))
-            .with_context(|| format!("waiting for {what}"))?;
-        ensure!(
-            c.opcode == WcOpcode::RECV,
-            "the server sent a {} instead of a message",
-            c.opcode
-        );
-        let (id, raddr, rkey) = decode(&recv.as_slice()[..c.byte_len as usize])?;
-        ensure!(
-            id == want,
-            "the server sent message {id} instead of {what} ({want})"
-        );
-        ep.qp()
-            .post_recv(WR_RECV, Some(recv.slice(0..MSG_LEN)?))
-            .context("posting a receive")?;
-        Ok((raddr, rkey))
-    };
-    let (raddr, rkey) = next_msg(&mut ep, MSG_MR, "the server's buffer (MSG_MR)")?;
+    let (raddr, rkey) = client.next_msg(MSG_MR, "the server's buffer (MSG_MR)")?;
     let remote = pinpoll::RemoteSlice {
         addr: raddr,
         len: BUFFER as u64,
         rkey,
     };
-    let write = |ep: &mut Endpoint, src: &MemoryRegion, len: usize| -> anyhow::Result<()> {
-        ep.qp()
-            .post_write(
-                WR_SEND,
-                src.slice(0..len)?,
-                remote.sub(0, len as u64)?,
-                Some(len as u32),
-                SendFlags::SIGNALED,
-            )
-            .context("posting an RDMA write")?;
-        let c = ep
-            .wait_send(timeout)
-            .map_err(|e| explain_link(e, "server"))
-            .context("writing into the server's buffer")?;
-        ensure!(
-            c.opcode == WcOpcode::RDMA_WRITE,
-            "unexpected {} completion",
-            c.opcode
-        );
+    client.write(remote, name.len() + 1, |buf| {
+        let (text, nul) = buf.split_at_mut(name.len());
+        text.copy_from_slice(name.as_bytes());
+        nul[0] = 0;
         Ok(())
-    };
-    let name_len = name.len() + 1;
-    src.as_mut_slice()[..name.len()].copy_from_slice(name.as_bytes());
-    src.as_mut_slice()[name.len()] = 0;
-    write(&mut ep, &src, name_len)?;
-    next_msg(
-        &mut ep,
-        MSG_READY,
-        "the server to open the file (MSG_READY)",
-    )?;
+    })?;
+    client.next_msg(MSG_READY, "the server to open the file (MSG_READY)")?;
     let mut offset = 0u64;
     while offset < size {
         let len = (size - offset).min(BUFFER as u64) as usize;
-        file.read_exact_at(&mut src.as_mut_slice()[..len], offset)
-            .with_context(|| format!("reading {} at byte {offset}", path.display()))?;
-        write(&mut ep, &src, len)?;
-        next_msg(
-            &mut ep,
-            MSG_READY,
-            "the server to store a chunk (MSG_READY)",
-        )?;
+        client.write(remote, len, |buf| {
+            file.read_exact_at(buf, offset)
+                .with_context(|| format!("reading {} at byte {offset}", path.display()))
+        })?;
+        client.next_msg(MSG_READY, "the server to store a chunk (MSG_READY)")?;
         offset += len as u64;
     }
-    write(&mut ep, &src, 0)?;
-    next_msg(
-        &mut ep,
-        MSG_DONE,
-        "the server to finish the file (MSG_DONE)",
-    )?;
+    client.write(remote, 0, |_| Ok(()))?;
+    client.next_msg(MSG_DONE, "the server to finish the file (MSG_DONE)")?;
     let elapsed = began.elapsed();
-    if let Err(e) = ep.disconnect() {
+    if let Err(e) = client.ep.disconnect() {
         tracing::debug!(error = %e, "disconnecting");
     }
     out.progress(format_args!(
@@ -326,6 +280,109 @@ pub fn send(
         summary(size, elapsed)
     ))?;
     Ok(())
+}
+
+/// The classic client's connection: the receive posted for the server's
+/// next message, and the buffer the file goes out of, each `None` while
+/// the NIC has it (and after a failure, which ends the transfer).
+struct ClassicClient {
+    ep: Endpoint,
+    recv: Option<Posted>,
+    src: Option<MemoryRegion>,
+    timeout: Duration,
+}
+
+impl ClassicClient {
+    /// Connects with no private data, a receive posted first.
+    fn connect(
+        addr: std::net::SocketAddr,
+        cfg: &pinpoll::EngineConfig,
+        device: Option<&str>,
+    ) -> anyhow::Result<ClassicClient> {
+        let mut connector = pinpoll::connect::cm::Connector::resolve(addr, &cfg.qp)
+            .with_context(|| format!("connecting to {addr}"))?;
+        crate::session::check_device(connector.endpoint(), device)
+            .with_context(|| format!("connecting to {addr}"))?;
+        let ep = connector.endpoint();
+        let recv = ep
+            .register(MSG_LEN, PageSize::Base, Access::LOCAL_WRITE)
+            .context("registering the message buffer")?;
+        let src = ep
+            .register(BUFFER, cfg.pages, Access::LOCAL_READ)
+            .context("registering the 10 MiB send buffer")?;
+        let recv = ep.post_recv(Some(recv)).context("posting a receive")?;
+        let ep = connector
+            .connect(&[])
+            .with_context(|| format!("connecting to {addr}"))?;
+        Ok(ClassicClient {
+            ep,
+            recv: Some(recv),
+            src: Some(src),
+            timeout: cfg.completion_timeout,
+        })
+    }
+
+    /// Waits for the server's next message, which must be `want`, and
+    /// posts the receive again; returns the message's address and rkey.
+    fn next_msg(&mut self, want: i32, what: &str) -> anyhow::Result<(u64, u32)> {
+        let posted = self
+            .recv
+            .take()
+            .context("no receive is posted after an earlier failure")?;
+        let c = self
+            .ep
+            .complete(posted, self.timeout)
+            .map_err(|e| explain_link(e, "server"))
+            .with_context(|| format!("waiting for {what}"))?;
+        ensure!(
+            c.done.opcode == WcOpcode::RECV,
+            "the server sent a {} instead of a message",
+            c.done.opcode
+        );
+        let recv = c.region.context("the receive gave no buffer back")?;
+        let (id, raddr, rkey) = decode(&recv.as_slice()[..c.done.byte_len as usize])?;
+        ensure!(
+            id == want,
+            "the server sent message {id} instead of {what} ({want})"
+        );
+        self.recv = Some(self.ep.post_recv(Some(recv)).context("posting a receive")?);
+        Ok((raddr, rkey))
+    }
+
+    /// RDMA-writes `len` bytes, which `fill` puts into the send buffer,
+    /// to `remote` with the immediate `len`.
+    fn write(
+        &mut self,
+        remote: pinpoll::RemoteSlice,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        let mut src = self
+            .src
+            .take()
+            .context("the send buffer went with an earlier failed write")?;
+        fill(&mut src.as_mut_slice()[..len])?;
+        let write = RegionOp::Write {
+            remote,
+            imm: Some(len as u32),
+        };
+        let posted = self
+            .ep
+            .post(src, len, write)
+            .context("posting an RDMA write")?;
+        let c = self
+            .ep
+            .complete(posted, self.timeout)
+            .map_err(|e| explain_link(e, "server"))
+            .context("writing into the server's buffer")?;
+        ensure!(
+            c.done.opcode == WcOpcode::RDMA_WRITE,
+            "unexpected {} completion",
+            c.done.opcode
+        );
+        self.src = c.region;
+        Ok(())
+    }
 }
 
 #[cfg(test)]

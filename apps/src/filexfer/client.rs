@@ -14,9 +14,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use pinpoll::connect::cm::Connector;
-use pinpoll::connect::RegionDescriptor;
-use pinpoll::datapath::Rings;
 use pinpoll::{Access, Connection, Event};
 
 use crate::cli::{socket_addr, CommonArgs};
@@ -24,10 +21,11 @@ use crate::filexfer::name;
 use crate::filexfer::protocol::{Msg, HELLO};
 use crate::filexfer::server::{send_and_wait, settle};
 use crate::filexfer::{
-    chunk_len, engine_config, explain_link, pin, summary, with_transport, BATCH, TRAILER,
+    chunk_len, engine_config, explain_link, is_registration, pin, summary, with_transport, BATCH,
+    TRAILER,
 };
 use crate::output::{printable, Output};
-use crate::session::{check_device, device_exists};
+use crate::session::device_exists;
 
 /// What `send` needs from the command line.
 #[derive(Debug, Clone)]
@@ -112,29 +110,14 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
             out,
         );
     }
-    let mut connector = Connector::resolve(addr, &cfg.qp)
-        .map_err(|e| {
-            if addr.ip().is_loopback() {
-                anyhow::Error::new(e).context(
-                    "a loopback address is not reachable through an RDMA device; use the address of the RDMA netdev",
-                )
-            } else {
-                e.into()
-            }
-        })
-        .with_context(|| format!("connecting to {addr}"))?;
-    check_device(connector.endpoint(), common.device.as_deref())
-        .with_context(|| format!("connecting to {addr}"))?;
     // This side exposes nothing: its target ring gets no remote access.
-    let rings = Rings::prepare(connector.endpoint(), &cfg, Access::LOCAL_WRITE)
-        .context("registering the send ring")?;
-    let ep = connector
-        .connect(&HELLO)
-        .with_context(|| format!("connecting to {addr}"))?;
-    let peer = RegionDescriptor::decode(ep.peer_private_data())
-        .context("the server's accept data (is it a filexfer server?)")?
-        .0;
-    let mut conn = Connection::new(ep, rings, peer, &cfg)?;
+    let mut conn = Connection::builder(&cfg)
+        .remote_access(Access::LOCAL_READ)
+        .private_data(&HELLO)
+        .device(common.device.as_deref())
+        .connect(addr)
+        .map_err(|e| connect_error(e, addr))?;
+    let peer = conn.peer_ring();
     out.progress(format_args!(
         "connected to {addr} on {}",
         conn.endpoint().device_name()
@@ -244,12 +227,10 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
                 Ok(())
             })
             .map_err(|e| match e {
-                pinpoll::Error::Exchange { source, .. } => {
-                    anyhow::Error::new(source).context(format!(
-                        "reading {} at byte {offset} (did the file change?)",
-                        path.display()
-                    ))
-                }
+                pinpoll::Error::SlotFill { source } => anyhow::Error::new(source).context(format!(
+                    "reading {} at byte {offset} (did the file change?)",
+                    path.display()
+                )),
                 e => link(e),
             })?;
             next += 1;
@@ -303,6 +284,28 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
     }
     out.progress(format_args!("sent {shown}: {}", summary(size, elapsed)))?;
     Ok(())
+}
+
+/// Names the step of connecting that failed: resolving the address (a
+/// loopback one cannot work), registering the rings, or the server's
+/// answer.
+fn connect_error(err: pinpoll::Error, addr: std::net::SocketAddr) -> anyhow::Error {
+    if is_registration(&err) {
+        return anyhow::Error::new(err).context("registering the send ring");
+    }
+    let err = match err {
+        pinpoll::Error::Cm { .. } | pinpoll::Error::CmEvent { .. } if addr.ip().is_loopback() => {
+            anyhow::Error::new(err).context(
+                "a loopback address is not reachable through an RDMA device; use the address of the RDMA netdev",
+            )
+        }
+        pinpoll::Error::BadRecord(_) => {
+            anyhow::Error::new(err).context("the server's accept data (is it a filexfer server?)")
+        }
+        pinpoll::Error::WrongDevice { .. } => anyhow::Error::new(err).context("--device"),
+        err => err.into(),
+    };
+    err.context(format!("connecting to {addr}"))
 }
 
 /// Opens the file to send: a regular file, and its size.

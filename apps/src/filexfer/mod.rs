@@ -16,13 +16,14 @@
 //!
 //! # The native protocol
 //!
-//! 1. The client connects over rdma_cm with the private data
+//! 1. The client connects over rdma_cm with a [`pinpoll::Connection`],
+//!    whose private data is its ring's
+//!    [`pinpoll::connect::RegionDescriptor`] followed by
 //!    [`protocol::HELLO`] (`PPFX`, version 2). The server registers a ring
 //!    of [`SLOTS`] chunk slots of [`SLOT_SIZE`] bytes with remote write
-//!    only, posts its receives, and accepts with the ring's
-//!    [`pinpoll::connect::RegionDescriptor`] as private data. Anything else
-//!    is rejected with a reason; an extra client beyond `--max-clients` is
-//!    rejected with `server busy: ...`.
+//!    only, posts its receives, and accepts with the ring's descriptor as
+//!    private data. Anything else is rejected with a reason; an extra
+//!    client beyond `--max-clients` is rejected with `server busy: ...`.
 //! 2. Client SENDs `Start{size, name}`; the server validates the name
 //!    ([`name::validate`]), refuses an existing target (unless
 //!    `--overwrite`), creates a temp file with `create_new` in `--dir`, and
@@ -31,8 +32,9 @@
 //!    slot `i % slots` by WRITE_WITH_IMM, the immediate naming the slot,
 //!    with its CRC32C (big-endian) as a 4-byte trailer. The client has at
 //!    most `slots` chunks in flight; the server checks slot, length and
-//!    CRC, writes the chunk at its offset, hashes it, and SENDs
-//!    `Credit{1}` for the slot.
+//!    CRC of its one private copy of the chunk (the slot stays writable
+//!    by the client), writes and hashes that copy, and SENDs `Credit{1}`
+//!    for the slot.
 //! 4. Client SENDs `Finish{size, digest}` (BLAKE3 of the whole file);
 //!    the server checks both,
 //!    fsyncs, links the temp file to the final name (refusing an existing
@@ -168,6 +170,15 @@ pub fn explain_link(err: pinpoll::Error, peer: &str) -> anyhow::Error {
         Some(hint) => anyhow::Error::new(err).context(hint),
         None => err.into(),
     }
+}
+
+/// Whether `err` is the engine failing to register a connection's rings
+/// (the locked-memory limit, a mapping, or the registration itself).
+pub(crate) fn is_registration(err: &pinpoll::Error) -> bool {
+    matches!(
+        err,
+        pinpoll::Error::Memlock { .. } | pinpoll::Error::Map { .. } | pinpoll::Error::RegMr { .. }
+    )
 }
 
 #[cfg(test)]

@@ -2,9 +2,11 @@
 //! field by field with every length checked: these bytes come from the
 //! network.
 //!
-//! Connect private data ([`HELLO`], 8 bytes): `PPFX`, version, 3 zero
-//! bytes. rdma_cm pads private data with zeros, so a classic client's
-//! (none) arrives as all zeros and never matches.
+//! Connect private data: the client's ring descriptor
+//! ([`RegionDescriptor`], which the engine's connection handshake puts
+//! first), then [`HELLO`] (8 bytes): `PPFX`, version, 3 zero bytes.
+//! rdma_cm pads private data with zeros, so a classic client's (none)
+//! arrives as all zeros and never matches.
 //!
 //! Every control message (SEND) starts with an 8-byte header: `PPFX`,
 //! version, kind, 2 zero bytes; then the kind's body, exact length:
@@ -20,6 +22,8 @@
 
 use std::fmt;
 
+use pinpoll::connect::RegionDescriptor;
+
 use crate::filexfer::name::MAX_NAME;
 
 const MAGIC: [u8; 4] = *b"PPFX";
@@ -27,7 +31,7 @@ const MAGIC: [u8; 4] = *b"PPFX";
 /// replaced version 1's whole-file SHA-256 with BLAKE3: the hash was ~98 %
 /// of each side's instructions, at ~55 instructions per byte.
 pub const VERSION: u8 = 2;
-/// The client's connect private data.
+/// The client's connect private data, after its ring descriptor.
 pub const HELLO: [u8; 8] = [b'P', b'P', b'F', b'X', VERSION, 0, 0, 0];
 /// The longest `Fail` message.
 pub const MAX_FAIL: usize = 1024;
@@ -44,19 +48,27 @@ pub enum Hello {
     Classic,
 }
 
-/// Classifies connect private data.
+/// Classifies connect private data: a native hello follows the client's
+/// ring descriptor.
 pub fn classify_hello(private: &[u8]) -> Result<Hello, String> {
-    if private.len() >= HELLO.len() && private[..4] == MAGIC {
-        if private[4] != VERSION {
+    let hello = private.get(RegionDescriptor::LEN..).unwrap_or(&[]);
+    if hello.len() >= HELLO.len() && hello[..4] == MAGIC {
+        if hello[4] != VERSION {
             return Err(format!(
                 "filexfer protocol version {} is not supported (this server speaks {VERSION})",
-                private[4]
+                hello[4]
             ));
         }
         return Ok(Hello::Native);
     }
     if private.iter().all(|b| *b == 0) {
         return Ok(Hello::Classic);
+    }
+    if private.starts_with(&MAGIC) {
+        return Err(
+            "the filexfer client sends its hello without a ring descriptor first (an older client); upgrade it"
+                .into(),
+        );
     }
     Err("the connect request is not from a filexfer client (unknown private data)".into())
 }
@@ -453,17 +465,41 @@ mod tests {
         }
     }
 
+    /// A native client's private data as the engine's handshake sends
+    /// it: its ring descriptor, the hello, zero padding.
+    fn native(hello: &[u8]) -> Vec<u8> {
+        let ring = pinpoll::RemoteSlice {
+            addr: 0x7f00_0000_1000,
+            len: 4 << 20,
+            rkey: 0x1234,
+        };
+        let mut b = RegionDescriptor(ring).encode().to_vec();
+        b.extend_from_slice(hello);
+        b.resize(56, 0);
+        b
+    }
+
     #[test]
     fn hellos_are_told_apart() {
-        let mut padded = HELLO.to_vec();
-        padded.resize(56, 0);
-        assert_eq!(classify_hello(&padded), Ok(Hello::Native));
+        assert_eq!(classify_hello(&native(&HELLO)), Ok(Hello::Native));
         assert_eq!(classify_hello(&[0; 56]), Ok(Hello::Classic));
         assert_eq!(classify_hello(&[]), Ok(Hello::Classic));
-        let mut v1 = padded.clone();
+        let mut v1 = HELLO;
         v1[4] = 1;
-        assert!(classify_hello(&v1).unwrap_err().contains("version 1"));
-        assert!(classify_hello(b"PPRW\x01\x01\0\0").is_err());
+        assert!(classify_hello(&native(&v1))
+            .unwrap_err()
+            .contains("version 1"));
+        assert!(classify_hello(&native(b"PPRW\x01\x01\0\0"))
+            .unwrap_err()
+            .contains("not from a filexfer client"));
+        // The hello alone, where it was before the descriptor came first.
+        let mut alone = HELLO.to_vec();
+        alone.resize(56, 0);
+        assert!(classify_hello(&alone)
+            .unwrap_err()
+            .contains("without a ring descriptor"));
+        // A descriptor with nothing after it: no hello.
+        assert!(classify_hello(&native(&[])).is_err());
     }
 
     proptest! {

@@ -10,16 +10,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use pinpoll::connect::cm::Listener;
-use pinpoll::connect::RegionDescriptor;
-use pinpoll::datapath::Rings;
-use pinpoll::{Access, Connection, Endpoint, EngineConfig, RemoteSlice};
+use pinpoll::{Access, Connection, Endpoint, EngineConfig};
 
 use crate::cli::{show_addr, socket_addr, CommonArgs};
 use crate::filexfer::classic::ClassicSide;
 use crate::filexfer::name::{self, RESERVED_PREFIX};
 use crate::filexfer::protocol::{self, classify_hello, FailCode, Hello, Msg};
 use crate::filexfer::temp::{self, TempFile};
-use crate::filexfer::{engine_config, explain_link, pin, summary, with_transport, TRAILER};
+use crate::filexfer::{
+    engine_config, explain_link, is_registration, pin, summary, with_transport, TRAILER,
+};
 use crate::output::{printable, Output};
 use crate::run::{error_line, AlreadyReported};
 use crate::session::Incoming;
@@ -115,7 +115,7 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
     // Every client gets its chunk ring registered: a locked-memory limit
     // that cannot take even one is a start-up error, not a refusal of
     // every client later.
-    pinpoll::sys::mem::check_memlock(cfg.registered_bytes())
+    pinpoll::memory::check_memlock(cfg.registered_bytes())
         .context("registering the chunk ring of a client")?;
     let listener = Listener::bind(addr).with_context(|| format!("listening on {addr}"))?;
     out.progress(format_args!(
@@ -176,25 +176,26 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
                 Ok(side) => req
                     .accept(&[])
                     .context("accepting")
-                    .map(|ep| (ep, Side::Classic(side))),
+                    .map(|ep| Side::Classic(Box::new((side, ep)))),
             },
+            // The client is told why when its ring cannot be registered
+            // (the engine's own refusal names no cause).
             (Ok(Hello::Native), _) => {
-                match Rings::prepare(req.endpoint(), &cfg, Access::REMOTE_WRITE) {
+                match pinpoll::memory::check_memlock(cfg.registered_bytes()) {
                     Err(err) => Err(refuse(
                         req,
                         anyhow::Error::new(err).context("registering the chunk ring"),
                     )),
-                    Ok(rings) => {
-                        let desc = RegionDescriptor(rings.descriptor()).encode();
-                        req.accept(&desc)
-                            .context("accepting")
-                            .map(|ep| (ep, Side::Native(rings)))
-                    }
+                    Ok(()) => Connection::builder(&cfg)
+                        .remote_access(Access::REMOTE_WRITE)
+                        .accept(req)
+                        .map(|conn| Side::Native(Box::new(conn)))
+                        .map_err(native_accept_error),
                 }
             }
         };
-        let (ep, side) = match accepted {
-            Ok(pair) => pair,
+        let side = match accepted {
+            Ok(side) => side,
             Err(err) => {
                 failed += 1;
                 eprintln!("error: client {peer}: {}", error_line(&err));
@@ -217,15 +218,18 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
             .name(format!("filexfer {peer}"))
             .spawn(move || {
                 let result = pin(core).and_then(|()| match side {
-                    Side::Native(rings) => job.run(ep, rings),
-                    Side::Classic(classic) => classic.serve(
-                        ep,
-                        job.dir.clone(),
-                        job.serial,
-                        job.cfg.completion_timeout,
-                        &job.peer,
-                        job.out,
-                    ),
+                    Side::Native(conn) => job.run(*conn),
+                    Side::Classic(classic) => {
+                        let (classic, ep) = *classic;
+                        classic.serve(
+                            ep,
+                            job.dir.clone(),
+                            job.serial,
+                            job.cfg.completion_timeout,
+                            &job.peer,
+                            job.out,
+                        )
+                    }
                 });
                 let ok = match result {
                     Ok(()) => true,
@@ -313,10 +317,25 @@ fn device_gone(err: &anyhow::Error) -> Option<String> {
         })
 }
 
-/// What a connection was prepared for.
+/// Why a native client could not be accepted. Whatever failed before
+/// the accept itself made the engine refuse the client.
+fn native_accept_error(err: pinpoll::Error) -> anyhow::Error {
+    let step = match &err {
+        pinpoll::Error::Cm { .. } | pinpoll::Error::CmEvent { .. } => {
+            return anyhow::Error::new(err).context("accepting")
+        }
+        err if is_registration(err) => "registering the chunk ring",
+        _ => "preparing the connection",
+    };
+    anyhow::Error::new(err).context(step).context("refused")
+}
+
+/// An accepted connection, by the protocol its client speaks.
 enum Side {
-    Native(Rings),
-    Classic(ClassicSide),
+    // Boxed: both are large (a connection holds its pre-built work
+    // requests) and moved only once, into the transfer's thread.
+    Native(Box<Connection>),
+    Classic(Box<(ClassicSide, Endpoint)>),
 }
 
 /// One transfer's receive side.
@@ -376,17 +395,7 @@ impl Receiving {
 }
 
 impl Transfer {
-    fn run(&self, ep: Endpoint, rings: Rings) -> anyhow::Result<()> {
-        let mut conn = Connection::new(
-            ep,
-            rings,
-            RemoteSlice {
-                addr: 0,
-                len: 0,
-                rkey: 0,
-            },
-            &self.cfg,
-        )?;
+    fn run(&self, mut conn: Connection) -> anyhow::Result<()> {
         let result = self.receive(&mut conn);
         if let Err(err) = &result {
             // Tell the client why, when the connection still works.
@@ -468,6 +477,10 @@ impl Transfer {
             self.cfg.completion_timeout,
             "client",
         )?;
+        // Each chunk is copied once out of the slot the client may write
+        // again at any time; the CRC check, the file and the digest all see
+        // that one private copy, so what is checked is what is stored.
+        let mut chunk = vec![0u8; st.slot_size as usize];
         let finish = loop {
             let (imm, len, msg) = {
                 let m = conn.recv().map_err(link).with_context(|| {
@@ -487,7 +500,9 @@ impl Transfer {
             }
             let imm = imm.expect("a write with immediate");
             let range = st.check_chunk(imm, len)?;
-            let (data, trailer) = conn.target()[range].split_at(len as usize - TRAILER);
+            let copy = &mut chunk[..range.len()];
+            conn.target().copy_to(range.start, copy)?;
+            let (data, trailer) = copy.split_at(len as usize - TRAILER);
             let crc = crc32c::crc32c(data);
             let sent = u32::from_be_bytes(trailer.try_into().expect("4-byte trailer"));
             if crc != sent {
