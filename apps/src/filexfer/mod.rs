@@ -13,6 +13,8 @@
 //!   server left behind.
 //! - [`client`] — `filexfer send`: keeps every server slot busy with
 //!   RDMA WRITE_WITH_IMM straight from the file into registered memory.
+//! - [`digest`] — protocol v3's digest: each slot-sized chunk's BLAKE3
+//!   chaining value, merged in any order into `blake3::hash(file)`.
 //!
 //! # The native protocol
 //!
@@ -42,6 +44,7 @@
 
 pub mod classic;
 pub mod client;
+pub mod digest;
 pub mod name;
 pub mod protocol;
 pub mod server;
