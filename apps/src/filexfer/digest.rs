@@ -137,18 +137,25 @@ impl ChunkGeometry {
         Ok(start..self.file_len.min(start + self.chunk_len))
     }
 
-    /// The value of chunk `index` whose bytes are `bytes`: its BLAKE3
-    /// chaining value, or the file's root hash if it is the only chunk.
-    pub fn chunk_cv(&self, index: u64, bytes: &[u8]) -> Result<ChainingValue, DigestError> {
+    /// The bytes of the file that chunk `index` covers, if it is `len`
+    /// bytes long.
+    pub fn sized_chunk_range(&self, index: u64, len: usize) -> Result<Range<u64>, DigestError> {
         let range = self.chunk_range(index)?;
         let expected = range.end - range.start;
-        if bytes.len() as u64 != expected {
+        if len as u64 != expected {
             return Err(DigestError::WrongLength {
                 index,
-                got: bytes.len() as u64,
+                got: len as u64,
                 expected,
             });
         }
+        Ok(range)
+    }
+
+    /// The value of chunk `index` whose bytes are `bytes`: its BLAKE3
+    /// chaining value, or the file's root hash if it is the only chunk.
+    pub fn chunk_cv(&self, index: u64, bytes: &[u8]) -> Result<ChainingValue, DigestError> {
+        let range = self.sized_chunk_range(index, bytes.len())?;
         if self.chunk_count() == 1 {
             return Ok(*blake3::hash(bytes).as_bytes());
         }
@@ -306,18 +313,12 @@ impl FileDigest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::filexfer::chunk_pool::test_support::seeded_bytes as data;
     use proptest::prelude::*;
     use rand::seq::SliceRandom;
-    use rand::{Rng, SeedableRng};
+    use rand::SeedableRng;
 
     const C: u64 = CHUNK_LEN;
-
-    /// Bytes that differ at every position and between files.
-    fn data(len: u64, seed: u64) -> Vec<u8> {
-        let mut bytes = vec![0; len as usize];
-        rand::rngs::StdRng::seed_from_u64(seed).fill(&mut bytes[..]);
-        bytes
-    }
 
     fn chunk<'a>(geometry: &ChunkGeometry, bytes: &'a [u8], index: u64) -> &'a [u8] {
         let range = geometry.chunk_range(index).unwrap();

@@ -1,0 +1,310 @@
+//! What protocol v3's hashing pools share: a fixed set of chunk buffers,
+//! allocated once and recycled, and the pools' error type.
+//!
+//! The buffers are the private memory a chunk is copied into before it is
+//! hashed (and, on the receiver, written): the bytes checked are the bytes
+//! kept. A pool's memory is bounded by its buffer count, and neither taking
+//! nor returning a buffer allocates, so a busy-poll thread can take one per
+//! chunk. Their pages are touched when the pool is made, so the data path
+//! takes no page faults either.
+
+use std::io;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+
+use super::digest::DigestError;
+
+/// Why a verifier pool or a hashing reader stopped.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PipelineError {
+    /// A chunk failed its check, or the chunks did not make up the file.
+    #[error(transparent)]
+    Digest(#[from] DigestError),
+    /// Writing a checked chunk to the file failed.
+    #[error("writing chunk {index} at byte {offset}")]
+    Write {
+        index: u64,
+        offset: u64,
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// Reading a chunk from the file failed.
+    #[error("reading chunk {index} at byte {offset} (did the file change?)")]
+    Read {
+        index: u64,
+        offset: u64,
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// More bytes than a buffer holds.
+    #[error("{len} bytes do not fit a {capacity}-byte chunk buffer")]
+    TooLong { len: usize, capacity: usize },
+    /// A pool needs at least one thread and one buffer.
+    #[error("a hashing pool needs at least one {0}")]
+    Empty(&'static str),
+    /// The system would not start a thread.
+    #[error("starting a hashing thread")]
+    Spawn(#[source] Arc<io::Error>),
+    /// A hashing thread panicked (a bug): its chunk was not checked.
+    #[error("a hashing thread panicked")]
+    WorkerPanicked,
+    /// The pool was shut down.
+    #[error("the hashing pool was shut down")]
+    Closed,
+}
+
+/// A fixed number of equal buffers, handed out as [`ChunkBuffer`]s that
+/// come back when dropped.
+#[derive(Clone)]
+pub struct BufferPool {
+    shelf: Arc<Shelf>,
+}
+
+struct Shelf {
+    free: Mutex<Free>,
+    returned: Condvar,
+    buffer_len: usize,
+    count: usize,
+}
+
+struct Free {
+    /// Never longer than the pool's count, which it was made with room for.
+    buffers: Vec<Box<[u8]>>,
+    closed: bool,
+}
+
+impl BufferPool {
+    /// `count` buffers of `buffer_len` bytes each.
+    pub fn new(count: usize, buffer_len: usize) -> Result<Self, PipelineError> {
+        if count == 0 {
+            return Err(PipelineError::Empty("buffer"));
+        }
+        // Filled with a non-zero byte so that every page is written, hence
+        // mapped, now rather than on the first chunk.
+        let buffers = (0..count)
+            .map(|_| vec![0xa5; buffer_len].into_boxed_slice())
+            .collect();
+        Ok(Self {
+            shelf: Arc::new(Shelf {
+                free: Mutex::new(Free {
+                    buffers,
+                    closed: false,
+                }),
+                returned: Condvar::new(),
+                buffer_len,
+                count,
+            }),
+        })
+    }
+
+    /// How many buffers the pool has, free or not.
+    pub fn count(&self) -> usize {
+        self.shelf.count
+    }
+
+    /// The bytes each buffer holds.
+    pub fn buffer_len(&self) -> usize {
+        self.shelf.buffer_len
+    }
+
+    /// A free buffer, or `None` if all are in use (or the pool is closed).
+    pub fn try_take(&self) -> Option<ChunkBuffer> {
+        let mut free = self.shelf.lock();
+        if free.closed {
+            return None;
+        }
+        let bytes = free.buffers.pop()?;
+        Some(self.wrap(bytes))
+    }
+
+    /// A free buffer, waiting for one to come back if all are in use;
+    /// `None` once the pool is closed.
+    pub fn take(&self) -> Option<ChunkBuffer> {
+        let mut free = self.shelf.lock();
+        loop {
+            if free.closed {
+                return None;
+            }
+            if let Some(bytes) = free.buffers.pop() {
+                return Some(self.wrap(bytes));
+            }
+            free = self
+                .shelf
+                .returned
+                .wait(free)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Makes every waiting and later [`take`](Self::take) return `None`.
+    pub fn close(&self) {
+        self.shelf.lock().closed = true;
+        self.shelf.returned.notify_all();
+    }
+
+    fn wrap(&self, bytes: Box<[u8]>) -> ChunkBuffer {
+        ChunkBuffer {
+            bytes,
+            len: 0,
+            shelf: Arc::clone(&self.shelf),
+        }
+    }
+}
+
+impl Shelf {
+    fn lock(&self) -> MutexGuard<'_, Free> {
+        // The lock guards no invariant a panic could break halfway.
+        self.free.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// One buffer of a [`BufferPool`] holding one chunk's bytes; it goes back
+/// to its pool when dropped.
+pub struct ChunkBuffer {
+    bytes: Box<[u8]>,
+    len: usize,
+    shelf: Arc<Shelf>,
+}
+
+impl ChunkBuffer {
+    /// The most bytes this buffer holds.
+    pub fn capacity(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// The chunk's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+
+    /// Makes the buffer hold `len` bytes and returns them to be filled
+    /// (with whatever they held before: nothing is zeroed).
+    pub fn bytes_mut(&mut self, len: usize) -> Result<&mut [u8], PipelineError> {
+        let capacity = self.capacity();
+        let bytes = self
+            .bytes
+            .get_mut(..len)
+            .ok_or(PipelineError::TooLong { len, capacity })?;
+        self.len = len;
+        Ok(bytes)
+    }
+
+    /// Makes the buffer hold a copy of `src`.
+    pub fn copy_from(&mut self, src: &[u8]) -> Result<(), PipelineError> {
+        self.bytes_mut(src.len())?.copy_from_slice(src);
+        Ok(())
+    }
+}
+
+impl Drop for ChunkBuffer {
+    fn drop(&mut self) {
+        let bytes = std::mem::take(&mut self.bytes);
+        self.shelf.lock().buffers.push(bytes);
+        self.shelf.returned.notify_one();
+    }
+}
+
+impl std::fmt::Debug for ChunkBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChunkBuffer")
+            .field("len", &self.len)
+            .field("capacity", &self.capacity())
+            .finish()
+    }
+}
+
+/// The hashing threads a host can spare beside the busy-poll thread: all
+/// cores but one, and at least one.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get().saturating_sub(1))
+        .max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_bounded_and_come_back_when_dropped() {
+        let pool = BufferPool::new(2, 4096).unwrap();
+        let mut a = pool.try_take().expect("first");
+        let b = pool.try_take().expect("second");
+        assert!(pool.try_take().is_none(), "only two buffers");
+        a.copy_from(b"chunk bytes").unwrap();
+        assert_eq!(a.bytes(), b"chunk bytes");
+        assert_eq!(a.bytes_mut(4096).unwrap().len(), 4096);
+        assert!(matches!(
+            a.bytes_mut(4097),
+            Err(PipelineError::TooLong {
+                len: 4097,
+                capacity: 4096
+            })
+        ));
+        assert_eq!(a.bytes().len(), 4096, "a refused length changes nothing");
+        drop(b);
+        let c = pool.take().expect("the dropped one is back");
+        assert_eq!(c.capacity(), 4096);
+        assert!(matches!(
+            BufferPool::new(0, 1),
+            Err(PipelineError::Empty(_))
+        ));
+    }
+
+    #[test]
+    fn a_waiting_take_gets_the_next_returned_buffer_or_none_on_close() {
+        let pool = BufferPool::new(1, 16).unwrap();
+        let held = pool.take().unwrap();
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| pool.take().map(|b| b.capacity()));
+            drop(held);
+            assert_eq!(waiter.join().unwrap(), Some(16));
+            let held = pool.take().unwrap();
+            let waiter = s.spawn(|| pool.take().is_none());
+            pool.close();
+            assert!(waiter.join().unwrap(), "close wakes the waiter with None");
+            drop(held);
+        });
+        assert!(pool.try_take().is_none(), "closed for good");
+    }
+}
+
+/// Files and data for the tests of the hashing pools.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::path::{Path, PathBuf};
+
+    use rand::{Rng, SeedableRng};
+
+    /// `len` seeded pseudo-random bytes: different at every position and
+    /// for every seed.
+    pub fn seeded_bytes(len: u64, seed: u64) -> Vec<u8> {
+        let mut bytes = vec![0; len as usize];
+        rand::rngs::StdRng::seed_from_u64(seed).fill(&mut bytes[..]);
+        bytes
+    }
+
+    /// A path under the temp dir that nothing else uses; the file is
+    /// removed on drop.
+    pub struct ScratchFile(PathBuf);
+
+    impl ScratchFile {
+        pub fn new(tag: &str) -> Self {
+            static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let name = format!("pinpoll-pool-{}-{tag}-{n}", std::process::id());
+            let path = std::env::temp_dir().join(name);
+            let _ = std::fs::remove_file(&path);
+            Self(path)
+        }
+
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for ScratchFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
