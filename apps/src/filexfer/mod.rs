@@ -19,6 +19,8 @@
 //!   of the chunks) and the hashing pools' error type.
 //! - [`verify`] — v3's receiver pool: check each chunk against its value,
 //!   `pwrite` it, merge the digest, on `--verify-threads` threads.
+//! - [`read_ahead`] — v3's sender pool: `pread` and hash the chunks ahead
+//!   of the sender, handed out in order with their values.
 //!
 //! # The native protocol
 //!
@@ -52,6 +54,7 @@ pub mod client;
 pub mod digest;
 pub mod name;
 pub mod protocol;
+pub mod read_ahead;
 pub mod server;
 pub mod temp;
 pub mod verify;
