@@ -1,0 +1,199 @@
+//! filexfer v3's hashing pools, no device needed: what checking a chunk
+//! costs, and how it scales with threads.
+//!
+//! - `verify/chunk_cv/{wall,cpu}`: one 256 KiB chunk's chaining value on
+//!   one thread (BLAKE3 alone).
+//! - `verify/receive/{wall,cpu}/threads/N`: the receiver's work on a
+//!   [`VerifierPool`] of N threads: this thread copies each chunk from a
+//!   "slot" into a pool buffer (as the busy-poll thread will) and submits
+//!   it; the pool hashes it, compares its value, writes it (to
+//!   `/dev/null`, so no storage is measured) and merges the digest.
+//! - `verify/send/{wall,cpu}/threads/N`: the sender's on a
+//!   [`HashingReader`] of N threads: `pread` (from `/dev/zero`) and hash,
+//!   then this thread copies each chunk into a "slot".
+//!
+//! Each iteration moves one 16 MiB file; the pool is made (threads
+//! started, buffers touched) outside the timed part. `wall` times it by the
+//! clock: the speed-up from 1 to 2 threads is the ratio of the two `wall`
+//! throughputs. `cpu` times it by the CPU time of the whole process (every
+//! thread): its throughput is bytes per CPU-second, the rate of one thread
+//! doing all the work, which other load on the host disturbs far less
+//! than the clock.
+//!
+//! `cargo bench -p pinpoll-benches --bench verify`
+
+use std::fs::{File, OpenOptions};
+use std::hint::black_box;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
+use pinpoll_apps::filexfer::digest::{ChainingValue, ChunkGeometry, CHUNK_LEN};
+use pinpoll_apps::filexfer::read_ahead::HashingReader;
+use pinpoll_apps::filexfer::verify::VerifierPool;
+
+/// Chunks per iteration: a 16 MiB file.
+const CHUNKS: u64 = 64;
+/// The thread counts compared.
+const THREADS: [usize; 2] = [1, 2];
+/// Samples of the whole-file benches: criterion's least, each a 16 MiB
+/// file (a few milliseconds), so that a short run stays short.
+const SAMPLES: usize = 10;
+/// Buffers per pool thread: one being hashed, one being filled.
+const BUFFERS_PER_THREAD: usize = 2;
+
+/// Bytes that are not all alike, so the hash sees real input.
+fn file_bytes(len: u64) -> Vec<u8> {
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn chunk_cv(c: &mut Criterion) {
+    let geometry = ChunkGeometry::v3(2 * CHUNK_LEN);
+    let chunk = file_bytes(CHUNK_LEN);
+    let mut g = c.benchmark_group("verify/chunk_cv");
+    g.throughput(Throughput::Bytes(CHUNK_LEN));
+    for clock in [Clock::Wall, Clock::Cpu] {
+        g.bench_function(clock.name(), |b| {
+            b.iter_custom(|iters| {
+                let start = clock.now();
+                for _ in 0..iters {
+                    black_box(
+                        geometry
+                            .chunk_cv(1, black_box(&chunk))
+                            .expect("a full chunk"),
+                    );
+                }
+                clock.now() - start
+            })
+        });
+    }
+    g.finish();
+}
+
+/// What an iteration is timed by.
+#[derive(Clone, Copy)]
+enum Clock {
+    Wall,
+    Cpu,
+}
+
+impl Clock {
+    fn name(self) -> &'static str {
+        match self {
+            Clock::Wall => "wall",
+            Clock::Cpu => "cpu",
+        }
+    }
+
+    /// A reading of this clock; only differences mean anything.
+    fn now(self) -> Duration {
+        match self {
+            Clock::Wall => {
+                static EPOCH: OnceLock<Instant> = OnceLock::new();
+                EPOCH.get_or_init(Instant::now).elapsed()
+            }
+            Clock::Cpu => {
+                let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+                Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+            }
+        }
+    }
+}
+
+/// One file received through a pool of `threads`: the time from the first
+/// chunk copied to the digest returned.
+fn receive_once(
+    geometry: ChunkGeometry,
+    ring: &[u8],
+    cvs: &[ChainingValue],
+    threads: usize,
+    clock: Clock,
+) -> Duration {
+    let sink = OpenOptions::new()
+        .write(true)
+        .open("/dev/null")
+        .expect("open /dev/null");
+    let pool = VerifierPool::new(
+        Arc::new(sink),
+        geometry,
+        threads,
+        BUFFERS_PER_THREAD * threads,
+    )
+    .expect("a verifier pool");
+    let start = clock.now();
+    for (index, slot) in ring.chunks(CHUNK_LEN as usize).enumerate() {
+        let mut buffer = pool.buffer().expect("a buffer");
+        buffer.copy_from(slot).expect("a chunk fits");
+        pool.submit(index as u64, cvs[index], buffer)
+            .expect("submitted");
+    }
+    black_box(pool.finish().expect("every chunk matches"));
+    clock.now() - start
+}
+
+/// One file sent through a reader of `threads`: the time from the start
+/// of reading to the digest returned.
+fn send_once(geometry: ChunkGeometry, slot: &mut [u8], threads: usize, clock: Clock) -> Duration {
+    let zeros = File::open("/dev/zero").expect("open /dev/zero");
+    let mut reader = HashingReader::new(
+        Arc::new(zeros),
+        geometry,
+        threads,
+        BUFFERS_PER_THREAD * threads,
+    )
+    .expect("a hashing reader");
+    let start = clock.now();
+    while let Some(chunk) = reader.next_chunk().expect("a chunk") {
+        slot.copy_from_slice(chunk.bytes());
+        black_box(chunk.cv());
+    }
+    black_box(reader.finish().expect("every chunk read"));
+    clock.now() - start
+}
+
+/// Benches `once(threads, clock)` for every thread count and clock.
+fn whole_files(c: &mut Criterion, side: &str, mut once: impl FnMut(usize, Clock) -> Duration) {
+    let mut g = c.benchmark_group(format!("verify/{side}"));
+    g.sampling_mode(SamplingMode::Flat).sample_size(SAMPLES);
+    g.throughput(Throughput::Bytes(CHUNKS * CHUNK_LEN));
+    for clock in [Clock::Wall, Clock::Cpu] {
+        for threads in THREADS {
+            g.bench_function(format!("{}/threads/{threads}", clock.name()), |b| {
+                b.iter_custom(|iters| (0..iters).map(|_| once(threads, clock)).sum())
+            });
+        }
+    }
+    g.finish();
+}
+
+fn receive(c: &mut Criterion) {
+    let geometry = ChunkGeometry::v3(CHUNKS * CHUNK_LEN);
+    let ring = file_bytes(geometry.file_len());
+    let cvs: Vec<ChainingValue> = ring
+        .chunks(CHUNK_LEN as usize)
+        .enumerate()
+        .map(|(i, chunk)| geometry.chunk_cv(i as u64, chunk).expect("a chunk"))
+        .collect();
+    whole_files(c, "receive", |threads, clock| {
+        receive_once(geometry, &ring, &cvs, threads, clock)
+    });
+}
+
+fn send(c: &mut Criterion) {
+    let geometry = ChunkGeometry::v3(CHUNKS * CHUNK_LEN);
+    let mut slot = vec![0u8; CHUNK_LEN as usize];
+    whole_files(c, "send", |threads, clock| {
+        send_once(geometry, &mut slot, threads, clock)
+    });
+}
+
+criterion_group!(benches, chunk_cv, receive, send);
+criterion_main!(benches);
