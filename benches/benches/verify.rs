@@ -28,6 +28,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
+use pinpoll_apps::filexfer::chunk_pool::PoolSize;
 use pinpoll_apps::filexfer::digest::{ChainingValue, ChunkGeometry, CHUNK_LEN};
 use pinpoll_apps::filexfer::read_ahead::HashingReader;
 use pinpoll_apps::filexfer::verify::VerifierPool;
@@ -39,8 +40,6 @@ const THREADS: [usize; 2] = [1, 2];
 /// Samples of the whole-file benches: criterion's least, each a 16 MiB
 /// file (a few milliseconds), so that a short run stays short.
 const SAMPLES: usize = 10;
-/// Buffers per pool thread: one being hashed, one being filled.
-const BUFFERS_PER_THREAD: usize = 2;
 
 /// Bytes that are not all alike, so the hash sees real input.
 fn file_bytes(len: u64) -> Vec<u8> {
@@ -108,72 +107,38 @@ impl Clock {
     }
 }
 
-/// One file received through a pool of `threads`: the time from the first
-/// chunk copied to the digest returned.
-fn receive_once(
-    geometry: ChunkGeometry,
-    ring: &[u8],
-    cvs: &[ChainingValue],
-    threads: usize,
-    clock: Clock,
-) -> Duration {
-    let sink = OpenOptions::new()
-        .write(true)
-        .open("/dev/null")
-        .expect("open /dev/null");
-    let pool = VerifierPool::new(
-        Arc::new(sink),
-        geometry,
-        threads,
-        BUFFERS_PER_THREAD * threads,
-    )
-    .expect("a verifier pool");
-    let start = clock.now();
-    for (index, slot) in ring.chunks(CHUNK_LEN as usize).enumerate() {
-        let mut buffer = pool.buffer().expect("a buffer");
-        buffer.copy_from(slot).expect("a chunk fits");
-        pool.submit(index as u64, cvs[index], buffer)
-            .expect("submitted");
-    }
-    black_box(pool.finish().expect("every chunk matches"));
-    clock.now() - start
-}
-
-/// One file sent through a reader of `threads`: the time from the start
-/// of reading to the digest returned.
-fn send_once(geometry: ChunkGeometry, slot: &mut [u8], threads: usize, clock: Clock) -> Duration {
-    let zeros = File::open("/dev/zero").expect("open /dev/zero");
-    let mut reader = HashingReader::new(
-        Arc::new(zeros),
-        geometry,
-        threads,
-        BUFFERS_PER_THREAD * threads,
-    )
-    .expect("a hashing reader");
-    let start = clock.now();
-    while let Some(chunk) = reader.next_chunk().expect("a chunk") {
-        slot.copy_from_slice(chunk.bytes());
-        black_box(chunk.cv());
-    }
-    black_box(reader.finish().expect("every chunk read"));
-    clock.now() - start
-}
-
-/// Benches `once(threads, clock)` for every thread count and clock.
-fn whole_files(c: &mut Criterion, side: &str, mut once: impl FnMut(usize, Clock) -> Duration) {
+/// Benches, for every thread count and clock, one whole file moved by
+/// `run` through what `setup(threads)` made: only `run` is timed.
+fn whole_files<T>(
+    c: &mut Criterion,
+    side: &str,
+    mut setup: impl FnMut(usize) -> T,
+    mut run: impl FnMut(T),
+) {
     let mut g = c.benchmark_group(format!("verify/{side}"));
     g.sampling_mode(SamplingMode::Flat).sample_size(SAMPLES);
     g.throughput(Throughput::Bytes(CHUNKS * CHUNK_LEN));
     for clock in [Clock::Wall, Clock::Cpu] {
         for threads in THREADS {
             g.bench_function(format!("{}/threads/{threads}", clock.name()), |b| {
-                b.iter_custom(|iters| (0..iters).map(|_| once(threads, clock)).sum())
+                b.iter_custom(|iters| {
+                    (0..iters)
+                        .map(|_| {
+                            let pool = setup(threads);
+                            let start = clock.now();
+                            run(pool);
+                            clock.now() - start
+                        })
+                        .sum()
+                })
             });
         }
     }
     g.finish();
 }
 
+/// The receiver: copy each chunk from its "slot" into a pool buffer and
+/// submit it; the pool checks, writes (to /dev/null) and merges.
 fn receive(c: &mut Criterion) {
     let geometry = ChunkGeometry::v3(CHUNKS * CHUNK_LEN);
     let ring = file_bytes(geometry.file_len());
@@ -182,17 +147,41 @@ fn receive(c: &mut Criterion) {
         .enumerate()
         .map(|(i, chunk)| geometry.chunk_cv(i as u64, chunk).expect("a chunk"))
         .collect();
-    whole_files(c, "receive", |threads, clock| {
-        receive_once(geometry, &ring, &cvs, threads, clock)
-    });
+    let setup = |threads| {
+        let sink = OpenOptions::new().write(true).open("/dev/null");
+        let sink = Arc::new(sink.expect("open /dev/null"));
+        VerifierPool::new(sink, geometry, PoolSize::with_threads(threads)).expect("a verifier pool")
+    };
+    let run = |pool: VerifierPool| {
+        for (index, slot) in ring.chunks(CHUNK_LEN as usize).enumerate() {
+            let mut buffer = pool.buffer().expect("a buffer");
+            buffer.copy_from(slot).expect("a chunk fits");
+            pool.submit(index as u64, cvs[index], buffer)
+                .expect("submitted");
+        }
+        black_box(pool.finish().expect("every chunk matches"));
+    };
+    whole_files(c, "receive", setup, run);
 }
 
+/// The sender: the pool preads (from /dev/zero) and hashes; this thread
+/// copies each chunk into its "slot".
 fn send(c: &mut Criterion) {
     let geometry = ChunkGeometry::v3(CHUNKS * CHUNK_LEN);
     let mut slot = vec![0u8; CHUNK_LEN as usize];
-    whole_files(c, "send", |threads, clock| {
-        send_once(geometry, &mut slot, threads, clock)
-    });
+    let setup = |threads| {
+        let zeros = Arc::new(File::open("/dev/zero").expect("open /dev/zero"));
+        HashingReader::new(zeros, geometry, PoolSize::with_threads(threads))
+            .expect("a hashing reader")
+    };
+    let run = |mut reader: HashingReader| {
+        while let Some(chunk) = reader.next_chunk().expect("a chunk") {
+            slot.copy_from_slice(chunk.bytes());
+            black_box(chunk.cv());
+        }
+        black_box(reader.finish().expect("every chunk read"));
+    };
+    whole_files(c, "send", setup, run);
 }
 
 criterion_group!(benches, chunk_cv, receive, send);

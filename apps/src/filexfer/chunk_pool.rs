@@ -10,8 +10,9 @@
 
 use std::io;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
 
-use super::digest::DigestError;
+use super::digest::{ChunkGeometry, DigestError};
 
 /// Why a verifier pool or a hashing reader stopped.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -73,6 +74,14 @@ struct Free {
 }
 
 impl BufferPool {
+    /// `count` buffers, each the size of the largest chunk of the file
+    /// laid out by `geometry` (one byte for an empty file: its pool is
+    /// never used, but exists like any other).
+    pub fn for_chunks(count: usize, geometry: &ChunkGeometry) -> Result<Self, PipelineError> {
+        let largest = geometry.chunk_len().min(geometry.file_len().max(1));
+        Self::new(count, largest as usize)
+    }
+
     /// `count` buffers of `buffer_len` bytes each.
     pub fn new(count: usize, buffer_len: usize) -> Result<Self, PipelineError> {
         if count == 0 {
@@ -212,6 +221,52 @@ impl std::fmt::Debug for ChunkBuffer {
     }
 }
 
+/// How many threads a hashing pool runs, and how many chunk buffers it
+/// has: the bound on its memory (`buffers × chunk length`) and on the
+/// chunks in its hands at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSize {
+    pub threads: usize,
+    pub buffers: usize,
+}
+
+impl PoolSize {
+    /// `threads` threads and two buffers each: one being hashed while the
+    /// busy-poll thread fills the other.
+    pub fn with_threads(threads: usize) -> Self {
+        Self {
+            threads,
+            buffers: 2 * threads,
+        }
+    }
+}
+
+/// Starts `threads` threads named `{name}-{n}`, each running `work`, and
+/// adds them to `workers` as they start: when one fails to start, the
+/// caller still holds those already running, to stop and join them.
+pub(crate) fn spawn_workers<F>(
+    name: &str,
+    threads: usize,
+    workers: &mut Vec<JoinHandle<()>>,
+    work: F,
+) -> Result<(), PipelineError>
+where
+    F: FnOnce() + Clone + Send + 'static,
+{
+    if threads == 0 {
+        return Err(PipelineError::Empty("thread"));
+    }
+    workers.reserve_exact(threads);
+    for n in 0..threads {
+        let worker = std::thread::Builder::new()
+            .name(format!("{name}-{n}"))
+            .spawn(work.clone())
+            .map_err(|e| PipelineError::Spawn(Arc::new(e)))?;
+        workers.push(worker);
+    }
+    Ok(())
+}
+
 /// The hashing threads a host can spare beside the busy-poll thread: all
 /// cores but one, and at least one.
 pub fn default_threads() -> usize {
@@ -274,6 +329,28 @@ pub(crate) mod test_support {
     use std::path::{Path, PathBuf};
 
     use rand::{Rng, SeedableRng};
+
+    use super::PipelineError;
+    use crate::filexfer::digest::{DigestError, CHUNK_LEN};
+
+    /// File sizes at the edges of protocol v3's chunk: none, one short
+    /// chunk, one full chunk, a byte more, and many with a short tail.
+    pub const POOL_EDGE_SIZES: [u64; 6] = [
+        0,
+        1,
+        CHUNK_LEN - 1,
+        CHUNK_LEN,
+        CHUNK_LEN + 1,
+        7 * CHUNK_LEN + 12345,
+    ];
+
+    /// The chunk or file error inside `err`, which must be one.
+    pub fn digest_error(err: PipelineError) -> DigestError {
+        match err {
+            PipelineError::Digest(e) => e,
+            other => panic!("not a digest error: {other:?}"),
+        }
+    }
 
     /// `len` seeded pseudo-random bytes: different at every position and
     /// for every seed.

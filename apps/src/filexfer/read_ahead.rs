@@ -21,7 +21,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
-use super::chunk_pool::{BufferPool, ChunkBuffer, PipelineError};
+use super::chunk_pool::{spawn_workers, BufferPool, ChunkBuffer, PipelineError, PoolSize};
 use super::digest::{ChainingValue, ChunkGeometry, FileDigest};
 
 /// Reads, hashes and hands out one file's chunks in order.
@@ -82,19 +82,15 @@ struct State {
 }
 
 impl HashingReader {
-    /// A reader of `file`, laid out by `geometry`, on `threads` threads
-    /// with `buffers` chunk buffers (at most `buffers` chunks read ahead).
+    /// A reader of `file`, laid out by `geometry`, on `size.threads`
+    /// threads with `size.buffers` chunk buffers: at most that many chunks
+    /// are read ahead of the caller.
     pub fn new(
         file: Arc<File>,
         geometry: ChunkGeometry,
-        threads: usize,
-        buffers: usize,
+        size: PoolSize,
     ) -> Result<Self, PipelineError> {
-        if threads == 0 {
-            return Err(PipelineError::Empty("thread"));
-        }
-        let chunk_len = geometry.chunk_len().min(geometry.file_len().max(1));
-        let buffers = BufferPool::new(buffers, chunk_len as usize)?;
+        let buffers = BufferPool::for_chunks(size.buffers, &geometry)?;
         let hashed = (0..buffers.count()).map(|_| None).collect();
         let mut reader = Self {
             shared: Arc::new(Shared {
@@ -109,19 +105,18 @@ impl HashingReader {
                 }),
                 done: Condvar::new(),
             }),
-            workers: Vec::with_capacity(threads),
+            workers: Vec::new(),
             next: 0,
             digest: FileDigest::new(geometry, 0),
         };
-        for n in 0..threads {
-            let shared = Arc::clone(&reader.shared);
-            let worker = std::thread::Builder::new()
-                .name(format!("filexfer-hash-{n}"))
-                .spawn(move || shared.serve())
-                // Dropping the reader stops and joins the threads already started.
-                .map_err(|e| PipelineError::Spawn(Arc::new(e)))?;
-            reader.workers.push(worker);
-        }
+        let shared = Arc::clone(&reader.shared);
+        // On an error, dropping the reader stops and joins the threads started.
+        spawn_workers(
+            "filexfer-hash",
+            size.threads,
+            &mut reader.workers,
+            move || shared.serve(),
+        )?;
         Ok(reader)
     }
 
@@ -263,7 +258,13 @@ mod tests {
     use std::io::ErrorKind;
 
     use super::*;
-    use crate::filexfer::chunk_pool::test_support::{seeded_bytes, ScratchFile};
+
+    fn size(threads: usize, buffers: usize) -> PoolSize {
+        PoolSize { threads, buffers }
+    }
+    use crate::filexfer::chunk_pool::test_support::{
+        digest_error, seeded_bytes, ScratchFile, POOL_EDGE_SIZES,
+    };
     use crate::filexfer::digest::{DigestError, CHUNK_LEN};
     use crate::filexfer::verify::VerifierPool;
 
@@ -279,7 +280,8 @@ mod tests {
         let data = seeded_bytes(len, len + chunk_len);
         let geometry = ChunkGeometry::new(len, chunk_len).unwrap();
         let mut reader =
-            HashingReader::new(file_with(&scratch, &data), geometry, threads, buffers).unwrap();
+            HashingReader::new(file_with(&scratch, &data), geometry, size(threads, buffers))
+                .unwrap();
         let mut sent = Vec::with_capacity(data.len());
         let mut expected_index = 0;
         while let Some(chunk) = reader.next_chunk().unwrap() {
@@ -296,14 +298,7 @@ mod tests {
 
     #[test]
     fn every_chunk_comes_in_order_with_its_value_and_the_digest_is_blake3() {
-        for len in [
-            0,
-            1,
-            CHUNK_LEN - 1,
-            CHUNK_LEN,
-            CHUNK_LEN + 1,
-            7 * CHUNK_LEN + 12345,
-        ] {
+        for len in POOL_EDGE_SIZES {
             read_and_check(len, CHUNK_LEN, 2, 4);
         }
         read_and_check(300 * 1024 + 5, 1024, 3, 5);
@@ -316,9 +311,10 @@ mod tests {
         let data = seeded_bytes(len, 11);
         let (source, target) = (ScratchFile::new("source"), ScratchFile::new("target"));
         let geometry = ChunkGeometry::new(len, 4096).unwrap();
-        let mut reader = HashingReader::new(file_with(&source, &data), geometry, 2, 3).unwrap();
+        let mut reader =
+            HashingReader::new(file_with(&source, &data), geometry, size(2, 3)).unwrap();
         let written = Arc::new(File::create(target.path()).unwrap());
-        let verifier = VerifierPool::new(written, geometry, 2, 3).unwrap();
+        let verifier = VerifierPool::new(written, geometry, size(2, 3)).unwrap();
         // A chunk is copied out of the reader's buffer as into a slot, and
         // out of the "slot" into the verifier's.
         while let Some(chunk) = reader.next_chunk().unwrap() {
@@ -337,7 +333,8 @@ mod tests {
         let scratch = ScratchFile::new("poll");
         let data = seeded_bytes(9 * 1024 + 1, 12);
         let geometry = ChunkGeometry::new(data.len() as u64, 1024).unwrap();
-        let mut reader = HashingReader::new(file_with(&scratch, &data), geometry, 2, 2).unwrap();
+        let mut reader =
+            HashingReader::new(file_with(&scratch, &data), geometry, size(2, 2)).unwrap();
         let mut sent = Vec::new();
         while !reader.is_done() {
             match reader.try_next_chunk().unwrap() {
@@ -356,7 +353,8 @@ mod tests {
         let data = seeded_bytes(5 * 1024, 13);
         // The sender announced 100 bytes more than the file now holds.
         let geometry = ChunkGeometry::new(5 * 1024 + 100, 1024).unwrap();
-        let mut reader = HashingReader::new(file_with(&scratch, &data), geometry, 2, 2).unwrap();
+        let mut reader =
+            HashingReader::new(file_with(&scratch, &data), geometry, size(2, 2)).unwrap();
         let err = loop {
             match reader.next_chunk() {
                 Ok(Some(chunk)) => assert!(chunk.index() < 5),
@@ -380,25 +378,21 @@ mod tests {
         let data = seeded_bytes(64 * 1024, 14);
         let geometry = ChunkGeometry::new(data.len() as u64, 1024).unwrap();
         let file = file_with(&scratch, &data);
-        let mut reader = HashingReader::new(Arc::clone(&file), geometry, 2, 4).unwrap();
+        let mut reader = HashingReader::new(Arc::clone(&file), geometry, size(2, 4)).unwrap();
         assert_eq!(reader.next_chunk().unwrap().map(|c| c.index()), Some(0));
         assert!(Arc::strong_count(&file) > 1);
-        let err = reader.finish().unwrap_err();
-        assert!(
-            matches!(
-                err,
-                PipelineError::Digest(DigestError::Missing {
-                    first: 1,
-                    missing: 63,
-                    count: 64
-                })
-            ),
-            "{err:?}"
+        assert_eq!(
+            digest_error(reader.finish().unwrap_err()),
+            DigestError::Missing {
+                first: 1,
+                missing: 63,
+                count: 64
+            }
         );
         // The threads are gone with their share of the file.
         assert_eq!(Arc::strong_count(&file), 1);
         assert!(matches!(
-            HashingReader::new(file, geometry, 0, 1),
+            HashingReader::new(file, geometry, size(0, 1)),
             Err(PipelineError::Empty("thread"))
         ));
     }

@@ -25,7 +25,7 @@ use std::thread::JoinHandle;
 
 use crossbeam::channel::{Receiver, Sender};
 
-use super::chunk_pool::{BufferPool, ChunkBuffer, PipelineError};
+use super::chunk_pool::{spawn_workers, BufferPool, ChunkBuffer, PipelineError, PoolSize};
 use super::digest::{ChainingValue, ChunkGeometry, FileDigest};
 
 /// Checks, writes and digests one file's chunks on a pool of threads.
@@ -54,24 +54,15 @@ struct Shared {
 impl VerifierPool {
     /// A pool writing into `file` (opened for writing; the caller keeps it
     /// to sync and link it afterwards) the chunks of a file laid out by
-    /// `geometry`, on `threads` threads, with `buffers` chunk buffers.
-    ///
-    /// `buffers` bounds the memory (`buffers × chunk_len`) and the chunks in
-    /// flight; about twice `threads` keeps every thread busy while the
-    /// caller fills the next buffer.
+    /// `geometry`, on `size.threads` threads with `size.buffers` chunk
+    /// buffers ([`PoolSize::with_threads`] keeps every thread busy while
+    /// the caller fills the next buffer).
     pub fn new(
         file: Arc<File>,
         geometry: ChunkGeometry,
-        threads: usize,
-        buffers: usize,
+        size: PoolSize,
     ) -> Result<Self, PipelineError> {
-        if threads == 0 {
-            return Err(PipelineError::Empty("thread"));
-        }
-        // The whole file is one buffer's worth at most: a pool never needs
-        // more buffers than chunks (and an empty file needs one, unused).
-        let chunk_len = geometry.chunk_len().min(geometry.file_len().max(1));
-        let buffers = BufferPool::new(buffers, chunk_len as usize)?;
+        let buffers = BufferPool::for_chunks(size.buffers, &geometry)?;
         let capacity = buffers.count();
         let (jobs, queue) = crossbeam::channel::bounded(capacity);
         let mut pool = Self {
@@ -84,18 +75,16 @@ impl VerifierPool {
             }),
             buffers,
             jobs: Some(jobs),
-            workers: Vec::with_capacity(threads),
+            workers: Vec::new(),
         };
-        for n in 0..threads {
-            let shared = Arc::clone(&pool.shared);
-            let queue = queue.clone();
-            let worker = std::thread::Builder::new()
-                .name(format!("filexfer-verify-{n}"))
-                .spawn(move || shared.serve(&queue))
-                // Dropping the pool stops and joins the threads already started.
-                .map_err(|e| PipelineError::Spawn(Arc::new(e)))?;
-            pool.workers.push(worker);
-        }
+        let shared = Arc::clone(&pool.shared);
+        // On an error, dropping the pool stops and joins the threads started.
+        spawn_workers(
+            "filexfer-verify",
+            size.threads,
+            &mut pool.workers,
+            move || shared.serve(&queue),
+        )?;
         Ok(pool)
     }
 
@@ -256,7 +245,13 @@ mod tests {
     use rand::SeedableRng;
 
     use super::*;
-    use crate::filexfer::chunk_pool::test_support::{seeded_bytes, ScratchFile};
+
+    fn size(threads: usize, buffers: usize) -> PoolSize {
+        PoolSize { threads, buffers }
+    }
+    use crate::filexfer::chunk_pool::test_support::{
+        digest_error, seeded_bytes, ScratchFile, POOL_EDGE_SIZES,
+    };
     use crate::filexfer::digest::{DigestError, CHUNK_LEN};
 
     fn writable(scratch: &ScratchFile) -> Arc<File> {
@@ -307,7 +302,7 @@ mod tests {
         let data = seeded_bytes(len, len ^ chunk_len);
         let mut order: Vec<u64> = (0..geometry.chunk_count()).collect();
         order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(len));
-        let pool = VerifierPool::new(file, geometry, threads, buffers).unwrap();
+        let pool = VerifierPool::new(file, geometry, size(threads, buffers)).unwrap();
         submit_all(&pool, &data, &order, None).unwrap();
         let digest = pool.finish().unwrap();
         assert_eq!(digest, blake3::hash(&data), "{len} bytes");
@@ -317,14 +312,7 @@ mod tests {
 
     #[test]
     fn every_chunk_is_written_and_the_digest_is_blake3() {
-        for len in [
-            0,
-            1,
-            CHUNK_LEN - 1,
-            CHUNK_LEN,
-            CHUNK_LEN + 1,
-            7 * CHUNK_LEN + 12345,
-        ] {
+        for len in POOL_EDGE_SIZES {
             receive_and_check(len, CHUNK_LEN, 2, 4);
         }
     }
@@ -339,7 +327,7 @@ mod tests {
     fn a_full_pool_pushes_back_instead_of_allocating() {
         let scratch = ScratchFile::new("backpressure");
         let geometry = ChunkGeometry::new(8 * 1024, 1024).unwrap();
-        let pool = VerifierPool::new(writable(&scratch), geometry, 1, 2).unwrap();
+        let pool = VerifierPool::new(writable(&scratch), geometry, size(1, 2)).unwrap();
         let a = pool.try_buffer().unwrap().expect("free");
         let b = pool.try_buffer().unwrap().expect("free");
         assert!(pool.try_buffer().unwrap().is_none(), "both buffers in use");
@@ -354,17 +342,13 @@ mod tests {
         let len = 5 * CHUNK_LEN + 1;
         let geometry = ChunkGeometry::v3(len);
         let data = seeded_bytes(len, 5);
-        let pool = VerifierPool::new(writable(&scratch), geometry, 2, 3).unwrap();
+        let pool = VerifierPool::new(writable(&scratch), geometry, size(2, 3)).unwrap();
         let order: Vec<u64> = (0..geometry.chunk_count()).collect();
         // The later chunks may or may not be processed; never past the error.
         let _ = submit_all(&pool, &data, &order, Some(3));
-        let err = pool.finish().unwrap_err();
-        assert!(
-            matches!(
-                err,
-                PipelineError::Digest(DigestError::Mismatch { index: 3 })
-            ),
-            "{err:?}"
+        assert_eq!(
+            digest_error(pool.finish().unwrap_err()),
+            DigestError::Mismatch { index: 3 }
         );
         let written = std::fs::read(scratch.path()).unwrap();
         let range = geometry.chunk_range(3).unwrap();
@@ -382,15 +366,11 @@ mod tests {
         let geometry = ChunkGeometry::new(4 * 1024, 1024).unwrap();
         let data = seeded_bytes(4 * 1024, 9);
         // One buffer: asking for the next waits for the failed chunk's.
-        let pool = VerifierPool::new(writable(&scratch), geometry, 1, 1).unwrap();
+        let pool = VerifierPool::new(writable(&scratch), geometry, size(1, 1)).unwrap();
         submit_all(&pool, &data, &[0], Some(0)).unwrap();
-        let err = pool.buffer().unwrap_err();
-        assert!(
-            matches!(
-                err,
-                PipelineError::Digest(DigestError::Mismatch { index: 0 })
-            ),
-            "{err:?}"
+        assert_eq!(
+            digest_error(pool.buffer().unwrap_err()),
+            DigestError::Mismatch { index: 0 }
         );
         assert!(pool.try_buffer().is_err());
         assert!(pool.finish().is_err());
@@ -403,7 +383,7 @@ mod tests {
         let read_only = Arc::new(File::open(scratch.path()).unwrap());
         let geometry = ChunkGeometry::new(3 * 1024, 1024).unwrap();
         let data = seeded_bytes(3 * 1024, 1);
-        let pool = VerifierPool::new(read_only, geometry, 1, 1).unwrap();
+        let pool = VerifierPool::new(read_only, geometry, size(1, 1)).unwrap();
         let _ = submit_all(&pool, &data, &[1, 0, 2], None);
         match pool.finish().unwrap_err() {
             PipelineError::Write {
@@ -421,46 +401,34 @@ mod tests {
         let scratch = ScratchFile::new("bad");
         let geometry = ChunkGeometry::new(2 * 1024 + 10, 1024).unwrap();
         let data = seeded_bytes(2 * 1024 + 10, 2);
-        let pool = VerifierPool::new(writable(&scratch), geometry, 2, 2).unwrap();
+        let pool = VerifierPool::new(writable(&scratch), geometry, size(2, 2)).unwrap();
         let mut buffer = pool.buffer().unwrap();
         buffer.copy_from(&data[..1024]).unwrap();
-        let err = pool.submit(2, [0; 32], buffer).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                PipelineError::Digest(DigestError::WrongLength {
-                    index: 2,
-                    got: 1024,
-                    expected: 10
-                })
-            ),
-            "{err:?}"
+        assert_eq!(
+            digest_error(pool.submit(2, [0; 32], buffer).unwrap_err()),
+            DigestError::WrongLength {
+                index: 2,
+                got: 1024,
+                expected: 10
+            }
         );
         let buffer = pool.buffer().unwrap();
-        let err = pool.submit(3, [0; 32], buffer).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                PipelineError::Digest(DigestError::OutOfRange { index: 3, count: 3 })
-            ),
-            "{err:?}"
+        assert_eq!(
+            digest_error(pool.submit(3, [0; 32], buffer).unwrap_err()),
+            DigestError::OutOfRange { index: 3, count: 3 }
         );
         // Refused input does not stop the pool.
         submit_all(&pool, &data, &[2, 0], None).unwrap();
-        let err = pool.finish().unwrap_err();
-        assert!(
-            matches!(
-                err,
-                PipelineError::Digest(DigestError::Missing {
-                    first: 1,
-                    missing: 1,
-                    count: 3
-                })
-            ),
-            "{err:?}"
+        assert_eq!(
+            digest_error(pool.finish().unwrap_err()),
+            DigestError::Missing {
+                first: 1,
+                missing: 1,
+                count: 3
+            }
         );
         assert!(matches!(
-            VerifierPool::new(writable(&ScratchFile::new("none")), geometry, 0, 1),
+            VerifierPool::new(writable(&ScratchFile::new("none")), geometry, size(0, 1)),
             Err(PipelineError::Empty("thread"))
         ));
     }
@@ -471,7 +439,7 @@ mod tests {
         let geometry = ChunkGeometry::new(16 * 1024, 1024).unwrap();
         let data = seeded_bytes(16 * 1024, 4);
         let file = writable(&scratch);
-        let pool = VerifierPool::new(Arc::clone(&file), geometry, 2, 4).unwrap();
+        let pool = VerifierPool::new(Arc::clone(&file), geometry, size(2, 4)).unwrap();
         submit_all(&pool, &data, &[0, 1, 2, 3, 4, 5], None).unwrap();
         assert!(Arc::strong_count(&file) > 1);
         drop(pool);
