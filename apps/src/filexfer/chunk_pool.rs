@@ -8,6 +8,7 @@
 //! chunk. Their pages are touched when the pool is made, so the data path
 //! takes no page faults either.
 
+use std::collections::VecDeque;
 use std::io;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -53,24 +54,94 @@ pub enum PipelineError {
     Closed,
 }
 
+/// A FIFO queue of at most `capacity` items whose room is allocated up
+/// front, so neither pushing nor popping allocates; [`pop`](Self::pop)
+/// waits for an item. std's futex-based lock and condition variable keep
+/// it free of lazily allocated per-thread state, so the first wait of a
+/// thread does not allocate either.
+pub(crate) struct BoundedQueue<T> {
+    state: Mutex<QueueState<T>>,
+    pushed: Condvar,
+}
+
+struct QueueState<T> {
+    items: VecDeque<T>,
+    capacity: usize,
+    closed: bool,
+}
+
+impl<T> BoundedQueue<T> {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self::filled(VecDeque::with_capacity(capacity), capacity)
+    }
+
+    /// A queue holding `items`, with room for `capacity` in all.
+    fn filled(items: VecDeque<T>, capacity: usize) -> Self {
+        Self {
+            state: Mutex::new(QueueState {
+                items,
+                capacity,
+                closed: false,
+            }),
+            pushed: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, QueueState<T>> {
+        // The lock guards no invariant a panic could break halfway.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Appends `item`, or gives it back if the queue is full.
+    pub(crate) fn push(&self, item: T) -> Result<(), T> {
+        let mut state = self.lock();
+        if state.items.len() == state.capacity {
+            return Err(item);
+        }
+        state.items.push_back(item);
+        drop(state);
+        self.pushed.notify_one();
+        Ok(())
+    }
+
+    /// The oldest item, if there is one.
+    pub(crate) fn try_pop(&self) -> Option<T> {
+        self.lock().items.pop_front()
+    }
+
+    /// The oldest item, waiting for one to be pushed; `None` once the
+    /// queue is closed and empty.
+    pub(crate) fn pop(&self) -> Option<T> {
+        let mut state = self.lock();
+        loop {
+            if let Some(item) = state.items.pop_front() {
+                return Some(item);
+            }
+            if state.closed {
+                return None;
+            }
+            state = self
+                .pushed
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Wakes every waiting [`pop`](Self::pop): those that find the queue
+    /// empty, now or later, return `None`.
+    pub(crate) fn close(&self) {
+        self.lock().closed = true;
+        self.pushed.notify_all();
+    }
+}
+
 /// A fixed number of equal buffers, handed out as [`ChunkBuffer`]s that
 /// come back when dropped.
 #[derive(Clone)]
 pub struct BufferPool {
-    shelf: Arc<Shelf>,
-}
-
-struct Shelf {
-    free: Mutex<Free>,
-    returned: Condvar,
+    free: Arc<BoundedQueue<Box<[u8]>>>,
     buffer_len: usize,
     count: usize,
-}
-
-struct Free {
-    /// Never longer than the pool's count, which it was made with room for.
-    buffers: Vec<Box<[u8]>>,
-    closed: bool,
 }
 
 impl BufferPool {
@@ -93,76 +164,45 @@ impl BufferPool {
             .map(|_| vec![0xa5; buffer_len].into_boxed_slice())
             .collect();
         Ok(Self {
-            shelf: Arc::new(Shelf {
-                free: Mutex::new(Free {
-                    buffers,
-                    closed: false,
-                }),
-                returned: Condvar::new(),
-                buffer_len,
-                count,
-            }),
+            free: Arc::new(BoundedQueue::filled(buffers, count)),
+            buffer_len,
+            count,
         })
     }
 
     /// How many buffers the pool has, free or not.
     pub fn count(&self) -> usize {
-        self.shelf.count
+        self.count
     }
 
     /// The bytes each buffer holds.
     pub fn buffer_len(&self) -> usize {
-        self.shelf.buffer_len
+        self.buffer_len
     }
 
-    /// A free buffer, or `None` if all are in use (or the pool is closed).
+    /// A free buffer, or `None` if all are in use.
     pub fn try_take(&self) -> Option<ChunkBuffer> {
-        let mut free = self.shelf.lock();
-        if free.closed {
-            return None;
-        }
-        let bytes = free.buffers.pop()?;
-        Some(self.wrap(bytes))
+        self.free.try_pop().map(|bytes| self.wrap(bytes))
     }
 
     /// A free buffer, waiting for one to come back if all are in use;
-    /// `None` once the pool is closed.
+    /// `None` if the pool is closed and none is free.
     pub fn take(&self) -> Option<ChunkBuffer> {
-        let mut free = self.shelf.lock();
-        loop {
-            if free.closed {
-                return None;
-            }
-            if let Some(bytes) = free.buffers.pop() {
-                return Some(self.wrap(bytes));
-            }
-            free = self
-                .shelf
-                .returned
-                .wait(free)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
+        self.free.pop().map(|bytes| self.wrap(bytes))
     }
 
-    /// Makes every waiting and later [`take`](Self::take) return `None`.
+    /// Wakes every [`take`](Self::take) waiting for a buffer, and makes it
+    /// and every later one that finds none free return `None`.
     pub fn close(&self) {
-        self.shelf.lock().closed = true;
-        self.shelf.returned.notify_all();
+        self.free.close();
     }
 
     fn wrap(&self, bytes: Box<[u8]>) -> ChunkBuffer {
         ChunkBuffer {
             bytes,
             len: 0,
-            shelf: Arc::clone(&self.shelf),
+            home: Arc::clone(&self.free),
         }
-    }
-}
-
-impl Shelf {
-    fn lock(&self) -> MutexGuard<'_, Free> {
-        // The lock guards no invariant a panic could break halfway.
-        self.free.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -171,7 +211,7 @@ impl Shelf {
 pub struct ChunkBuffer {
     bytes: Box<[u8]>,
     len: usize,
-    shelf: Arc<Shelf>,
+    home: Arc<BoundedQueue<Box<[u8]>>>,
 }
 
 impl ChunkBuffer {
@@ -206,9 +246,8 @@ impl ChunkBuffer {
 
 impl Drop for ChunkBuffer {
     fn drop(&mut self) {
-        let bytes = std::mem::take(&mut self.bytes);
-        self.shelf.lock().buffers.push(bytes);
-        self.shelf.returned.notify_one();
+        // The queue has room for every buffer of the pool, so this fits.
+        let _ = self.home.push(std::mem::take(&mut self.bytes));
     }
 }
 
@@ -241,30 +280,64 @@ impl PoolSize {
     }
 }
 
-/// Starts `threads` threads named `{name}-{n}`, each running `work`, and
-/// adds them to `workers` as they start: when one fails to start, the
-/// caller still holds those already running, to stop and join them.
-pub(crate) fn spawn_workers<F>(
-    name: &str,
-    threads: usize,
-    workers: &mut Vec<JoinHandle<()>>,
-    work: F,
-) -> Result<(), PipelineError>
-where
-    F: FnOnce() + Clone + Send + 'static,
-{
-    if threads == 0 {
-        return Err(PipelineError::Empty("thread"));
+/// What the threads of a hashing pool share: how each thread serves it,
+/// and how they are all told to stop.
+pub(crate) trait Serve: Send + Sync + 'static {
+    /// A thread's life: returns once the pool is done or stopped.
+    fn serve(&self);
+    /// Makes every [`serve`](Self::serve) return soon.
+    fn stop(&self);
+}
+
+/// The threads of a hashing pool, each serving one shared state; stopped
+/// and joined when dropped, so no thread outlives its pool.
+pub(crate) struct Workers {
+    handles: Vec<JoinHandle<()>>,
+    shared: Arc<dyn Serve>,
+}
+
+impl Workers {
+    /// Starts `threads` threads named `{name}-{n}` serving `shared`. If one
+    /// fails to start, those already running are stopped and joined.
+    pub(crate) fn start<S: Serve>(
+        name: &str,
+        threads: usize,
+        shared: &Arc<S>,
+    ) -> Result<Self, PipelineError> {
+        if threads == 0 {
+            return Err(PipelineError::Empty("thread"));
+        }
+        let mut workers = Self {
+            handles: Vec::with_capacity(threads),
+            shared: Arc::clone(shared) as Arc<dyn Serve>,
+        };
+        for n in 0..threads {
+            let shared = Arc::clone(shared);
+            let handle = std::thread::Builder::new()
+                .name(format!("{name}-{n}"))
+                .spawn(move || shared.serve())
+                .map_err(|e| PipelineError::Spawn(Arc::new(e)))?;
+            workers.handles.push(handle);
+        }
+        Ok(workers)
     }
-    workers.reserve_exact(threads);
-    for n in 0..threads {
-        let worker = std::thread::Builder::new()
-            .name(format!("{name}-{n}"))
-            .spawn(work.clone())
-            .map_err(|e| PipelineError::Spawn(Arc::new(e)))?;
-        workers.push(worker);
+
+    /// Stops the threads and joins them; `false` if one had panicked.
+    pub(crate) fn join(&mut self) -> bool {
+        self.shared.stop();
+        // Every thread is joined, whether or not an earlier one panicked.
+        let mut clean = true;
+        for handle in self.handles.drain(..) {
+            clean &= handle.join().is_ok();
+        }
+        clean
     }
-    Ok(())
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.join();
+    }
 }
 
 /// The hashing threads a host can spare beside the busy-poll thread: all
@@ -319,7 +392,8 @@ mod tests {
             assert!(waiter.join().unwrap(), "close wakes the waiter with None");
             drop(held);
         });
-        assert!(pool.try_take().is_none(), "closed for good");
+        // Closing stops the waiting, not the buffers coming back.
+        assert_eq!(pool.take().map(|b| b.capacity()), Some(16));
     }
 }
 

@@ -205,10 +205,11 @@ pub struct FileDigest {
 
 impl FileDigest {
     /// A digest of the file laid out by `geometry`, with room for values
-    /// recorded up to `window` chunks ahead of their turn before the queue
-    /// has to grow.
+    /// recorded up to `window` chunks ahead of their turn (never more than
+    /// the file has) before the queue has to grow.
     pub fn new(geometry: ChunkGeometry, window: usize) -> Self {
-        let root = (geometry.chunk_count() == 0).then(|| blake3::hash(b""));
+        let count = geometry.chunk_count();
+        let window = usize::try_from(count).map_or(window, |count| window.min(count));
         Self {
             geometry,
             folded: 0,
@@ -216,7 +217,7 @@ impl FileDigest {
             ahead: VecDeque::with_capacity(window),
             // One entry per bit of a chunk count, plus the one being pushed.
             stack: Vec::with_capacity(u64::BITS as usize + 1),
-            root,
+            root: (count == 0).then(|| blake3::hash(b"")),
         }
     }
 

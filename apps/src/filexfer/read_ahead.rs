@@ -19,15 +19,15 @@ use std::marker::PhantomData;
 use std::os::unix::fs::FileExt;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::thread::JoinHandle;
 
-use super::chunk_pool::{spawn_workers, BufferPool, ChunkBuffer, PipelineError, PoolSize};
+use super::chunk_pool::{BufferPool, ChunkBuffer, PipelineError, PoolSize, Serve, Workers};
 use super::digest::{ChainingValue, ChunkGeometry, FileDigest};
 
 /// Reads, hashes and hands out one file's chunks in order.
 pub struct HashingReader {
     shared: Arc<Shared>,
-    workers: Vec<JoinHandle<()>>,
+    /// Held only to be dropped with the reader: that stops and joins them.
+    _workers: Workers,
     /// The next chunk to hand out.
     next: u64,
     digest: FileDigest,
@@ -90,34 +90,25 @@ impl HashingReader {
         geometry: ChunkGeometry,
         size: PoolSize,
     ) -> Result<Self, PipelineError> {
-        let buffers = BufferPool::for_chunks(size.buffers, &geometry)?;
-        let hashed = (0..buffers.count()).map(|_| None).collect();
-        let mut reader = Self {
-            shared: Arc::new(Shared {
-                file,
-                geometry,
-                buffers,
-                state: Mutex::new(State {
-                    next_claim: 0,
-                    hashed,
-                    failure: None,
-                    stopping: false,
-                }),
-                done: Condvar::new(),
+        let hashed = (0..size.buffers).map(|_| None).collect();
+        let shared = Arc::new(Shared {
+            file,
+            geometry,
+            buffers: BufferPool::for_chunks(size.buffers, &geometry)?,
+            state: Mutex::new(State {
+                next_claim: 0,
+                hashed,
+                failure: None,
+                stopping: false,
             }),
-            workers: Vec::new(),
+            done: Condvar::new(),
+        });
+        Ok(Self {
+            _workers: Workers::start("filexfer-hash", size.threads, &shared)?,
+            shared,
             next: 0,
             digest: FileDigest::new(geometry, 0),
-        };
-        let shared = Arc::clone(&reader.shared);
-        // On an error, dropping the reader stops and joins the threads started.
-        spawn_workers(
-            "filexfer-hash",
-            size.threads,
-            &mut reader.workers,
-            move || shared.serve(),
-        )?;
-        Ok(reader)
+        })
     }
 
     /// The layout of the file being read.
@@ -184,25 +175,9 @@ impl HashingReader {
     }
 }
 
-impl Drop for HashingReader {
-    /// Stops the threads (those reading finish their chunk) and joins them.
-    fn drop(&mut self) {
-        self.shared.lock().stopping = true;
-        self.shared.buffers.close();
-        for worker in self.workers.drain(..) {
-            let _ = worker.join();
-        }
-    }
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic is caught before it could leave the state half-changed.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// A thread's life: take a buffer, claim the next chunk, read and hash
-    /// it, until the file is read, the reader fails or stops.
+impl Serve for Shared {
+    /// Take a buffer, claim the next chunk, read and hash it, until the
+    /// file is read, the reader fails or stops.
     fn serve(&self) {
         while let Some(mut chunk) = self.buffers.take() {
             let Some(index) = self.claim() else { return };
@@ -219,6 +194,19 @@ impl Shared {
             drop(state);
             self.done.notify_all();
         }
+    }
+
+    /// Threads reading a chunk finish it; the others return at once.
+    fn stop(&self) {
+        self.lock().stopping = true;
+        self.buffers.close();
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic is caught before it could leave the state half-changed.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The next chunk no thread has taken, unless there is none or the

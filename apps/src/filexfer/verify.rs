@@ -21,20 +21,24 @@ use std::os::unix::fs::FileExt;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
 
-use crossbeam::channel::{Receiver, Sender};
-
-use super::chunk_pool::{spawn_workers, BufferPool, ChunkBuffer, PipelineError, PoolSize};
+use super::chunk_pool::{
+    BoundedQueue, BufferPool, ChunkBuffer, PipelineError, PoolSize, Serve, Workers,
+};
 use super::digest::{ChainingValue, ChunkGeometry, FileDigest};
+
+/// Chunk values the digest has room for ahead of the next one in order.
+/// Threads finish out of order, and one that stalls (descheduled, say)
+/// lets the others run ahead: their values wait in the digest's queue.
+/// Reserving 4096 entries (132 KiB; 1 GiB of data at 256 KiB a chunk) up
+/// front means only a longer stall makes the queue grow, once.
+const REORDER_RESERVE: usize = 4096;
 
 /// Checks, writes and digests one file's chunks on a pool of threads.
 pub struct VerifierPool {
     shared: Arc<Shared>,
     buffers: BufferPool,
-    /// `None` once the pool is stopping: the threads drain and exit.
-    jobs: Option<Sender<Job>>,
-    workers: Vec<JoinHandle<()>>,
+    workers: Workers,
 }
 
 struct Job {
@@ -46,6 +50,8 @@ struct Job {
 struct Shared {
     file: Arc<File>,
     geometry: ChunkGeometry,
+    /// Chunks submitted and not yet taken by a thread.
+    jobs: BoundedQueue<Job>,
     digest: Mutex<FileDigest>,
     failed: AtomicBool,
     first_error: Mutex<Option<PipelineError>>,
@@ -62,30 +68,20 @@ impl VerifierPool {
         geometry: ChunkGeometry,
         size: PoolSize,
     ) -> Result<Self, PipelineError> {
-        let buffers = BufferPool::for_chunks(size.buffers, &geometry)?;
-        let capacity = buffers.count();
-        let (jobs, queue) = crossbeam::channel::bounded(capacity);
-        let mut pool = Self {
-            shared: Arc::new(Shared {
-                file,
-                geometry,
-                digest: Mutex::new(FileDigest::new(geometry, capacity)),
-                failed: AtomicBool::new(false),
-                first_error: Mutex::new(None),
-            }),
-            buffers,
-            jobs: Some(jobs),
-            workers: Vec::new(),
-        };
-        let shared = Arc::clone(&pool.shared);
-        // On an error, dropping the pool stops and joins the threads started.
-        spawn_workers(
-            "filexfer-verify",
-            size.threads,
-            &mut pool.workers,
-            move || shared.serve(&queue),
-        )?;
-        Ok(pool)
+        let shared = Arc::new(Shared {
+            file,
+            geometry,
+            // Every job holds one of the pool's buffers: room for all.
+            jobs: BoundedQueue::new(size.buffers),
+            digest: Mutex::new(FileDigest::new(geometry, REORDER_RESERVE)),
+            failed: AtomicBool::new(false),
+            first_error: Mutex::new(None),
+        });
+        Ok(Self {
+            buffers: BufferPool::for_chunks(size.buffers, &geometry)?,
+            workers: Workers::start("filexfer-verify", size.threads, &shared)?,
+            shared,
+        })
     }
 
     /// The layout of the file being received.
@@ -133,11 +129,11 @@ impl VerifierPool {
             chunk,
         };
         // Every job holds one of the pool's buffers and the queue has room
-        // for all of them, so this never waits.
-        match &self.jobs {
-            Some(jobs) if jobs.send(job).is_ok() => Ok(()),
-            _ => Err(self.shared.error().unwrap_or(PipelineError::Closed)),
-        }
+        // for all of them.
+        self.shared
+            .jobs
+            .push(job)
+            .map_err(|_| PipelineError::Closed)
     }
 
     /// Waits for every submitted chunk, joins the threads, and returns the
@@ -145,7 +141,10 @@ impl VerifierPool {
     /// A file with chunks never submitted is a
     /// [`DigestError::Missing`](super::digest::DigestError::Missing) error.
     pub fn finish(mut self) -> Result<blake3::Hash, PipelineError> {
-        self.stop();
+        // Closing the queue lets the threads drain it before they return.
+        if !self.workers.join() {
+            self.shared.fail(PipelineError::WorkerPanicked);
+        }
         self.shared.check()?;
         let digest = self
             .shared
@@ -154,31 +153,21 @@ impl VerifierPool {
             .unwrap_or_else(PoisonError::into_inner);
         Ok(digest.finish()?)
     }
-
-    /// Lets the threads drain the queue and joins them.
-    fn stop(&mut self) {
-        self.jobs = None;
-        for worker in self.workers.drain(..) {
-            if worker.join().is_err() {
-                self.shared.fail(PipelineError::WorkerPanicked);
-            }
-        }
-    }
 }
 
 impl Drop for VerifierPool {
-    /// An abandoned transfer: the queued chunks are dropped unprocessed and
-    /// the threads exit. The caller removes the partial file.
+    /// An abandoned transfer: the queued chunks are dropped unprocessed, and
+    /// the threads exit and are joined (by `Workers`). The caller removes
+    /// the partial file.
     fn drop(&mut self) {
         self.shared.failed.store(true, Ordering::Release);
-        self.stop();
     }
 }
 
-impl Shared {
-    /// A thread's life: jobs until the queue is closed and empty.
-    fn serve(&self, queue: &Receiver<Job>) {
-        for job in queue {
+impl Serve for Shared {
+    /// Jobs until the queue is closed and empty.
+    fn serve(&self) {
+        while let Some(job) = self.jobs.pop() {
             if self.failed.load(Ordering::Acquire) {
                 // Stopped: the chunk is dropped, its buffer goes back.
                 continue;
@@ -192,6 +181,12 @@ impl Shared {
         }
     }
 
+    fn stop(&self) {
+        self.jobs.close();
+    }
+}
+
+impl Shared {
     /// Checks one chunk, writes it, records its value.
     fn verify(&self, job: &Job) -> Result<(), PipelineError> {
         let bytes = job.chunk.bytes();
