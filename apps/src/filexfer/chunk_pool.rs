@@ -1,5 +1,8 @@
-//! What protocol v3's hashing pools share: a fixed set of chunk buffers,
-//! allocated once and recycled, and the pools' error type.
+//! What protocol v3's hashing pools ([`super::verify`], [`super::read_ahead`])
+//! share: a fixed set of chunk buffers allocated once and recycled
+//! ([`BufferPool`], [`ChunkBuffer`]), their size ([`PoolSize`],
+//! [`default_threads`]), their error type ([`PipelineError`]), and inside
+//! the crate the bounded queue and the thread set both are built on.
 //!
 //! The buffers are the private memory a chunk is copied into before it is
 //! hashed (and, on the receiver, written): the bytes checked are the bytes
