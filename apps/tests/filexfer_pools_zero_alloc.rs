@@ -23,18 +23,19 @@ static ALLOCATOR: CountingAllocator = CountingAllocator::new();
 /// Protocol v3's chunks: how far threads run ahead of each other, which
 /// the digest's reserved queue must cover, depends on the time per chunk.
 const CHUNK: u64 = CHUNK_LEN;
-const CHUNKS: u64 = 400;
-const WARM_UP: u64 = 40;
+const CHUNKS: u64 = 160;
+const WARM_UP: u64 = 16;
+const NAME: &str = "filexfer_pools_never_allocate_per_chunk";
 
+/// Reports as libtest does, for scripts/test.sh's runner to count.
 fn main() {
+    println!("running 1 test");
     let geometry = ChunkGeometry::new(CHUNKS * CHUNK, CHUNK).expect("a geometry");
     let size = PoolSize::with_threads(2);
     verifier(geometry, size);
     reader(geometry, size);
-    println!(
-        "filexfer pools: no allocation in {} chunks each",
-        CHUNKS - WARM_UP
-    );
+    println!("test {NAME} ... ok");
+    println!("\ntest result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out");
 }
 
 fn verifier(geometry: ChunkGeometry, size: PoolSize) {
@@ -42,7 +43,9 @@ fn verifier(geometry: ChunkGeometry, size: PoolSize) {
         .write(true)
         .open("/dev/null")
         .expect("open /dev/null");
-    let ring: Vec<u8> = (0..CHUNKS * CHUNK).map(|i| (i % 251) as u8).collect();
+    // Every chunk alike is enough: a chunk's value depends on its offset.
+    let pattern: Vec<u8> = (0..CHUNK).map(|i| (i % 251) as u8).collect();
+    let ring = pattern.repeat(CHUNKS as usize);
     let cvs: Vec<_> = ring
         .chunks(CHUNK as usize)
         .enumerate()

@@ -314,13 +314,26 @@ impl Workers {
             handles: Vec::with_capacity(threads),
             shared: Arc::clone(shared) as Arc<dyn Serve>,
         };
+        let (started, running) = std::sync::mpsc::channel();
         for n in 0..threads {
             let shared = Arc::clone(shared);
+            let started = started.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("{name}-{n}"))
-                .spawn(move || shared.serve())
+                .spawn(move || {
+                    let _ = started.send(());
+                    shared.serve()
+                })
                 .map_err(|e| PipelineError::Spawn(Arc::new(e)))?;
             workers.handles.push(handle);
+        }
+        // A thread allocates as it starts (its handle, its thread-locals):
+        // waiting for every one to run keeps that out of the data path.
+        // Only the threads hold senders now: one that died unannounced
+        // makes this an error, not a wait forever.
+        drop(started);
+        for _ in 0..threads {
+            running.recv().map_err(|_| PipelineError::WorkerPanicked)?;
         }
         Ok(workers)
     }
