@@ -107,7 +107,8 @@ impl HashingReader {
             _workers: Workers::start("filexfer-hash", size.threads, &shared)?,
             shared,
             next: 0,
-            digest: FileDigest::new(geometry, 0),
+            // Handed out in order: a value never waits for another.
+            digest: FileDigest::new(geometry, 1),
         })
     }
 

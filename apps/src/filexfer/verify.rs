@@ -1,7 +1,8 @@
 //! The receiver's verifier pool of protocol v3: checks each chunk against
 //! the chaining value it was sent with, writes it at its offset, and merges
-//! the values into the file's BLAKE3 digest — on `threads` threads beside
-//! the busy-poll thread.
+//! the values into the file's BLAKE3 digest — on threads beside the
+//! busy-poll thread (`--verify-threads N`, by default
+//! [`default_threads`](super::chunk_pool::default_threads)).
 //!
 //! The caller copies each chunk once out of its peer-writable slot into a
 //! buffer of the pool ([`VerifierPool::try_buffer`]) and submits it; the
