@@ -455,6 +455,7 @@ mod tests {
 
     #[test]
     fn bad_geometry_and_bad_chunks_are_errors() {
+        assert_eq!(ChunkGeometry::new(77, CHUNK_LEN), Ok(ChunkGeometry::v3(77)));
         for bad in [0, 512, 1000, 3072, 2 * MAX_CHUNK_LEN] {
             assert_eq!(
                 ChunkGeometry::new(10, bad),
