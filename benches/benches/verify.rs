@@ -3,6 +3,10 @@
 //!
 //! - `verify/chunk_cv/{wall,cpu}`: one 256 KiB chunk's chaining value on
 //!   one thread (BLAKE3 alone).
+//! - `verify/check/{wall,cpu}/threads/N`: a [`VerifierPool`] of N threads
+//!   alone — check, write (to `/dev/null`), merge — fed buffers that
+//!   already hold their chunk: how the pool scales when the busy-poll
+//!   thread has a core of its own.
 //! - `verify/receive/{wall,cpu}/threads/N`: the receiver's work on a
 //!   [`VerifierPool`] of N threads: this thread copies each chunk from a
 //!   "slot" into a pool buffer (as the busy-poll thread will) and submits
@@ -15,10 +19,11 @@
 //! Each iteration moves one 16 MiB file; the pool is made (threads
 //! started, buffers touched) outside the timed part. `wall` times it by the
 //! clock: the speed-up from 1 to 2 threads is the ratio of the two `wall`
-//! throughputs. `cpu` times it by the CPU time of the whole process (every
-//! thread): its throughput is bytes per CPU-second, the rate of one thread
-//! doing all the work, which other load on the host disturbs far less
-//! than the clock.
+//! throughputs (in `receive` and `send` this thread's copies compete for
+//! the same cores; `check` leaves them to the pool). `cpu` times it by the
+//! CPU time of the whole process (every thread): its throughput is bytes
+//! per CPU-second, the rate of one thread doing all the work, which other
+//! load on the host disturbs far less than the clock.
 //!
 //! `cargo bench -p pinpoll-benches --bench verify`
 
@@ -137,23 +142,30 @@ fn whole_files<T>(
     g.finish();
 }
 
+/// A verifier pool of `threads` threads and their buffers, writing to
+/// /dev/null.
+fn verifier(geometry: ChunkGeometry, threads: usize) -> VerifierPool {
+    let sink = OpenOptions::new().write(true).open("/dev/null");
+    let sink = Arc::new(sink.expect("open /dev/null"));
+    VerifierPool::new(sink, geometry, PoolSize::with_threads(threads)).expect("a verifier pool")
+}
+
+/// Each chunk's value, for a file whose chunk `i` is `chunk(i)`.
+fn values<'a>(geometry: ChunkGeometry, chunk: impl Fn(u64) -> &'a [u8]) -> Vec<ChainingValue> {
+    (0..geometry.chunk_count())
+        .map(|i| geometry.chunk_cv(i, chunk(i)).expect("a chunk"))
+        .collect()
+}
+
 /// The receiver: copy each chunk from its "slot" into a pool buffer and
 /// submit it; the pool checks, writes (to /dev/null) and merges.
 fn receive(c: &mut Criterion) {
     let geometry = ChunkGeometry::v3(CHUNKS * CHUNK_LEN);
     let ring = file_bytes(geometry.file_len());
-    let cvs: Vec<ChainingValue> = ring
-        .chunks(CHUNK_LEN as usize)
-        .enumerate()
-        .map(|(i, chunk)| geometry.chunk_cv(i as u64, chunk).expect("a chunk"))
-        .collect();
-    let setup = |threads| {
-        let sink = OpenOptions::new().write(true).open("/dev/null");
-        let sink = Arc::new(sink.expect("open /dev/null"));
-        VerifierPool::new(sink, geometry, PoolSize::with_threads(threads)).expect("a verifier pool")
-    };
+    let slots: Vec<&[u8]> = ring.chunks(CHUNK_LEN as usize).collect();
+    let cvs = values(geometry, |i| slots[i as usize]);
     let run = |pool: VerifierPool| {
-        for (index, slot) in ring.chunks(CHUNK_LEN as usize).enumerate() {
+        for (index, slot) in slots.iter().enumerate() {
             let mut buffer = pool.buffer().expect("a buffer");
             buffer.copy_from(slot).expect("a chunk fits");
             pool.submit(index as u64, cvs[index], buffer)
@@ -161,7 +173,37 @@ fn receive(c: &mut Criterion) {
         }
         black_box(pool.finish().expect("every chunk matches"));
     };
-    whole_files(c, "receive", setup, run);
+    whole_files(c, "receive", |threads| verifier(geometry, threads), run);
+}
+
+/// The verifier pool alone: every chunk of the file has the same bytes,
+/// which every buffer was given before the timing starts, so this thread
+/// only hands buffers back in (no copy) and the pool's threads do all the
+/// work: check, write, merge. This is how the pool scales with threads
+/// when the busy-poll thread has a core of its own.
+fn check(c: &mut Criterion) {
+    let geometry = ChunkGeometry::v3(CHUNKS * CHUNK_LEN);
+    let chunk = file_bytes(CHUNK_LEN);
+    let cvs = values(geometry, |_| chunk.as_slice());
+    let primed = |threads| {
+        let pool = verifier(geometry, threads);
+        let mut buffers = Vec::new();
+        while let Some(mut buffer) = pool.try_buffer().expect("a fresh pool") {
+            buffer.copy_from(&chunk).expect("a chunk fits");
+            buffers.push(buffer);
+        }
+        pool
+    };
+    let run = |pool: VerifierPool| {
+        for (index, cv) in cvs.iter().enumerate() {
+            let mut buffer = pool.buffer().expect("a buffer");
+            // The same length as the bytes it holds: nothing to copy.
+            buffer.bytes_mut(chunk.len()).expect("a chunk fits");
+            pool.submit(index as u64, *cv, buffer).expect("submitted");
+        }
+        black_box(pool.finish().expect("every chunk matches"));
+    };
+    whole_files(c, "check", primed, run);
 }
 
 /// The sender: the pool preads (from /dev/zero) and hashes; this thread
@@ -184,5 +226,5 @@ fn send(c: &mut Criterion) {
     whole_files(c, "send", setup, run);
 }
 
-criterion_group!(benches, chunk_cv, receive, send);
+criterion_group!(benches, chunk_cv, check, receive, send);
 criterion_main!(benches);
