@@ -13,6 +13,14 @@
 //!   server left behind.
 //! - [`client`] — `filexfer send`: keeps every server slot busy with
 //!   RDMA WRITE_WITH_IMM straight from the file into registered memory.
+//! - [`digest`] — protocol v3's digest: each slot-sized chunk's BLAKE3
+//!   chaining value, merged in any order into `blake3::hash(file)`.
+//! - [`chunk_pool`] — v3's fixed, recycled chunk buffers (private copies
+//!   of the chunks) and the hashing pools' error type.
+//! - [`verify`] — v3's receiver pool: check each chunk against its value,
+//!   `pwrite` it, merge the digest, on `--verify-threads` threads.
+//! - [`read_ahead`] — v3's sender pool: `pread` and hash the chunks ahead
+//!   of the sender, handed out in order with their values.
 //!
 //! # The native protocol
 //!
@@ -42,12 +50,16 @@
 //!    SENDs `Complete{size}`. Any failure is `Fail` and the temp file is
 //!    removed: a bad or partial file never appears under the final name.
 
+pub mod chunk_pool;
 pub mod classic;
 pub mod client;
+pub mod digest;
 pub mod name;
 pub mod protocol;
+pub mod read_ahead;
 pub mod server;
 pub mod temp;
+pub mod verify;
 
 use std::time::Duration;
 

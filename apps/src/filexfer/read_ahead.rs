@@ -1,0 +1,388 @@
+//! The sender's side of protocol v3: reads a file's chunks with `pread` on
+//! a pool of threads, ahead of the sender, each into a private buffer
+//! together with its chaining value, and hands them out in index order.
+//!
+//! The sender copies each chunk's bytes into its slot and puts the value
+//! in the chunk's notice. The value is computed from the same buffer the
+//! bytes are sent from, so a file that changes while it is sent gives
+//! chunks that match their values (and a digest of what was sent), never a
+//! value of bytes that were not sent. The reader merges the values as it
+//! hands them out; [`HashingReader::finish`] returns the file's BLAKE3 hash
+//! for the `Finish` message.
+//!
+//! The look-ahead is bounded by the buffers: a thread reads chunk `i` only
+//! once it holds a free buffer, and buffers come back as the sender drops
+//! the chunks it was handed.
+
+use std::fs::File;
+use std::marker::PhantomData;
+use std::os::unix::fs::FileExt;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+
+use super::chunk_pool::{BufferPool, ChunkBuffer, PipelineError, PoolSize, Serve, Workers};
+use super::digest::{ChainingValue, ChunkGeometry, FileDigest};
+
+/// Reads, hashes and hands out one file's chunks in order.
+pub struct HashingReader {
+    shared: Arc<Shared>,
+    /// Held only to be dropped with the reader: that stops and joins them.
+    _workers: Workers,
+    /// The next chunk to hand out.
+    next: u64,
+    digest: FileDigest,
+}
+
+/// A chunk handed out by [`HashingReader`]: its bytes and its value. Its
+/// buffer goes back to the reader when it is dropped, which the borrow on
+/// the reader enforces before the next chunk is asked for.
+pub struct HashedChunk<'a> {
+    index: u64,
+    cv: ChainingValue,
+    chunk: ChunkBuffer,
+    _reader: PhantomData<&'a mut HashingReader>,
+}
+
+impl HashedChunk<'_> {
+    /// The chunk's index in the file.
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    /// The chunk's value, for its notice.
+    pub fn cv(&self) -> &ChainingValue {
+        &self.cv
+    }
+
+    /// The chunk's bytes, exactly those hashed.
+    pub fn bytes(&self) -> &[u8] {
+        self.chunk.bytes()
+    }
+}
+
+struct Shared {
+    file: Arc<File>,
+    geometry: ChunkGeometry,
+    buffers: BufferPool,
+    state: Mutex<State>,
+    /// Signalled whenever a chunk is done or the reader failed.
+    done: Condvar,
+}
+
+struct State {
+    /// Chunks `..next_claim` have been taken by a thread.
+    next_claim: u64,
+    /// `hashed[i % len]` holds chunk `i` once it is read and hashed. A
+    /// claimed chunk holds a buffer until handed out, so chunks claimed and
+    /// not yet handed out span fewer indices than there are buffers (the
+    /// ring's length): they never share an entry.
+    hashed: Vec<Option<(ChainingValue, ChunkBuffer)>>,
+    failure: Option<PipelineError>,
+    stopping: bool,
+}
+
+impl HashingReader {
+    /// A reader of `file`, laid out by `geometry`, on `size.threads`
+    /// threads with `size.buffers` chunk buffers: at most that many chunks
+    /// are read ahead of the caller.
+    pub fn new(
+        file: Arc<File>,
+        geometry: ChunkGeometry,
+        size: PoolSize,
+    ) -> Result<Self, PipelineError> {
+        let hashed = (0..size.buffers).map(|_| None).collect();
+        let shared = Arc::new(Shared {
+            file,
+            geometry,
+            buffers: BufferPool::for_chunks(size.buffers, &geometry)?,
+            state: Mutex::new(State {
+                next_claim: 0,
+                hashed,
+                failure: None,
+                stopping: false,
+            }),
+            done: Condvar::new(),
+        });
+        Ok(Self {
+            _workers: Workers::start("filexfer-hash", size.threads, &shared)?,
+            shared,
+            next: 0,
+            // Handed out in order: a value never waits for another.
+            digest: FileDigest::new(geometry, 1),
+        })
+    }
+
+    /// The layout of the file being read.
+    pub fn geometry(&self) -> &ChunkGeometry {
+        &self.shared.geometry
+    }
+
+    /// Whether every chunk has been handed out.
+    pub fn is_done(&self) -> bool {
+        self.next == self.shared.geometry.chunk_count()
+    }
+
+    /// The next chunk, waiting for it to be read and hashed; `Ok(None)`
+    /// once every chunk has been handed out.
+    pub fn next_chunk(&mut self) -> Result<Option<HashedChunk<'_>>, PipelineError> {
+        self.hand_out(true)
+    }
+
+    /// The next chunk if it is ready, `Ok(None)` if it is not yet (or
+    /// every chunk has been handed out: see [`is_done`](Self::is_done)).
+    /// Never blocks: for the busy-poll thread.
+    pub fn try_next_chunk(&mut self) -> Result<Option<HashedChunk<'_>>, PipelineError> {
+        self.hand_out(false)
+    }
+
+    /// The file's BLAKE3 hash, once every chunk has been handed out.
+    pub fn finish(self) -> Result<blake3::Hash, PipelineError> {
+        Ok(self.digest.finish()?)
+    }
+
+    fn hand_out(&mut self, wait: bool) -> Result<Option<HashedChunk<'_>>, PipelineError> {
+        if self.is_done() {
+            return Ok(None);
+        }
+        let index = self.next;
+        let (cv, chunk) = {
+            let mut state = self.shared.lock();
+            let entry = (index % state.hashed.len() as u64) as usize;
+            loop {
+                if let Some(e) = &state.failure {
+                    return Err(e.clone());
+                }
+                if let Some(hashed) = state.hashed[entry].take() {
+                    break hashed;
+                }
+                if !wait {
+                    return Ok(None);
+                }
+                state = self
+                    .shared
+                    .done
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+        };
+        self.digest.record(index, cv)?;
+        self.next += 1;
+        Ok(Some(HashedChunk {
+            index,
+            cv,
+            chunk,
+            _reader: PhantomData,
+        }))
+    }
+}
+
+impl Serve for Shared {
+    /// Take a buffer, claim the next chunk, read and hash it, until the
+    /// file is read, the reader fails or stops.
+    fn serve(&self) {
+        while let Some(mut chunk) = self.buffers.take() {
+            let Some(index) = self.claim() else { return };
+            let read = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                self.read_and_hash(index, &mut chunk)
+            }));
+            let mut state = self.lock();
+            let entry = (index % state.hashed.len() as u64) as usize;
+            match read {
+                Ok(Ok(cv)) => state.hashed[entry] = Some((cv, chunk)),
+                Ok(Err(e)) => drop(state.failure.get_or_insert(e)),
+                Err(_) => drop(state.failure.get_or_insert(PipelineError::WorkerPanicked)),
+            }
+            drop(state);
+            self.done.notify_all();
+        }
+    }
+
+    /// Threads reading a chunk finish it; the others return at once.
+    fn stop(&self) {
+        self.lock().stopping = true;
+        self.buffers.close();
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic is caught before it could leave the state half-changed.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The next chunk no thread has taken, unless there is none or the
+    /// reader failed or stopped.
+    fn claim(&self) -> Option<u64> {
+        let mut state = self.lock();
+        if state.stopping
+            || state.failure.is_some()
+            || state.next_claim == self.geometry.chunk_count()
+        {
+            return None;
+        }
+        state.next_claim += 1;
+        Some(state.next_claim - 1)
+    }
+
+    fn read_and_hash(
+        &self,
+        index: u64,
+        chunk: &mut ChunkBuffer,
+    ) -> Result<ChainingValue, PipelineError> {
+        let range = self.geometry.chunk_range(index)?;
+        let bytes = chunk.bytes_mut((range.end - range.start) as usize)?;
+        self.file
+            .read_exact_at(bytes, range.start)
+            .map_err(|e| PipelineError::Read {
+                index,
+                offset: range.start,
+                source: Arc::new(e),
+            })?;
+        Ok(self.geometry.chunk_cv(index, chunk.bytes())?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::ErrorKind;
+
+    use super::*;
+
+    fn size(threads: usize, buffers: usize) -> PoolSize {
+        PoolSize { threads, buffers }
+    }
+    use crate::filexfer::chunk_pool::test_support::{
+        digest_error, seeded_bytes, ScratchFile, POOL_EDGE_SIZES,
+    };
+    use crate::filexfer::digest::{DigestError, CHUNK_LEN};
+    use crate::filexfer::verify::VerifierPool;
+
+    fn file_with(scratch: &ScratchFile, data: &[u8]) -> Arc<File> {
+        std::fs::write(scratch.path(), data).unwrap();
+        Arc::new(File::open(scratch.path()).unwrap())
+    }
+
+    /// Reads `len` bytes in chunks of `chunk_len` and checks every chunk,
+    /// its order and value, and the digest.
+    fn read_and_check(len: u64, chunk_len: u64, threads: usize, buffers: usize) {
+        let scratch = ScratchFile::new("read");
+        let data = seeded_bytes(len, len + chunk_len);
+        let geometry = ChunkGeometry::new(len, chunk_len).unwrap();
+        let mut reader =
+            HashingReader::new(file_with(&scratch, &data), geometry, size(threads, buffers))
+                .unwrap();
+        let mut sent = Vec::with_capacity(data.len());
+        let mut expected_index = 0;
+        while let Some(chunk) = reader.next_chunk().unwrap() {
+            assert_eq!(chunk.index(), expected_index);
+            let cv = geometry.chunk_cv(chunk.index(), chunk.bytes()).unwrap();
+            assert_eq!(chunk.cv(), &cv, "{len}: chunk {expected_index}");
+            sent.extend_from_slice(chunk.bytes());
+            expected_index += 1;
+        }
+        assert_eq!(expected_index, geometry.chunk_count());
+        assert!(sent == data, "{len} bytes: the chunks differ from the file");
+        assert_eq!(reader.finish().unwrap(), blake3::hash(&data), "{len}");
+    }
+
+    #[test]
+    fn every_chunk_comes_in_order_with_its_value_and_the_digest_is_blake3() {
+        for len in POOL_EDGE_SIZES {
+            read_and_check(len, CHUNK_LEN, 2, 4);
+        }
+        read_and_check(300 * 1024 + 5, 1024, 3, 5);
+        read_and_check(40 * 2048, 2048, 1, 1);
+    }
+
+    #[test]
+    fn what_the_reader_sends_the_verifier_stores() {
+        let len = 6 * 4096 + 100;
+        let data = seeded_bytes(len, 11);
+        let (source, target) = (ScratchFile::new("source"), ScratchFile::new("target"));
+        let geometry = ChunkGeometry::new(len, 4096).unwrap();
+        let mut reader =
+            HashingReader::new(file_with(&source, &data), geometry, size(2, 3)).unwrap();
+        let written = Arc::new(File::create(target.path()).unwrap());
+        let verifier = VerifierPool::new(written, geometry, size(2, 3)).unwrap();
+        // A chunk is copied out of the reader's buffer as into a slot, and
+        // out of the "slot" into the verifier's.
+        while let Some(chunk) = reader.next_chunk().unwrap() {
+            let mut copy = verifier.buffer().unwrap();
+            copy.copy_from(chunk.bytes()).unwrap();
+            verifier.submit(chunk.index(), *chunk.cv(), copy).unwrap();
+        }
+        let (sent, received) = (reader.finish().unwrap(), verifier.finish().unwrap());
+        assert_eq!(sent, blake3::hash(&data));
+        assert_eq!(received, sent);
+        assert!(std::fs::read(target.path()).unwrap() == data);
+    }
+
+    #[test]
+    fn a_busy_poller_gets_every_chunk_without_blocking() {
+        let scratch = ScratchFile::new("poll");
+        let data = seeded_bytes(9 * 1024 + 1, 12);
+        let geometry = ChunkGeometry::new(data.len() as u64, 1024).unwrap();
+        let mut reader =
+            HashingReader::new(file_with(&scratch, &data), geometry, size(2, 2)).unwrap();
+        let mut sent = Vec::new();
+        while !reader.is_done() {
+            match reader.try_next_chunk().unwrap() {
+                Some(chunk) => sent.extend_from_slice(chunk.bytes()),
+                None => std::thread::yield_now(),
+            }
+        }
+        assert!(reader.try_next_chunk().unwrap().is_none());
+        assert!(sent == data);
+        assert_eq!(reader.finish().unwrap(), blake3::hash(&data));
+    }
+
+    #[test]
+    fn a_file_shorter_than_announced_is_a_read_error_naming_the_chunk() {
+        let scratch = ScratchFile::new("short");
+        let data = seeded_bytes(5 * 1024, 13);
+        // The sender announced 100 bytes more than the file now holds.
+        let geometry = ChunkGeometry::new(5 * 1024 + 100, 1024).unwrap();
+        let mut reader =
+            HashingReader::new(file_with(&scratch, &data), geometry, size(2, 2)).unwrap();
+        let err = loop {
+            match reader.next_chunk() {
+                Ok(Some(chunk)) => assert!(chunk.index() < 5),
+                Ok(None) => panic!("the short chunk was handed out"),
+                Err(e) => break e,
+            }
+        };
+        match err {
+            PipelineError::Read {
+                index: 5,
+                offset: 5120,
+                source,
+            } => assert_eq!(source.kind(), ErrorKind::UnexpectedEof),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_abandoned_reader_joins_its_threads_and_an_early_finish_is_refused() {
+        let scratch = ScratchFile::new("abandon");
+        let data = seeded_bytes(64 * 1024, 14);
+        let geometry = ChunkGeometry::new(data.len() as u64, 1024).unwrap();
+        let file = file_with(&scratch, &data);
+        let mut reader = HashingReader::new(Arc::clone(&file), geometry, size(2, 4)).unwrap();
+        assert_eq!(reader.next_chunk().unwrap().map(|c| c.index()), Some(0));
+        assert!(Arc::strong_count(&file) > 1);
+        assert_eq!(
+            digest_error(reader.finish().unwrap_err()),
+            DigestError::Missing {
+                first: 1,
+                missing: 63,
+                count: 64
+            }
+        );
+        // The threads are gone with their share of the file.
+        assert_eq!(Arc::strong_count(&file), 1);
+        assert!(matches!(
+            HashingReader::new(file, geometry, size(0, 1)),
+            Err(PipelineError::Empty("thread"))
+        ));
+    }
+}

@@ -1,0 +1,104 @@
+//! filexfer v3's hashing pools touch the heap only when they are made:
+//! a counting global allocator, a warm-up, then thousands of chunks through
+//! the verifier pool (copy, check, write, merge) and the hashing reader
+//! (pread, hash, hand out, copy), with the count of every thread's
+//! allocations unchanged — the busy-poll thread's and the pools' own.
+//!
+//! Runs without the libtest harness, whose own threads allocate and would
+//! be counted. No device needed: the pools write to /dev/null and read
+//! /dev/zero.
+
+use std::fs::{File, OpenOptions};
+use std::sync::Arc;
+
+use pinpoll::alloc::CountingAllocator;
+use pinpoll_apps::filexfer::chunk_pool::PoolSize;
+use pinpoll_apps::filexfer::digest::{ChunkGeometry, CHUNK_LEN};
+use pinpoll_apps::filexfer::read_ahead::HashingReader;
+use pinpoll_apps::filexfer::verify::VerifierPool;
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator::new();
+
+/// Protocol v3's chunks: how far threads run ahead of each other, which
+/// the digest's reserved queue must cover, depends on the time per chunk.
+const CHUNK: u64 = CHUNK_LEN;
+const CHUNKS: u64 = 160;
+const WARM_UP: u64 = 16;
+const NAME: &str = "filexfer_pools_never_allocate_per_chunk";
+
+/// Reports as libtest does, for scripts/test.sh's runner to count.
+fn main() {
+    println!("running 1 test");
+    let geometry = ChunkGeometry::new(CHUNKS * CHUNK, CHUNK).expect("a geometry");
+    let size = PoolSize::with_threads(2);
+    verifier(geometry, size);
+    reader(geometry, size);
+    println!("test {NAME} ... ok");
+    println!("\ntest result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out");
+}
+
+fn verifier(geometry: ChunkGeometry, size: PoolSize) {
+    let sink = OpenOptions::new()
+        .write(true)
+        .open("/dev/null")
+        .expect("open /dev/null");
+    // Every chunk alike is enough: a chunk's value depends on its offset.
+    let pattern: Vec<u8> = (0..CHUNK).map(|i| (i % 251) as u8).collect();
+    let ring = pattern.repeat(CHUNKS as usize);
+    let cvs: Vec<_> = ring
+        .chunks(CHUNK as usize)
+        .enumerate()
+        .map(|(i, c)| geometry.chunk_cv(i as u64, c).expect("a chunk"))
+        .collect();
+    let pool = VerifierPool::new(Arc::new(sink), geometry, size).expect("a verifier pool");
+    let mut before = 0;
+    for (index, slot) in ring.chunks(CHUNK as usize).enumerate() {
+        if index as u64 == WARM_UP {
+            before = ALLOCATOR.allocations();
+        }
+        let mut buffer = loop {
+            // The busy-poll thread's way: never wait, try again.
+            match pool.try_buffer().expect("no failure") {
+                Some(buffer) => break buffer,
+                None => std::hint::spin_loop(),
+            }
+        };
+        buffer.copy_from(slot).expect("fits");
+        pool.submit(index as u64, cvs[index], buffer)
+            .expect("submitted");
+    }
+    let after = ALLOCATOR.allocations();
+    let digest = pool.finish().expect("every chunk matches");
+    assert_eq!(digest, blake3::hash(&ring), "the digest");
+    assert_eq!(
+        after - before,
+        0,
+        "verifier pool: allocations while chunks flowed"
+    );
+}
+
+fn reader(geometry: ChunkGeometry, size: PoolSize) {
+    let zeros = File::open("/dev/zero").expect("open /dev/zero");
+    let mut reader = HashingReader::new(Arc::new(zeros), geometry, size).expect("a reader");
+    let mut slot = vec![0u8; CHUNK as usize];
+    let (mut before, mut handed_out) = (0, 0);
+    while !reader.is_done() {
+        if handed_out == WARM_UP {
+            before = ALLOCATOR.allocations();
+        }
+        if let Some(chunk) = reader.try_next_chunk().expect("no failure") {
+            slot.copy_from_slice(chunk.bytes());
+            handed_out += 1;
+        }
+    }
+    let after = ALLOCATOR.allocations();
+    let digest = reader.finish().expect("every chunk read");
+    let zeros = vec![0u8; (CHUNKS * CHUNK) as usize];
+    assert_eq!(digest, blake3::hash(&zeros), "the digest");
+    assert_eq!(
+        after - before,
+        0,
+        "hashing reader: allocations while chunks flowed"
+    );
+}
