@@ -137,6 +137,16 @@ impl Request {
         &self.event.private_data
     }
 
+    /// What a client that connects with [`crate::ConnectionBuilder`] added
+    /// after its ring's descriptor ([`crate::ConnectionBuilder::private_data`]),
+    /// zero-padded; empty when the private data is shorter than a descriptor.
+    pub fn peer_data(&self) -> &[u8] {
+        self.event
+            .private_data
+            .get(super::RegionDescriptor::LEN..)
+            .unwrap_or(&[])
+    }
+
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.id.peer_addr()
     }

@@ -95,6 +95,21 @@ impl Rings {
     }
 }
 
+/// `err` as a reject's private data: NUL-terminated text, cut to what a
+/// reject carries (148 bytes).
+fn rejection(err: &Error) -> Vec<u8> {
+    const MAX: usize = 148;
+    let mut text = format!("server: {err}");
+    let mut end = text.len().min(MAX - 1);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    let mut bytes = text.into_bytes();
+    bytes.push(0);
+    bytes
+}
+
 /// How to connect: what the peer may do to this side's target ring, what
 /// to add to the handshake, and on which device.
 #[derive(Debug, Clone)]
@@ -196,7 +211,8 @@ impl ConnectionBuilder<'_> {
 
     /// Server side over rdma_cm: accepts `request` (from
     /// [`Listener::next_request`], after looking at its private data) with
-    /// this side's rings. A request that cannot be served is rejected.
+    /// this side's rings. A request that cannot be served is rejected, and
+    /// the client is told why (the error's text, as much as fits).
     pub fn accept(self, mut request: Request) -> Result<Connection> {
         let prepared = self.cfg.validate().and_then(|()| {
             self.checks(request.endpoint())?;
@@ -207,7 +223,7 @@ impl ConnectionBuilder<'_> {
         let (peer, rings) = match prepared {
             Ok(prepared) => prepared,
             Err(e) => {
-                let _ = request.reject(b"the server could not prepare the connection\0");
+                let _ = request.reject(&rejection(&e));
                 return Err(e);
             }
         };
