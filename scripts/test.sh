@@ -102,6 +102,10 @@ RUNNER
 chmod +x "$top/target/pinpoll-device-tests.sh"
 scripts/softroce-vm --timeout "${PINPOLL_TEST_TIMEOUT:-2400}" -- "$top/target/pinpoll-device-tests.sh" "$list"
 
+step "power loss: a guest's power cut at three points of a transfer (scripts/power-loss.sh)"
+# filexfer's durability promise, on ext4 on a virtio-blk image: four boots.
+scripts/power-loss.sh "$top/target/debug"
+
 step "two-guest fault suite (scripts/softroce-vm --hosts 2)"
 # Faults that need a real link between two machines (tc netem, a peer
 # killed, stopped or restarted, a device deleted, too many clients, load);
