@@ -133,6 +133,13 @@ no_host_fails_within_budget() {
 }
 
 # ---------------------------------------------------------------- killed peers
+# A fault that hits a transfer of BIG_MIB while the server receives it
+# (with SMALL_MIB at hand for a transfer afterwards).
+hit_mid_transfer() { # DIR "SERVER-ARGS" "CLIENT-ARGS" FAULT
+    make_src big.bin "$BIG_MIB"
+    make_src small.bin "$SMALL_MIB"
+    hit_transfer "$1" "$2" "$SRC/big.bin" "$3" receiving "$4"
+}
 # A process that dies has its rdma_cm ids destroyed by its kernel, which
 # sends a DREQ: the survivor sees the disconnect at once (a dead host
 # would be found by the heartbeats). "Idle": the client is connected and
@@ -167,11 +174,7 @@ kill_idle_client() {
 }
 
 # Mid-transfer: no file, no temp file, and the server serves the next client.
-client_killed_mid_transfer() {
-    make_src big.bin "$BIG_MIB"
-    make_src small.bin "$SMALL_MIB"
-    hit_transfer /tmp/k1 "--count 2 --timeout 60" "$SRC/big.bin" "--timeout 20" receiving kill_sending_client
-}
+client_killed_mid_transfer() { hit_mid_transfer /tmp/k1 "--count 2 --timeout 60" "--timeout 20" kill_sending_client; }
 kill_sending_client() {
     inject kill -KILL "$cpid"
     wait "$cpid" 2>/dev/null
@@ -200,10 +203,7 @@ wait_job_lines() { # TEXT SECS: until the server job printed a line with TEXT
 }
 
 # The client ends with one clear error; nothing under the final name.
-server_killed_mid_transfer() {
-    make_src big.bin "$BIG_MIB"
-    hit_transfer /tmp/k2 "--count 1 --timeout 60" "$SRC/big.bin" "--timeout 20" receiving kill_receiving_server
-}
+server_killed_mid_transfer() { hit_mid_transfer /tmp/k2 "--count 1 --timeout 60" "--timeout 20" kill_receiving_server; }
 kill_receiving_server() {
     inject pinpoll-peer-kill 1 "$job" KILL >/dev/null 2>&1
     wait_bounded "$cpid" 60
@@ -218,11 +218,7 @@ kill_receiving_server() {
 # (.filexfer-PID-N.tmp); the next server on that directory finds the
 # orphan (its lock died with its process), removes it, says so, and
 # serves a new transfer.
-restarted_server_removes_orphan() {
-    make_src big.bin "$BIG_MIB"
-    make_src small.bin "$SMALL_MIB"
-    hit_transfer /tmp/k2 "--count 1 --timeout 60" "$SRC/big.bin" "--timeout 20" receiving restart_killed_server
-}
+restarted_server_removes_orphan() { hit_mid_transfer /tmp/k2 "--count 1 --timeout 60" "--timeout 20" restart_killed_server; }
 restart_killed_server() {
     inject pinpoll-peer-kill 1 "$job" KILL >/dev/null 2>&1
     wait_bounded "$cpid" 60
@@ -244,10 +240,7 @@ restart_killed_server() {
 # acknowledges the client's writes into the ring, and the client never
 # has more chunks in flight than the server posted receives (credits), so
 # it meets no RNR: it waits for credits and its --timeout ends it.
-stopped_receiver_times_out() {
-    make_src big.bin "$BIG_MIB"
-    hit_transfer /tmp/k4 "--count 1 --timeout 60" "$SRC/big.bin" "--timeout 5" receiving stop_receiver
-}
+stopped_receiver_times_out() { hit_mid_transfer /tmp/k4 "--count 1 --timeout 60" "--timeout 5" stop_receiver; }
 stop_receiver() {
     inject on1 "kill -STOP $spid"
     wait_bounded "$cpid" 60
@@ -261,10 +254,7 @@ stop_receiver() {
 # SIGSTOP for 3 s within a 30 s budget, then SIGCONT: the file arrives
 # identical and no RNR was counted (the fault seen: the server was
 # stopped mid-transfer, as its state in /proc said).
-stopped_receiver_resumes() {
-    make_src big.bin "$BIG_MIB"
-    hit_transfer /tmp/k4 "--count 1 --timeout 60" "$SRC/big.bin" "--timeout 30" receiving pause_receiver
-}
+stopped_receiver_resumes() { hit_mid_transfer /tmp/k4 "--count 1 --timeout 60" "--timeout 30" pause_receiver; }
 RNR_COUNTERS="rcvd_rnr_err send_rnr_err retry_rnr_exceeded_err"
 pause_receiver() {
     local before after rc state
@@ -346,9 +336,7 @@ extra_clients_refused_as_busy() {
 # revoke a process's hold on a device (no disassociate), so the delete
 # completes only once the server has let go of it.
 device_deleted_mid_transfer() {
-    make_src big.bin "$BIG_MIB"
-    make_src small.bin "$SMALL_MIB"
-    hit_transfer /tmp/k6 "--timeout 30" "$SRC/big.bin" "--timeout 20" receiving delete_device
+    hit_mid_transfer /tmp/k6 "--timeout 30" "--timeout 20" delete_device
     restore_device
 }
 delete_device() {
