@@ -167,8 +167,11 @@ kill_idle_client() {
     sleep 3
     inject kill -KILL "$cpid"
     wait_bounded "$cpid" 70 # disarmed: until its own --wait-for-file ends it
+    local client_rc=$?
     finish >/tmp/server.out 2>&1
     why=$(check_error $? /tmp/server.out "client .*Start: the client \(disconnected\|stopped answering\)\|client .*heartbeat")
+    # The fault seen: the client died of the SIGKILL, it did not end itself.
+    [ "$client_rc" -eq 137 ] || fail_if "the client was not killed: it ended with status $client_rc: $(tail -1 /tmp/client.out)"
     [ -z "$(remote_names /tmp/k1)" ] || fail_if "files on the server: $(remote_names /tmp/k1)"
     [ -n "$why" ] || said /tmp/server.out
 }
