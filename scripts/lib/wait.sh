@@ -19,7 +19,8 @@ wait_line() { # FILE TEXT SECS
 wait_bounded() { # PID SECS
     local n
     for ((n = 0; n < $2 * 10; n++)); do
-        kill -0 "$1" 2>/dev/null || { wait "$1"; return; }
+        # (no "Killed" notice from bash for a child that died of a signal)
+        kill -0 "$1" 2>/dev/null || { wait "$1" 2>/dev/null; return; }
         sleep 0.1
     done
     kill -KILL "$1" 2>/dev/null
