@@ -257,11 +257,14 @@ stop_receiver() {
 # SIGSTOP for 3 s within a 30 s budget, then SIGCONT: the file arrives
 # identical and no RNR was counted (the fault seen: the server was
 # stopped mid-transfer, as its state in /proc said).
-stopped_receiver_resumes() { hit_mid_transfer /tmp/k4 "--count 1 --timeout 60" "--timeout 30" pause_receiver; }
 RNR_COUNTERS="rcvd_rnr_err send_rnr_err retry_rnr_exceeded_err"
+stopped_receiver_resumes() {
+    # Read before the transfer: once it runs, the stop must come at once.
+    rnr_before=$(RXE_COUNTERS=$RNR_COUNTERS rxe_counters)
+    hit_mid_transfer /tmp/k4 "--count 1 --timeout 60" "--timeout 30" pause_receiver
+}
 pause_receiver() {
-    local before after rc state
-    before=$(RXE_COUNTERS=$RNR_COUNTERS rxe_counters)
+    local before=$rnr_before after rc state
     inject on1 "kill -STOP $spid"
     state=$(on1 "sed -n 's/^State:\t//p' /proc/$spid/status")
     mid_transfer || why="big.bin was complete before SIGSTOP: not mid-transfer"
