@@ -8,6 +8,7 @@
 SMALL_MIB=4 # a file that is sent whole
 BIG_MIB=64  # long enough to be hit mid-transfer (~10 s in the TCG guests)
 LOSSY_MIB=8 # ~8200 packets of 1 KiB: at 1 % loss, none lost has odds e^-80
+HEAVY_LOSSY_MIB=2 # at 10 % loss, ~200 of ~2050 packets lost
 
 # A 3000-byte message with a checkable structure.
 MESSAGE=$(for i in $(seq 1 100); do printf 'line %03d of the fault suite...\n' "$i"; done | tr '\n' '|' | cut -c1-3000)
@@ -60,10 +61,11 @@ write_message() { # sets out and rc of delay_is_tolerated
 }
 
 # LOSS of guest 0's packets dropped: packets are lost, rxe retransmits
-# them, and the file arrives identical.
-lossy_file_arrives() { # LOSS
+# them, and a file of MIB arrives identical.
+lossy_file_arrives() { # LOSS MIB
     local compared
-    make_src lossy.bin "$LOSSY_MIB"
+    rm -f "$SRC/lossy.bin"
+    make_src lossy.bin "$2"
     why=''
     fx_listen /tmp/kl --count 1 --timeout 60 || { why="server did not start"; return; }
     inject netem loss "$1"
@@ -73,8 +75,8 @@ lossy_file_arrives() { # LOSS
     fail_if "$compared"
 }
 send_lossy() { compared=$(send_and_compare /tmp/kl "$SRC/lossy.bin" 60); }
-loss_1pct_is_retransmitted() { lossy_file_arrives 1%; }
-loss_10pct_is_retransmitted() { lossy_file_arrives 10%; }
+loss_1pct_is_retransmitted() { lossy_file_arrives 1% "$LOSSY_MIB"; }
+loss_10pct_is_retransmitted() { lossy_file_arrives 10% "$HEAVY_LOSSY_MIB"; }
 
 # Every packet lost while a client connects (the peer's address was just
 # resolved, so the loss hits the connection request): the client ends
