@@ -15,7 +15,8 @@
 # BINDIR holds the built apps (default: target/debug of the work tree).
 # CASE... runs only those cases, by name (the table below), in table order.
 # FAULT_SUITE_DISARM=1 runs the cases without their faults: every fault
-# case must then fail (cases without a fault are marked "no fault").
+# case must then fail (cases without a fault are marked "no fault"). From
+# the host: scripts/softroce-vm --hosts 2 --env FAULT_SUITE_DISARM=1 -- ...
 #
 # Adding a case: a function in scripts/fault/cases.sh (or load.sh) that
 # sets $why, and its name in FAULT_CASES.
