@@ -6,12 +6,14 @@
 # timeout) and exits with COMMAND's status or the rig's own.
 # ---------------------------------------------------------------- launch
 qesc() { printf '%s' "${1//,/,,}"; } # qemu option values: double the commas
+# no_timer_check: on a busy host a TCG guest's timer can miss the kernel's
+# early IO-APIC check, which then panics ("IO-APIC + timer doesn't work").
 qemu_args() { # INDEX -> QARGS
     local i=$1 k
     QARGS=(-name "pinpoll-vm-$i" -nodefaults -no-user-config -display none -no-reboot
         "${ACCEL[@]}" -smp "$SMP" -m "$MEM"
         -kernel "$KERNEL" -initrd "$INITRD"
-        -append "console=ttyS0 quiet loglevel=4 panic=-1 mitigations=off pinpoll.host=$i pinpoll.rootcache=${PINPOLL_VM_ROOT_CACHE:-loose} hugepagesz=2M hugepages=$HUGEPAGES"
+        -append "console=ttyS0 quiet loglevel=4 panic=-1 mitigations=off no_timer_check pinpoll.host=$i pinpoll.rootcache=${PINPOLL_VM_ROOT_CACHE:-loose} hugepagesz=2M hugepages=$HUGEPAGES"
         -chardev "file,id=con,path=$(qesc "$T/console-$i.log")" -serial chardev:con -monitor none
         -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"
         -virtfs "local,path=$(qesc "$S"),mount_tag=pprun,security_model=none,multidevs=remap"
