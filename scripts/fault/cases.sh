@@ -182,7 +182,7 @@ kill_idle_client() {
 client_killed_mid_transfer() { hit_mid_transfer /tmp/k1 "--count 2 --timeout 60" "--timeout 20" kill_sending_client; }
 kill_sending_client() {
     inject kill -KILL "$cpid"
-    wait "$cpid" 2>/dev/null
+    wait_bounded "$cpid" 300 # disarmed: until the transfer ends
     if ! wait_job_lines "^error: client" 60; then
         why="the server reported no failed client: $(pinpoll-peer-log 1 "$job" 2>&1 | tail -3 | tr '\n' ' ')"
     elif ! mid_transfer; then
