@@ -26,11 +26,13 @@ done
 # shellcheck source=scripts/lib/deps.sh
 . scripts/lib/deps.sh
 pinpoll_ensure_packages libibverbs-dev librdmacm-dev libclang-dev pkg-config \
-    rdma-core ibverbs-providers ibverbs-utils perftest iproute2 python3
+    rdma-core ibverbs-providers ibverbs-utils perftest iproute2 python3 shellcheck
 
 step() { printf '\n==> %s\n' "$*"; }
 
 if [ "$host" = 1 ]; then
+    step "shellcheck: every script of the rig"
+    shellcheck -x scripts/*.sh scripts/softroce-vm scripts/vm/* scripts/lib/*.sh scripts/fault/*.sh .ci/run
     step "cargo fmt --check"
     cargo fmt --all -- --check
     step "cargo clippy -D warnings"
@@ -104,8 +106,13 @@ RUNNER
 chmod +x "$top/target/pinpoll-device-tests.sh"
 scripts/softroce-vm --timeout "${PINPOLL_TEST_TIMEOUT:-2400}" -- "$top/target/pinpoll-device-tests.sh" "$list"
 
+step "power loss: a guest's power cut at three points of a transfer (scripts/power-loss.sh)"
+# filexfer's durability promise, on ext4 on a virtio-blk image: four boots.
+scripts/power-loss.sh "$top/target/debug"
+
 step "two-guest fault suite (scripts/softroce-vm --hosts 2)"
 # Faults that need a real link between two machines (tc netem, a peer
 # killed, stopped or restarted, a device deleted, too many clients, load);
-# see scripts/fault-suite.sh. About 25 minutes in the TCG guests.
+# see scripts/fault-suite.sh (and FAULT_SUITE_DISARM=1 there). About 30
+# minutes in the TCG guests.
 scripts/softroce-vm --hosts 2 --timeout "${PINPOLL_FAULT_TIMEOUT:-2700}" -- scripts/fault-suite.sh "$top/target/debug"

@@ -557,6 +557,7 @@ impl Transfer {
         // Without --overwrite the data now live under the final name too:
         // dropping the temp file removes only its temp name.
         drop(temp);
+        pause_before_dir_fsync();
         File::open(&self.dir)
             .and_then(|d| d.sync_all())
             .map_err(|e| {
@@ -664,6 +665,28 @@ impl Transfer {
                 format!("linking {shown} into place on the server: {e}"),
             )),
         }
+    }
+}
+
+/// Test hook, debug builds only: `PINPOLL_FX_PAUSE_BEFORE_DIR_FSYNC=SECS`
+/// makes the server say so on stderr and sleep SECS seconds after the
+/// file's data were fsynced and it was linked into place, before the
+/// directory is fsynced, so scripts/power-loss.sh can cut a guest's power
+/// at exactly that point. Release builds never pause.
+fn pause_before_dir_fsync() {
+    const PAUSE_ENV: &str = "PINPOLL_FX_PAUSE_BEFORE_DIR_FSYNC";
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    let Ok(value) = std::env::var(PAUSE_ENV) else {
+        return;
+    };
+    match value.parse::<u64>() {
+        Ok(secs) => {
+            eprintln!("{PAUSE_ENV}: pausing {secs} s before the directory fsync");
+            std::thread::sleep(Duration::from_secs(secs));
+        }
+        Err(_) => eprintln!("{PAUSE_ENV}={value:?} ignored: expected whole seconds"),
     }
 }
 
