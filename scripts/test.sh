@@ -43,7 +43,46 @@ if [ "$host" = 1 ]; then
     scripts/check-builds.sh
 fi
 
+# Every bench runs for real, briefly (a bench run is not a timing assertion:
+# it only has to finish): the device-free ones here, the device ones in the
+# guest below. Built once, with the bench profile users measure with.
+bench_list="$top/target/pinpoll-benches.list"
+if [ "$host" = 1 ] || [ "$device" = 1 ]; then
+    step "building the benches"
+    mkdir -p target
+    cargo bench -p pinpoll-benches --no-run --message-format=json \
+        | python3 -c '
+import json, os, sys
+for line in sys.stdin:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        continue
+    if msg.get("reason") == "compiler-artifact" and msg.get("executable") and "bench" in msg["target"]["kind"]:
+        print(msg["target"]["name"] + "\t" + os.path.dirname(msg["manifest_path"]) + "\t" + msg["executable"])
+' > "$bench_list"
+    [ -s "$bench_list" ] || { echo "error: no bench binaries were built" >&2; exit 1; }
+fi
+if [ "$host" = 1 ]; then
+    step "device-free benches, briefly"
+    while IFS=$'\t' read -r name dir exe; do
+        case $name in hotpath|verify) ;; *) continue ;; esac
+        echo "--- bench $name"
+        (cd "$dir" && "$exe" --bench --warm-up-time 0.05 --measurement-time 0.1) | grep -E 'time:|thrpt:' | head -40
+        [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "error: bench $name failed" >&2; exit 1; }
+    done < "$bench_list"
+fi
+
 [ "$device" = 1 ] || exit 0
+
+# The instruction-count guard needs valgrind and iai-callgrind's runner, of
+# the very version the bench links (benches/Cargo.toml pins it).
+pinpoll_ensure_packages valgrind
+iai_version=$(sed -n 's/^iai-callgrind = "=\(.*\)"/\1/p' benches/Cargo.toml)
+if [ "$(iai-callgrind-runner --version 2>/dev/null | awk '{print $2}')" != "$iai_version" ]; then
+    step "cargo install iai-callgrind-runner $iai_version"
+    cargo install iai-callgrind-runner --version "$iai_version" --locked
+fi
 
 step "building the device tests"
 # Build on the host (fast), then run the very same binaries in the guest,
@@ -66,6 +105,9 @@ for line in sys.stdin:
         print(os.path.dirname(msg["manifest_path"]) + "\t" + msg["executable"] + "\t" + kind)
 ' > "$list"
 [ -s "$list" ] || { echo "error: no test binaries were built" >&2; exit 1; }
+# The device benches run in the guest with the tests.
+awk -F'\t' '$1 == "latency" || $1 == "bandwidth" { print $2 "\t" $3 "\tbench" }
+    $1 == "hot_path" { print $2 "\t" $3 "\tinstructions" }' "$bench_list" >> "$list"
 echo "$(wc -l < "$list") test binaries"
 
 step "device tests inside the SoftRoCE guest (scripts/softroce-vm)"
@@ -79,6 +121,19 @@ ibv_devinfo -d "${PINPOLL_DEVICE:?PINPOLL_DEVICE unset: not inside scripts/softr
     || { echo "error: device $PINPOLL_DEVICE not usable in the guest" >&2; exit 1; }
 while IFS=$'\t' read -r dir exe kind; do
     echo "--- $kind $(basename "$exe") (in ${dir#"$PWD"/})"
+    if [ "$kind" = bench ] || [ "$kind" = instructions ]; then
+        # Briefly, for real: criterion's benches with short windows; the
+        # instruction-count guard as it is (callgrind counts, no window).
+        if [ "$kind" = bench ]; then
+            out=$(cd "$dir" && timeout 900 "$exe" --bench --warm-up-time 0.05 --measurement-time 0.1 2>&1)
+        else
+            out=$(cd "$dir" && timeout 1800 "$exe" --bench 2>&1)
+        fi
+        rc=$?
+        printf '%s\n' "$out" | grep -E 'time:|thrpt:|Instructions:|Limit|Performance has regressed|error|panicked' | head -60
+        if [ "$rc" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); bad+=("$(basename "$exe")"); printf '%s\n' "$out" | tail -30; fi
+        continue
+    fi
     if [ "$kind" = example ]; then
         # Examples are programs a user runs: each must exit 0 on the device.
         out=$(cd "$dir" && timeout 300 "$exe" 2>&1)
