@@ -1,0 +1,399 @@
+#!/usr/bin/env python3
+"""Own instructions per operation from callgrind profiles of a client.
+
+Usage: count_instructions.py RUN_DIR MANIFEST
+
+MANIFEST is a TSV written by scripts/count-instructions.sh, one run a
+line: test, tool, variant (n1 | n2 | crowded), iterations, ops per
+iteration, the callgrind output prefix, the tool's own binary. Prints
+the Markdown table on stdout and writes RUN_DIR/counts.json and
+RUN_DIR/counts.tsv with every figure.
+
+Method (also printed under the table):
+
+own(run)   = self Ir of the tool's own object (perftest binary, or the
+             pinpoll-perf binary, which holds pinpoll and std), i.e.
+             everything but librxe, libibverbs, librdmacm, libc, ld.so,
+             the vDSO and valgrind's preload objects. A call's inclusive
+             cost is never added to its caller.
+own/op     = (own'(n2) - own'(n1)) / (ops(n2) - ops(n1)), so set-up and
+             tear-down cancel; own' = own less the waiting below.
+waiting    = instructions of busy-wait turns that found nothing. A wait
+             loop is a backward jump in the own object whose taken count
+             differs between the n2 run and a "crowded" run at the same
+             count with the server on the client's core (which only
+             changes how long each wait lasts). Taken count = empty turns
+             (the loop is left, not re-entered, when it finds its
+             event). An instruction whose count differs between those two
+             runs by m times the loop's change (m whole) runs m times
+             per empty turn: m x turns are removed. One that differs by
+             less than one per turn (a clock read every 256 turns, a
+             periodic peer check) runs only inside waits: all its
+             executions are removed.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import callgrind_profile as cp  # noqa: E402
+
+# Objects that are not the tool's own code, for the breakdown.
+CATEGORIES = (
+    ("provider", ("librxe",)),
+    ("libibverbs", ("libibverbs.so",)),
+    ("librdmacm", ("librdmacm",)),
+    ("libc", ("libc.so",)),
+    ("ld.so", ("ld-linux",)),
+    ("valgrind", ("vgpreload",)),
+)
+
+
+def category(obj: str, own: str) -> str:
+    if obj == own:
+        return "own"
+    base = os.path.basename(obj or "???")
+    for name, keys in CATEGORIES:
+        if any(k in base for k in keys):
+            return name
+    return "vdso/other" if base == "???" else "other"
+
+
+@dataclass
+class Run:
+    test: str
+    tool: str
+    variant: str
+    iters: int
+    ops_per_iter: int
+    prefix: str
+    own: str
+    threads: dict  # role -> list[ThreadProfile]
+
+    @property
+    def ops(self) -> int:
+        return self.iters * self.ops_per_iter
+
+
+def thread_role(index: int) -> str:
+    """The first thread is main, the application's; the tools start one
+    more only in engine mode: pinpoll's worker."""
+    return "app" if index == 0 else "worker"
+
+
+def load_run(fields: list[str]) -> Run:
+    test, tool, variant, iters, per, prefix, own = fields
+    files = cp.thread_files(prefix)
+    if not files:
+        raise SystemExit(f"error: no callgrind output for {prefix}")
+    threads: dict = collections.defaultdict(list)
+    for i, f in enumerate(files):
+        prof = cp.parse(f)
+        if prof.self_total():
+            threads[thread_role(i)].append(prof)
+    return Run(test, tool, variant, int(iters), int(per), prefix, own, dict(threads))
+
+
+def merged(profiles: list) -> cp.ThreadProfile:
+    out = cp.ThreadProfile(path="+".join(p.path for p in profiles))
+    for p in profiles:
+        out.objects.update(p.objects)
+        out.functions.update(p.functions)
+        out.instructions.update(p.instructions)
+        out.function_of.update(p.function_of)
+        out.back_edges.update(p.back_edges)
+        out.calls.update(p.calls)
+        out.call_costs.update(p.call_costs)
+    return out
+
+
+# libc's qsort (a merge sort) calls perftest's comparator N log N times
+# when the report sorts the samples: reporting, not per-operation work.
+SORT_CALLERS = ("msort", "qsort")
+
+
+def sort_callbacks(prof: cp.ThreadProfile, own: str) -> tuple:
+    """Own functions called by libc's sort, and their inclusive cost."""
+    fns, cost = set(), 0
+    for (caller, caller_fn, callee, fn), c in prof.call_costs.items():
+        if (
+            callee == own
+            and category(caller, own) == "libc"
+            and (caller_fn or "").startswith(SORT_CALLERS)
+        ):
+            fns.add(fn)
+            cost += c
+    return fns, cost
+
+
+@dataclass
+class Waiting:
+    """Wait loops of one role and the instructions of their empty turns."""
+
+    loops: list  # [(jump key, {variant: times taken})]
+    per_turn: dict  # jump key -> own instructions per empty turn
+    periodic: set  # own addresses that only run inside waits
+    unexplained: int  # summed count change of addresses no loop explains
+
+    def removed(self, counts: dict, variant: str) -> int:
+        total = sum(self.per_turn[key] * taken[variant] for key, taken in self.loops)
+        return total + sum(counts.get(a, 0) for a in self.periodic)
+
+    def turns(self, variant: str) -> int:
+        return sum(taken[variant] for _key, taken in self.loops)
+
+
+def own_counts(prof: cp.ThreadProfile, own: str, skip_fns: set) -> dict:
+    """address -> executions, own object, outside the skipped functions."""
+    return {
+        a: n
+        for (o, a), n in prof.instructions.items()
+        if o == own and prof.function_of.get((o, a)) not in skip_fns
+    }
+
+
+def find_waiting(profs: dict, counts: dict, own: str) -> Waiting:
+    """Wait loops from the n2 and crowded runs (same iteration count)."""
+    variants = ("n1", "n2", "crowded")
+    edges = set()
+    for v in ("n2", "crowded"):
+        edges |= {k for k in profs[v].back_edges if k[0] == own}
+    # One loop can close through several backward jumps, all taken as
+    # often as each other in every run: group them by their counts.
+    groups: dict = {}
+    for e in sorted(edges):
+        taken = tuple(profs[v].back_edges.get(e, 0) for v in variants)
+        if taken[1] != taken[2]:
+            groups.setdefault(taken, e)
+    loops = sorted(
+        ((key, dict(zip(variants, taken))) for taken, key in groups.items()),
+        key=lambda kv: -abs(kv[1]["crowded"] - kv[1]["n2"]),
+    )
+    deltas = [(key, t["crowded"] - t["n2"]) for key, t in loops]
+    per_turn = {key: 0 for key, _ in loops}
+    periodic, unexplained = set(), 0
+    ref, crowd = counts["n2"], counts["crowded"]
+    for a in sorted(set(ref) | set(crowd)):
+        d = crowd.get(a, 0) - ref.get(a, 0)
+        if d == 0:
+            continue
+        ratios = [(key, d / dt) for key, dt in deltas if d / dt > 0]
+        whole = [(key, round(m)) for key, m in ratios if m >= 1 and abs(m - round(m)) < 1e-9]
+        if whole:
+            key, m = whole[0]
+            per_turn[key] += m
+        elif any(m < 1 for _key, m in ratios):
+            periodic.add(a)
+        else:
+            unexplained += abs(d)
+    return Waiting(loops, per_turn, periodic, unexplained)
+
+
+def provider_calls(prof: cp.ThreadProfile, own: str) -> collections.Counter:
+    """Calls from the own object into the provider, by callee (librxe
+    has no symbols: callees are addresses)."""
+    counts = collections.Counter()
+    for (caller, _caller_fn, callee, fn), n in prof.calls.items():
+        if caller == own and category(callee, own) == "provider":
+            counts[fn] += n
+    return counts
+
+
+def doorbells(prof: cp.ThreadProfile) -> set:
+    """Provider functions that call write(2): rxe's post_send rings its
+    doorbell with a write on the device file."""
+    return {
+        caller_fn
+        for (caller, caller_fn, _callee, fn), _n in prof.calls.items()
+        if category(caller, "") == "provider" and fn == "write"
+    }
+
+
+def cq_polls_per_op(profs: dict, own: str, dops: int) -> tuple:
+    """The CQ poll and its calls per operation: of the provider functions
+    the own object calls, not post_send, the one whose calls grow most
+    per operation (it runs once per completion taken or more, and again
+    on every empty poll; post_recv at most once per operation)."""
+    c1, c2 = provider_calls(profs["n1"], own), provider_calls(profs["n2"], own)
+    posts = doorbells(profs["n2"])
+    growth = {fn: (c2[fn] - c1.get(fn, 0)) / dops for fn in c2 if fn not in posts}
+    if not growth:
+        return None, 0.0
+    fn = max(sorted(growth), key=lambda f: growth[f])
+    return fn, growth[fn]
+
+
+def analyse_role(profs: dict, own: str, dops: int) -> dict:
+    sorts = {v: sort_callbacks(p, own) for v, p in profs.items()}
+    skip = set().union(*(fns for fns, _ in sorts.values()))
+    counts = {v: own_counts(p, own, skip) for v, p in profs.items()}
+    raw = {v: sum(c.values()) for v, c in counts.items()}
+    entry = {
+        "own_self": {v: p.objects.get(own, 0) for v, p in profs.items()},
+        "sort_callbacks": {v: c for v, (_f, c) in sorts.items()},
+        "own_raw": raw,
+    }
+    own_adj = dict(raw)
+    if "crowded" in profs:
+        w = find_waiting(profs, counts, own)
+        removed = {v: w.removed(counts[v], v) for v in profs}
+        own_adj = {v: raw[v] - removed[v] for v in profs}
+        entry.update(
+            loops=[
+                {"jump": f"{k[1]:#x}->{k[2]:#x}", "taken": t, "own_per_turn": w.per_turn[k]}
+                for k, t in w.loops
+            ],
+            periodic_addresses=len(w.periodic),
+            unexplained=w.unexplained,
+            waiting_removed=removed,
+            turns={v: w.turns(v) for v in profs},
+            turns_per_op=(w.turns("n2") - w.turns("n1")) / dops,
+            waiting_per_op=(removed["n2"] - removed["n1"]) / dops,
+        )
+    entry["own_adjusted"] = own_adj
+    entry["own_per_op"] = (own_adj["n2"] - own_adj["n1"]) / dops
+    entry["raw_per_op"] = (raw["n2"] - raw["n1"]) / dops
+    fn, per_op = cq_polls_per_op(profs, own, dops)
+    entry["provider_busiest"] = fn
+    entry["provider_busiest_calls_per_op"] = per_op
+    cats = collections.Counter()
+    for v, sign in (("n2", 1), ("n1", -1)):
+        for obj, cost in profs[v].objects.items():
+            cats[category(obj, own)] += sign * cost
+    entry["self_per_op_by_object"] = {k: v / dops for k, v in sorted(cats.items())}
+    return entry
+
+
+def analyse(test: str, tool: str, runs_by_variant: dict) -> dict:
+    r1, r2 = runs_by_variant["n1"], runs_by_variant["n2"]
+    dops = r2.ops - r1.ops
+    roles = sorted(set(r1.threads) | set(r2.threads))
+    result = {"test": test, "tool": tool, "ops": {"n1": r1.ops, "n2": r2.ops}, "roles": {}}
+    for role in roles:
+        profs = {v: merged(r.threads.get(role, [])) for v, r in runs_by_variant.items()}
+        result["roles"][role] = analyse_role(profs, r1.own, dops)
+    return result
+
+
+# ---- the table ---------------------------------------------------------------
+
+ROWS = (
+    ("write-lat", "write-lat 8 B", "round trip (ping + pong)"),
+    ("send-lat", "send-lat 8 B", "round trip (ping + pong)"),
+    ("read-lat", "read-lat 8 B", "round trip (one READ)"),
+    ("write-bw", "write-bw 64 B, 32 per post", "work request"),
+    ("engine-read-lat", "engine read-lat 8 B", "round trip (one READ)"),
+    ("engine-send-lat", "engine send-lat 8 B", "round trip (ping + pong)"),
+)
+# Engine rows are set against perftest's direct test of the same kind.
+PERFTEST_PEER = {"engine-read-lat": "read-lat", "engine-send-lat": "send-lat"}
+
+
+def own_total(res: dict) -> float:
+    return sum(e["own_per_op"] for e in res["roles"].values())
+
+
+def spins_cell(res: dict) -> str:
+    parts = []
+    for role, e in sorted(res["roles"].items()):
+        polls = e["provider_busiest_calls_per_op"]
+        if "turns_per_op" in e:
+            v = f"{e['turns_per_op']:.1f} empty turns ({polls:.2f} CQ polls)"
+        else:
+            v = f"{polls:.3f} CQ polls"
+        parts.append(v if len(res["roles"]) == 1 else f"{role} {v}")
+    return ", ".join(parts)
+
+
+def own_cell(res: dict) -> str:
+    roles = res["roles"]
+    if len(roles) == 1:
+        return f"{own_total(res):.1f}"
+    inner = " + ".join(f"{r} {roles[r]['own_per_op']:.1f}" for r in ("app", "worker") if r in roles)
+    return f"{own_total(res):.1f} ({inner})"
+
+
+def table(results: dict) -> list[str]:
+    out = [
+        "| test | per | perftest own/op | pinpoll own/op | pinpoll/perftest "
+        "| spins/op perftest | spins/op pinpoll |",
+        "|---|---|---:|---:|---:|---|---|",
+    ]
+    for test, label, per in ROWS:
+        pp = results.get((test, "pinpoll"))
+        pt = results.get((PERFTEST_PEER.get(test, test), "perftest"))
+        if pp is None and (pt is None or test in PERFTEST_PEER):
+            continue
+        pt_own = f"{own_total(pt):.1f}" if pt else "n/a"
+        if test in PERFTEST_PEER and pt:
+            pt_own = f"({pt_own}: ib_{PERFTEST_PEER[test].replace('-', '_')})"
+        ratio = f"{own_total(pp) / own_total(pt):.2f}" if pp and pt and own_total(pt) else "n/a"
+        out.append(
+            f"| {label} | {per} | {pt_own} | {own_cell(pp) if pp else 'n/a'} | {ratio} "
+            f"| {'—' if test in PERFTEST_PEER else (spins_cell(pt) if pt else 'n/a')} "
+            f"| {spins_cell(pp) if pp else 'n/a'} |"
+        )
+    return out
+
+
+METHOD = (
+    "Method: callgrind (Ir) on the client only, server native; own = self "
+    "instructions of the tool's own object (the perftest binary; pinpoll-perf "
+    "with pinpoll and std linked in), excluding librxe, libibverbs, librdmacm, "
+    "libc, ld.so, the vDSO and valgrind's preload; own/op = difference of two "
+    "runs (N1, N2 iterations) over the difference in operations, after "
+    "removing busy-wait turns that found nothing (wait loops found as "
+    "backward jumps whose taken count changes when the server shares the "
+    "client's core at the same N; each empty turn's own instructions and "
+    "every instruction that runs only inside waits are removed). spins/op: "
+    "empty wait turns per operation (write-bw: provider CQ-poll calls per "
+    "work request, one completion per 32 requests; no correction)."
+)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print(__doc__, file=sys.stderr)
+        return 2
+    run_dir, manifest = argv[1], argv[2]
+    runs: dict = collections.defaultdict(dict)
+    with open(manifest, encoding="utf-8") as f:
+        for line in f:
+            fields = line.rstrip("\n").split("\t")
+            if len(fields) != 7:
+                continue
+            runs[(fields[0], fields[1])][fields[2]] = load_run(fields)
+    results = {}
+    for (test, tool), by_variant in sorted(runs.items()):
+        if not {"n1", "n2"} <= set(by_variant):
+            print(f"warning: {test} {tool}: missing a run, no figure", file=sys.stderr)
+            continue
+        results[(test, tool)] = analyse(test, tool, by_variant)
+    lines = table(results)
+    print("\n".join(lines))
+    print()
+    print(METHOD)
+    with open(os.path.join(run_dir, "counts.json"), "w", encoding="utf-8") as f:
+        json.dump([results[k] for k in sorted(results)], f, indent=1, default=str)
+    with open(os.path.join(run_dir, "counts.tsv"), "w", encoding="utf-8") as f:
+        f.write("test\ttool\trole\town_per_op\traw_per_op\tturns_per_op\twaiting_per_op\t"
+                "unexplained\tprovider_calls_per_op\n")
+        for (test, tool), res in sorted(results.items()):
+            for role, e in sorted(res["roles"].items()):
+                f.write(
+                    f"{test}\t{tool}\t{role}\t{e['own_per_op']:.3f}\t{e['raw_per_op']:.3f}\t"
+                    f"{e.get('turns_per_op', '')}\t{e.get('waiting_per_op', '')}\t"
+                    f"{e.get('unexplained', '')}\t{e['provider_busiest_calls_per_op']:.4f}\n"
+                )
+    with open(os.path.join(run_dir, "table.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n\n" + METHOD + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
