@@ -165,40 +165,37 @@ pinpoll_run() { # TEST VARIANT ITERS CORE KIND FLAGS...
 
 wanted() { [[ -z $only || $1 =~ $only ]]; }
 
-# A latency test: both tools at N1 and N2, and crowded at N2.
-latency() { # TEST PERFTEST_PROG PINPOLL_KIND
-    local test=$1 prog=$2 kind=$3
+# The three runs of a latency test: N1 and N2 iterations with the server
+# on core 0, and N2 again with the server on the client's core (crowded).
+# three_runs TEST N1 N2 COMMAND ARGS... runs COMMAND ARGS... VARIANT ITERS CORE.
+three_runs() {
+    local test=$1 a=$2 b=$3
+    shift 3
     wanted "$test" || return 0
     echo "--- $test" >&2
-    for v in n1 n2 crowded; do
-        local n=$n2 score=0
-        [ "$v" = n1 ] && n=$n1
-        [ "$v" = crowded ] && score=1
-        perftest_run "$test" "$v" "$n" "$score" "$prog" -s 8 -n "$n"
-        pinpoll_run "$test" "$v" "$n" "$score" "$kind" -s 8 -n "$n" --warmup "$warmup"
-    done
+    "$@" n1 "$a" 0
+    "$@" n2 "$b" 0
+    "$@" crowded "$b" 1
 }
 
-# Engine mode: a tenth of the iterations. Under valgrind one thread runs
-# at a time, for up to 100 000 blocks, and both of the client's threads
-# busy-poll, so every hand-off waits out a time slice: ~1.5 s an operation
-# in the TCG guest. The waiting is removed exactly, so few operations do.
-engine() { # TEST PINPOLL_KIND
-    local test=$1 kind=$2 en1=$((n1 / 10)) en2=$((n2 / 10))
-    wanted "$test" || return 0
-    echo "--- $test" >&2
-    for v in n1 n2 crowded; do
-        local n=$en2 score=0
-        [ "$v" = n1 ] && n=$en1
-        [ "$v" = crowded ] && score=1
-        pinpoll_run "$test" "$v" "$n" "$score" "$kind" -s 8 -n "$n" --warmup 10 --mode engine
-    done
+both_tools() { # TEST PERFTEST_PROG PINPOLL_KIND VARIANT ITERS CORE
+    perftest_run "$1" "$4" "$5" "$6" "$2" -s 8 -n "$5"
+    pinpoll_run "$1" "$4" "$5" "$6" "$3" -s 8 -n "$5" --warmup "$warmup"
+}
+
+# Engine mode runs a tenth of the iterations. Under valgrind one thread
+# runs at a time, for up to 100 000 blocks, and both of the client's
+# threads busy-poll, so every hand-off waits out a time slice: ~1.5 s an
+# operation in the TCG guest. The waiting is removed exactly, so few
+# operations do.
+engine_mode() { # TEST PINPOLL_KIND VARIANT ITERS CORE
+    pinpoll_run "$1" "$3" "$4" "$5" "$2" -s 8 -n "$4" --warmup 10 --mode engine
 }
 
 start=$SECONDS
-latency write-lat ib_write_lat write-lat
-latency send-lat ib_send_lat send-lat
-latency read-lat ib_read_lat read-lat
+for t in write-lat send-lat read-lat; do
+    three_runs "$t" "$n1" "$n2" both_tools "$t" "ib_${t/-/_}" "$t"
+done
 if wanted write-bw; then
     echo "--- write-bw" >&2
     # compare-perftest.sh's 64 B message-rate row: perftest with a post
@@ -211,8 +208,9 @@ if wanted write-bw; then
         pinpoll_run write-bw "$v" "$n" 0 write-bw -s 64 -n "$n"
     done
 fi
-engine engine-read-lat read-lat
-engine engine-send-lat send-lat
+for t in read-lat send-lat; do
+    three_runs "engine-$t" $((n1 / 10)) $((n2 / 10)) engine_mode "engine-$t" "$t"
+done
 echo "(callgrind runs: $((SECONDS - start)) s; raw files in $run_dir)" >&2
 
 python3 "$top/scripts/lib/count_instructions.py" "$run_dir" "$manifest"

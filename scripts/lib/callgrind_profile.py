@@ -10,8 +10,9 @@ single event Ir (see callgrind's "Callgrind Format Specification"):
 - a `calls=COUNT TARGET` line is followed by one cost line that is the
   INCLUSIVE cost of those calls, charged to the call site: it is counted
   as a call, never as the caller's self cost;
-- a `jump=COUNT TARGET` or `jcnd=EXECUTED/TAKEN TARGET` line is followed
-  by the position of the jump instruction (no cost).
+- a `jump=COUNT TARGET` or `jcnd=TAKEN/EXECUTED TARGET` line is followed
+  by the position of the jump instruction (no cost). (callgrind 3.19
+  writes the taken count first; the smaller of the two is taken.)
 """
 
 from __future__ import annotations
@@ -103,8 +104,8 @@ def parse(path: str) -> ThreadProfile:
                 pending_jump = (int(count), _address(target))
             elif key == "jcnd":
                 counts, target = value.split()[:2]
-                _executed, taken = counts.split("/")
-                pending_jump = (int(taken), _address(target))
+                taken = min(int(c) for c in counts.split("/"))
+                pending_jump = (taken, _address(target))
             # fl, fi, fe, cfi, cfl, jfi, jfn: files and jump targets' names,
             # not needed (positions are absolute addresses).
     if prof.totals is not None and prof.totals != prof.self_total():
