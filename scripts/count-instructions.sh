@@ -2,7 +2,8 @@
 # scripts/count-instructions.sh — own instructions per operation, pinpoll-perf
 # beside perftest, counted by callgrind inside the SoftRoCE guest.
 #
-#   scripts/count-instructions.sh               every row (~25 min under TCG)
+#   scripts/count-instructions.sh               every row: 28 callgrind runs,
+#                                               ~30 min in an idle TCG guest
 #   options: --n1 N --n2 N   iterations of the two counted runs (default 200,
 #                            1200; write-bw runs 32 times as many requests)
 #            --out DIR  (default target/count-instructions/runs)
@@ -80,7 +81,7 @@ if [ "${PINPOLL_VM:-}" != 1 ]; then
             cargo build --release -p pinpoll-perf --target-dir "$build_dir" >&2
     fi
     [ -x "$perf" ] || { echo "error: $perf is missing; build it (drop --no-build)" >&2; exit 1; }
-    exec scripts/softroce-vm --timeout "${PINPOLL_COUNT_TIMEOUT:-3600}" -- \
+    exec scripts/softroce-vm --timeout "${PINPOLL_COUNT_TIMEOUT:-10800}" -- \
         bash "$top/scripts/count-instructions.sh" --no-build "${args[@]}"
 fi
 

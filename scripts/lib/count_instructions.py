@@ -35,6 +35,7 @@ waiting    = instructions of busy-wait turns that found nothing. A wait
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import sys
@@ -115,6 +116,11 @@ def merged(profiles: list) -> cp.ThreadProfile:
 # libc's qsort (a merge sort) calls perftest's comparator N log N times
 # when the report sorts the samples: reporting, not per-operation work.
 SORT_CALLERS = ("msort", "qsort")
+# pinpoll-perf's mean, deviation and percentiles walk its histogram's
+# buckets: as many turns as the latencies spread over, not per operation.
+# (Filling the histogram, one record per sample, is inlined into the
+# measuring code and stays in, as perftest's own pass over its samples.)
+REPORT_FUNCTIONS = ("hdrhistogram::",)
 
 
 def sort_callbacks(prof: cp.ThreadProfile, own: str) -> tuple:
@@ -170,14 +176,36 @@ def own_counts(prof: cp.ThreadProfile, own: str, skip_fns: set) -> dict:
     }
 
 
+# Loops (by count change, largest first) an instruction's change may be
+# the sum of: a wait loop's head runs once per turn of each path back to
+# it (a plain empty turn, a turn that reads the clock every 256, ...).
+# Few, so that a sum of small changes cannot match by accident.
+COMBINED_LOOPS = 4
+
+
+def explain(d: int, deltas: list) -> list | None:
+    """The loops an instruction's count change `d` is made of: one loop
+    m times (m <= 4), else two or three of the loops that changed most,
+    once each."""
+    for key, dt in deltas:
+        for m in range(1, 5):
+            if m * dt == d:
+                return [(key, m)]
+    for size in (2, 3):
+        for combo in itertools.combinations(deltas[:COMBINED_LOOPS], size):
+            if sum(dt for _k, dt in combo) == d:
+                return [(k, 1) for k, _dt in combo]
+    return None
+
+
 def find_waiting(profs: dict, counts: dict, own: str) -> Waiting:
     """Wait loops from the n2 and crowded runs (same iteration count)."""
     variants = ("n1", "n2", "crowded")
     edges = set()
     for v in ("n2", "crowded"):
-        edges |= {k for k in profs[v].back_edges if k[0] == own}
-    # One loop can close through several backward jumps, all taken as
-    # often as each other in every run: group them by their counts.
+        edges |= {k for k in profs[v].back_edges if k[0] == own and k[1] in counts[v]}
+    # Backward jumps taken as often as each other in every run close the
+    # same loop: one of them stands for all.
     groups: dict = {}
     for e in sorted(edges):
         taken = tuple(profs[v].back_edges.get(e, 0) for v in variants)
@@ -196,15 +224,12 @@ def find_waiting(profs: dict, counts: dict, own: str) -> Waiting:
         d = crowd.get(a, 0) - ref.get(a, 0)
         if d == 0:
             continue
-        ratios = [(key, d / dt) for key, dt in deltas if d / dt > 0]
-        whole = [(key, round(m)) for key, m in ratios if m >= 1 and abs(m - round(m)) < 1e-9]
-        if whole:
-            key, m = whole[0]
-            per_turn[key] += m
-            if m == 1:
-                once[key].append(a)
-        elif any(m < 1 for _key, m in ratios):
-            periodic.add(a)
+        parts = explain(d, deltas)
+        if parts:
+            for key, m in parts:
+                per_turn[key] += m
+            if len(parts) == 1 and parts[0][1] == 1:
+                once[parts[0][0]].append(a)
         else:
             unexplained += abs(d)
     return Waiting(loops, per_turn, once, periodic, unexplained)
@@ -247,6 +272,12 @@ def cq_polls_per_op(profs: dict, own: str, dops: int) -> tuple:
 def analyse_role(profs: dict, own: str, dops: int) -> dict:
     sorts = {v: sort_callbacks(p, own) for v, p in profs.items()}
     skip = set().union(*(fns for fns, _ in sorts.values()))
+    skip |= {
+        fn
+        for p in profs.values()
+        for (ob, fn) in p.functions
+        if ob == own and fn and any(r in fn for r in REPORT_FUNCTIONS)
+    }
     counts = {v: own_counts(p, own, skip) for v, p in profs.items()}
     raw = {v: sum(c.values()) for v, c in counts.items()}
     entry = {
