@@ -26,18 +26,25 @@
 # perftest binary, or pinpoll-perf (pinpoll and std are linked into it).
 # librxe, libibverbs, librdmacm, libc, ld.so, the vDSO and valgrind's
 # preload objects are excluded; a call's inclusive cost is never added to
-# its caller. own/op = (own(N2) - own(N1)) / (ops(N2) - ops(N1)), so set-up
-# and tear-down cancel. Busy-wait turns that find nothing are timing, not
-# work: a wait loop is a backward jump of the own object whose taken count
-# changes between the N2 run and the crowded one (same work, longer waits);
-# its taken count is the number of empty turns; an own instruction whose
-# count changes by m times the loop's change runs m times per empty turn,
-# and one that changes by less than once per turn (a clock read every 256
-# turns, a periodic peer check) runs only inside waits. Both are removed
-# before differencing. Engine mode counts the application thread and the
-# worker separately (--separate-threads=yes). write-bw has no crowded run
-# (its server does no work); its spins column is the provider's CQ-poll
-# calls per request (one completion per 32 requests).
+# its caller. Reporting that is not per operation is left out too: the
+# comparator libc's qsort calls back while perftest sorts its samples, and
+# pinpoll-perf's hdrhistogram walks (mean, deviation, percentiles).
+# own/op = (own(N2) - own(N1)) / (ops(N2) - ops(N1)), so set-up and
+# tear-down cancel. Busy-wait turns that find nothing are timing, not work:
+# a wait loop is a backward jump of the own object whose taken count
+# changes between the N2 run and the crowded one (same work, longer
+# waits); an own instruction whose count changes by m times one loop's
+# change (m <= 4), or by the sum of the changes of two or three of the four
+# loops that changed most (a head reached by several paths), runs that
+# often per empty turn, and m x empty turns are removed from every run.
+# Empty turns = the jump's taken count, or, for a loop that never ends
+# (engine mode's worker), the runs of its instructions that only empty
+# turns execute. What no loop explains stays in and is printed (residual:
+# N2 minus crowded after removal, instructions, 0 when all is explained).
+# Engine mode counts the application thread and the worker separately
+# (--separate-threads=yes). write-bw has no crowded run (its server does
+# no work); its spins column is the provider's CQ-poll calls per request
+# (one completion per 32 requests), and nothing is removed.
 #
 # Prints a Markdown table (test, perftest own/op, pinpoll own/op, ratio,
 # spins/op of each) and the method line; every callgrind file, the
@@ -55,7 +62,7 @@ while [ $# -gt 0 ]; do
         --out) out=${2:?--out needs a directory}; shift ;;
         --no-build) build=0 ;;
         --only) only=${2:?--only needs a pattern}; shift ;;
-        -h|--help) sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,51p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift

@@ -9,27 +9,8 @@ iteration, the callgrind output prefix, the tool's own binary. Prints
 the Markdown table on stdout and writes RUN_DIR/counts.json and
 RUN_DIR/counts.tsv with every figure.
 
-Method (also printed under the table):
-
-own(run)   = self Ir of the tool's own object (perftest binary, or the
-             pinpoll-perf binary, which holds pinpoll and std), i.e.
-             everything but librxe, libibverbs, librdmacm, libc, ld.so,
-             the vDSO and valgrind's preload objects. A call's inclusive
-             cost is never added to its caller.
-own/op     = (own'(n2) - own'(n1)) / (ops(n2) - ops(n1)), so set-up and
-             tear-down cancel; own' = own less the waiting below.
-waiting    = instructions of busy-wait turns that found nothing. A wait
-             loop is a backward jump in the own object whose taken count
-             differs between the n2 run and a "crowded" run at the same
-             count with the server on the client's core (which only
-             changes how long each wait lasts). Taken count = empty turns
-             (the loop is left, not re-entered, when it finds its
-             event). An instruction whose count differs between those two
-             runs by m times the loop's change (m whole) runs m times
-             per empty turn: m x turns are removed. One that differs by
-             less than one per turn (a clock read every 256 turns, a
-             periodic peer check) runs only inside waits: all its
-             executions are removed.
+The method is described in scripts/count-instructions.sh (--help) and
+printed under the table (METHOD below).
 """
 
 from __future__ import annotations
@@ -144,7 +125,6 @@ class Waiting:
     loops: list  # [(jump key, {variant: times taken})]
     per_turn: dict  # jump key -> own instructions per empty turn
     once: dict  # jump key -> addresses that run once per empty turn
-    periodic: set  # own addresses that only run inside waits
     unexplained: int  # summed count change of addresses no loop explains
 
     def empty_turns(self, key, counts: dict, variant: str) -> int:
@@ -158,10 +138,9 @@ class Waiting:
         return min(taken, fewest)
 
     def removed(self, counts: dict, variant: str) -> int:
-        total = sum(
+        return sum(
             self.per_turn[key] * self.empty_turns(key, counts, variant) for key, _ in self.loops
         )
-        return total + sum(counts.get(a, 0) for a in self.periodic)
 
     def turns(self, counts: dict, variant: str) -> int:
         return sum(self.empty_turns(key, counts, variant) for key, _ in self.loops)
@@ -218,7 +197,7 @@ def find_waiting(profs: dict, counts: dict, own: str) -> Waiting:
     deltas = [(key, t["crowded"] - t["n2"]) for key, t in loops]
     per_turn = {key: 0 for key, _ in loops}
     once: dict = {key: [] for key, _ in loops}
-    periodic, unexplained = set(), 0
+    unexplained = 0
     ref, crowd = counts["n2"], counts["crowded"]
     for a in sorted(set(ref) | set(crowd)):
         d = crowd.get(a, 0) - ref.get(a, 0)
@@ -232,7 +211,7 @@ def find_waiting(profs: dict, counts: dict, own: str) -> Waiting:
                 once[parts[0][0]].append(a)
         else:
             unexplained += abs(d)
-    return Waiting(loops, per_turn, once, periodic, unexplained)
+    return Waiting(loops, per_turn, once, unexplained)
 
 
 def provider_calls(prof: cp.ThreadProfile, own: str) -> collections.Counter:
@@ -269,7 +248,7 @@ def cq_polls_per_op(profs: dict, own: str, dops: int) -> tuple:
     return fn, growth[fn]
 
 
-def analyse_role(profs: dict, own: str, dops: int) -> dict:
+def analyse_role(profs: dict, own: str, dops: int, n2_ops: int) -> dict:
     sorts = {v: sort_callbacks(p, own) for v, p in profs.items()}
     skip = set().union(*(fns for fns, _ in sorts.values()))
     skip |= {
@@ -291,13 +270,13 @@ def analyse_role(profs: dict, own: str, dops: int) -> dict:
         removed = {v: w.removed(counts[v], v) for v in profs}
         own_adj = {v: raw[v] - removed[v] for v in profs}
         entry.update(
-            # Same work at the same count: what is left must agree.
-            residual=own_adj["n2"] - own_adj["crowded"],
+            # Same work at the same count: what is left should agree; the
+            # difference, per operation, is what no loop explained.
+            residual=(own_adj["n2"] - own_adj["crowded"]) / n2_ops,
             loops=[
                 {"jump": f"{k[1]:#x}->{k[2]:#x}", "taken": t, "own_per_turn": w.per_turn[k]}
                 for k, t in w.loops
             ],
-            periodic_addresses=len(w.periodic),
             unexplained=w.unexplained,
             waiting_removed=removed,
             turns={v: w.turns(counts[v], v) for v in profs},
@@ -325,7 +304,7 @@ def analyse(test: str, tool: str, runs_by_variant: dict) -> dict:
     result = {"test": test, "tool": tool, "ops": {"n1": r1.ops, "n2": r2.ops}, "roles": {}}
     for role in roles:
         profs = {v: merged(r.threads.get(role, [])) for v, r in runs_by_variant.items()}
-        result["roles"][role] = analyse_role(profs, r1.own, dops)
+        result["roles"][role] = analyse_role(profs, r1.own, dops, r2.ops)
     return result
 
 
@@ -393,34 +372,37 @@ def table(results: dict) -> list[str]:
 def details(results: dict) -> list[str]:
     """Per tool and thread: what was counted, removed and left."""
     out = [
-        "| test | tool | thread | own/op with waiting | waiting removed/op | own/op | residual "
+        "| test | tool | thread | own/op with waiting | waiting removed/op | own/op | residual/op "
         "| provider/op | libibverbs/op | libc/op |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for (test, tool), res in sorted(results.items()):
         for role, e in sorted(res["roles"].items()):
             by = e["self_per_op_by_object"]
+            residual = f"{e['residual']:.1f}" if "residual" in e else "n/a"
             out.append(
                 f"| {test} | {tool} | {role} | {e['raw_per_op']:.1f} "
                 f"| {e.get('waiting_per_op', 0.0):.1f} | {e['own_per_op']:.1f} "
-                f"| {e.get('residual', 'n/a')} | {by.get('provider', 0.0):.1f} "
+                f"| {residual} | {by.get('provider', 0.0):.1f} "
                 f"| {by.get('libibverbs', 0.0):.1f} | {by.get('libc', 0.0):.1f} |"
             )
     return out
 
 
 METHOD = (
-    "Method: callgrind (Ir) on the client only, server native; own = self "
-    "instructions of the tool's own object (the perftest binary; pinpoll-perf "
+    "Method: callgrind (Ir) on the client only, server native. own = self "
+    "instructions of the tool's own object (the perftest binary; pinpoll-perf, "
     "with pinpoll and std linked in), excluding librxe, libibverbs, librdmacm, "
-    "libc, ld.so, the vDSO and valgrind's preload; own/op = difference of two "
-    "runs (N1, N2 iterations) over the difference in operations, after "
-    "removing busy-wait turns that found nothing (wait loops found as "
-    "backward jumps whose taken count changes when the server shares the "
-    "client's core at the same N; each empty turn's own instructions and "
-    "every instruction that runs only inside waits are removed). spins/op: "
-    "empty wait turns per operation (write-bw: provider CQ-poll calls per "
-    "work request, one completion per 32 requests; no correction)."
+    "libc, ld.so, the vDSO and valgrind's preload, and reporting that is not per "
+    "operation (perftest's qsort comparator, pinpoll-perf's histogram walks). "
+    "own/op = (own(N2) - own(N1)) / (ops(N2) - ops(N1)) after removing busy-wait "
+    "turns that found nothing: wait loops are backward jumps whose taken count "
+    "changes when the server shares the client's core (a third run at N2); an "
+    "instruction whose count changes by m times a loop's change (or by the sum "
+    "of a few loops' changes) runs m times per empty turn and is removed that "
+    "often. residual = what no loop explains (left in). spins/op = empty turns "
+    "per operation; write-bw: CQ-poll calls per work request (one completion per "
+    "32), nothing removed."
 )
 
 
