@@ -11,6 +11,7 @@
 
 use std::cell::Cell;
 use std::marker::PhantomData;
+use std::ops::Range;
 use std::sync::atomic::Ordering;
 
 use crossbeam::utils::CachePadded;
@@ -48,12 +49,13 @@ impl Shared {
     /// and not released, and stays unreleased while the slice lives.
     #[inline]
     unsafe fn published_bytes(&self, pos: u64) -> &[u8] {
-        let len = self.lens[self.slots.layout().slot(pos)].load(Ordering::Relaxed) as usize;
+        let layout = self.slots.layout();
+        let len = self.lens[layout.slot(pos)].load(Ordering::Relaxed) as usize;
         // SAFETY: the producer stored `len` (at most the slot size: push_with
         // checks it) before its Release store that published `pos`, which the
         // caller's Acquire load synchronised with; nothing writes the slot
         // before it is released, and the caller keeps it unreleased.
-        unsafe { self.slots.read(pos, len) }
+        unsafe { self.slots.read(layout.range(pos, len)) }
     }
 }
 
@@ -139,13 +141,14 @@ impl SlotWriter {
                 return false;
             }
         }
+        let slot = layout.slot(self.head);
         // SAFETY: len <= size (checked above). Position `head` is not yet
         // published, so the consumer does not read its slot, and the slot's
         // previous position was released (head - released < count, read with
         // Acquire, which synchronised with the consumer's Release store), so
         // every earlier read of it happened before this write.
-        unsafe { self.shared.slots.write(self.head, len, fill) };
-        self.shared.lens[layout.slot(self.head)].store(len as u64, Ordering::Relaxed);
+        unsafe { self.shared.slots.write(layout.range(self.head, len), fill) };
+        self.shared.lens[slot].store(len as u64, Ordering::Relaxed);
         self.head += 1;
         self.shared.published.store(self.head, Ordering::Release);
         true
@@ -269,30 +272,33 @@ impl Storage {
         })
     }
 
-    /// Lets `fill` write the first `len` bytes of position `pos`'s slot.
+    /// Lets `fill` write the bytes of `range`.
     ///
     /// # Safety
-    /// `len` is at most the slot size, and no other access to that slot
-    /// happens (or exists) until `fill` returns.
+    /// `range` is `self.layout().range(pos, len)` for some position `pos`
+    /// and `len` at most the slot size (so it lies in that position's slot),
+    /// and no other access to the slot happens until `fill` returns.
     #[inline]
-    unsafe fn write(&self, pos: u64, len: usize, fill: impl FnOnce(&mut [u8])) {
-        let range = self.layout.range(pos, len);
-        // SAFETY: the range lies in the buffer (its slot is below count and
-        // len <= size, so it ends by layout.bytes(), the buffer's length);
-        // the caller rules out any other access while the &mut lives.
+    unsafe fn write(&self, range: Range<usize>, fill: impl FnOnce(&mut [u8])) {
+        // `end - start`, not `range.len()`: the optimiser folds the former
+        // to the caller's `len`, but keeps the latter's empty-range check.
+        let len = range.end - range.start;
+        // SAFETY: the range lies in one slot, so in the buffer (which is
+        // layout.bytes() long); the caller rules out any other access while
+        // the &mut lives.
         fill(unsafe { std::slice::from_raw_parts_mut(self.buf.as_ptr().add(range.start), len) })
     }
 
-    /// The first `len` bytes of position `pos`'s slot.
+    /// The bytes of `range`.
     ///
     /// # Safety
-    /// `len` is at most the slot size, every write to that slot happened
-    /// before this call, and none happens while the slice lives.
+    /// `range` is as for `write`; every write to the slot happened before
+    /// this call, and none happens while the slice lives.
     #[inline]
-    unsafe fn read(&self, pos: u64, len: usize) -> &[u8] {
-        let range = self.layout.range(pos, len);
-        // SAFETY: in the buffer, as in `write`; the caller rules out writes
-        // while the slice lives.
+    unsafe fn read(&self, range: Range<usize>) -> &[u8] {
+        let len = range.end - range.start; // as in `write`
+                                           // SAFETY: in the buffer, as in `write`; the caller rules out writes
+                                           // while the slice lives.
         unsafe { std::slice::from_raw_parts(self.buf.as_ptr().add(range.start), len) }
     }
 }
@@ -313,15 +319,20 @@ impl Storage {
         Ok(Storage { layout, cells })
     }
 
+    /// The cell of the slot that `range` (which starts it) lies in.
+    fn cell(&self, range: &Range<usize>) -> &loom::cell::UnsafeCell<Box<[u8]>> {
+        &self.cells[range.start / self.layout.size()]
+    }
+
     /// As the mmap'd storage's `write`; loom records the write access.
     ///
     /// # Safety
     /// As the mmap'd storage's `write`.
-    unsafe fn write(&self, pos: u64, len: usize, fill: impl FnOnce(&mut [u8])) {
-        self.cells[self.layout.slot(pos)].with_mut(|cell| {
-            // SAFETY: the cell holds a live slot of `size` >= len bytes;
-            // loom has just checked that no other access is concurrent.
-            fill(unsafe { &mut (&mut *cell)[..len] })
+    unsafe fn write(&self, range: Range<usize>, fill: impl FnOnce(&mut [u8])) {
+        self.cell(&range).with_mut(|cell| {
+            // SAFETY: the cell holds a live slot of `size` >= range.len()
+            // bytes; loom has just checked that no other access is concurrent.
+            fill(unsafe { &mut (&mut *cell)[..range.len()] })
         })
     }
 
@@ -330,13 +341,13 @@ impl Storage {
     ///
     /// # Safety
     /// As the mmap'd storage's `read`.
-    unsafe fn read(&self, pos: u64, len: usize) -> &[u8] {
-        self.cells[self.layout.slot(pos)].with(|cell| {
-            // SAFETY: the cell holds a live slot of `size` >= len bytes,
+    unsafe fn read(&self, range: Range<usize>) -> &[u8] {
+        self.cell(&range).with(|cell| {
+            // SAFETY: the cell holds a live slot of `size` >= range.len() bytes,
             // owned by `self`; loom has just checked that every write to it
             // happened before, and the caller rules out later writes while
             // the slice lives.
-            unsafe { &(&*cell)[..len] }
+            unsafe { &(&*cell)[..range.len()] }
         })
     }
 }
