@@ -39,6 +39,15 @@ if [ "$host" = 1 ]; then
     cargo clippy --workspace --all-targets -- -D warnings
     step "host tests"
     cargo test --workspace
+    step "loom: every interleaving of the hand-off ring (engine/src/sys/handoff.rs)"
+    # --cfg loom swaps the ring's atomics and slot cells for loom's model
+    # checker; its own target directory keeps the ordinary builds' caches.
+    # Only the `loom_tests` modules run: other tests would use loom's types
+    # outside a model. A filter that matched nothing would pass: it must not.
+    RUSTFLAGS="--cfg loom -D warnings" CARGO_TARGET_DIR=target/loom \
+        cargo test -p pinpoll --release --lib -- loom_tests | tee target/loom.log
+    grep -q '^test result: ok\. [1-9]' target/loom.log \
+        || { echo "error: no loom test ran" >&2; exit 1; }
     step "build matrix: libclang 14/16/19, a dependent crate, rust-version"
     scripts/check-builds.sh
 fi

@@ -11,19 +11,28 @@
 
 use std::cell::Cell;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::ops::Range;
+use std::sync::atomic::Ordering;
 
 use crossbeam::utils::CachePadded;
 
+use self::sync::{Arc, AtomicU64};
 use super::layout::SlotLayout;
-use super::mem::{Buffer, PageSize};
 use crate::error::Result;
+
+/// The shared pointer and atomics the ring synchronises through: loom's
+/// under `cfg(loom)`, so that its model checker sees every access (the
+/// tests at the end of this file), the standard library's otherwise.
+mod sync {
+    #[cfg(loom)]
+    pub(super) use loom::sync::{atomic::AtomicU64, Arc};
+    #[cfg(not(loom))]
+    pub(super) use std::sync::{atomic::AtomicU64, Arc};
+}
 
 #[derive(Debug)]
 struct Shared {
-    buf: Buffer,
-    layout: SlotLayout,
+    slots: Storage,
     /// Slots published by the producer (next position to publish).
     published: CachePadded<AtomicU64>,
     /// Slots released by the consumer (next position to release).
@@ -32,12 +41,28 @@ struct Shared {
     lens: Box<[AtomicU64]>,
 }
 
+impl Shared {
+    /// The bytes of the slot at position `pos`, as its producer published them.
+    ///
+    /// # Safety
+    /// `pos` is published (seen through an Acquire load of `published`)
+    /// and not released, and stays unreleased while the slice lives.
+    #[inline]
+    unsafe fn published_bytes(&self, pos: u64) -> &[u8] {
+        let layout = self.slots.layout();
+        let len = self.lens[layout.slot(pos)].load(Ordering::Relaxed) as usize;
+        // SAFETY: the producer stored `len` (at most the slot size: push_with
+        // checks it) before its Release store that published `pos`, which the
+        // caller's Acquire load synchronised with; nothing writes the slot
+        // before it is released, and the caller keeps it unreleased.
+        unsafe { self.slots.read(layout.range(pos, len)) }
+    }
+}
+
 /// Creates a ring of `count` slots (a power of two) of `size` bytes.
 pub fn handoff_ring(size: usize, count: usize) -> Result<(SlotWriter, SlotReader)> {
-    let layout = SlotLayout::new(size, count);
     let shared = Arc::new(Shared {
-        buf: Buffer::new(layout.bytes(), PageSize::Base)?,
-        layout,
+        slots: Storage::new(SlotLayout::new(size, count))?,
         published: CachePadded::new(AtomicU64::new(0)),
         released: CachePadded::new(AtomicU64::new(0)),
         lens: (0..count).map(|_| AtomicU64::new(0)).collect(),
@@ -77,13 +102,13 @@ impl std::fmt::Debug for SlotWriter {
 impl SlotWriter {
     /// Bytes per slot.
     pub fn slot_size(&self) -> usize {
-        self.shared.layout.size()
+        self.shared.slots.layout().size()
     }
 
     /// Free slots (refreshing the consumer's index when it looks short).
     #[inline]
     pub fn free(&mut self) -> usize {
-        let count = self.shared.layout.count() as u64;
+        let count = self.shared.slots.layout().count() as u64;
         if self.head - self.cached_released >= count {
             self.cached_released = self.shared.released.load(Ordering::Acquire);
         }
@@ -106,7 +131,7 @@ impl SlotWriter {
     /// publishes it. `false` when full or `len` exceeds the slot size.
     #[inline]
     pub fn push_with(&mut self, len: usize, fill: impl FnOnce(&mut [u8])) -> bool {
-        let layout = self.shared.layout;
+        let layout = self.shared.slots.layout();
         if len > layout.size() {
             return false;
         }
@@ -117,15 +142,12 @@ impl SlotWriter {
             }
         }
         let slot = layout.slot(self.head);
-        let range = layout.range(self.head, len);
-        // SAFETY: slot `head` is not yet published, so the consumer does
-        // not read it, and it was released (head - released < count), so
-        // no earlier reader borrow of it exists; the range is inside the
-        // buffer (layout.bytes() == buf.len()). The &mut lives only for `fill`.
-        let bytes = unsafe {
-            std::slice::from_raw_parts_mut(self.shared.buf.as_ptr().add(range.start), len)
-        };
-        fill(bytes);
+        // SAFETY: len <= size (checked above). Position `head` is not yet
+        // published, so the consumer does not read its slot, and the slot's
+        // previous position was released (head - released < count, read with
+        // Acquire, which synchronised with the consumer's Release store), so
+        // every earlier read of it happened before this write.
+        unsafe { self.shared.slots.write(layout.range(self.head, len), fill) };
         self.shared.lens[slot].store(len as u64, Ordering::Relaxed);
         self.head += 1;
         self.shared.published.store(self.head, Ordering::Release);
@@ -159,15 +181,10 @@ impl SlotReader {
                 return None;
             }
         }
-        let layout = self.shared.layout;
-        let slot = layout.slot(self.tail);
-        let len = self.shared.lens[slot].load(Ordering::Relaxed) as usize;
-        let range = layout.range(self.tail, len);
         // SAFETY: tail < published (Acquire above, or cached from an
-        // earlier Acquire), so the producer finished writing this slot and
-        // will not touch it until we release it, which needs &mut self and
-        // so ends this borrow first.
-        Some(unsafe { std::slice::from_raw_parts(self.shared.buf.as_ptr().add(range.start), len) })
+        // earlier Acquire), and the slot stays unreleased while the slice
+        // lives: releasing needs &mut self, which this borrow holds.
+        Some(unsafe { self.shared.published_bytes(self.tail) })
     }
 
     /// Every published, unreleased slot, oldest first, readable together
@@ -217,18 +234,125 @@ impl<'a> Published<'a> {
         if pos >= self.published {
             return None;
         }
-        let layout = self.shared.layout;
-        let slot = layout.slot(pos);
-        let len = self.shared.lens[slot].load(Ordering::Relaxed) as usize;
-        let range = layout.range(pos, len);
-        // SAFETY: tail <= pos < published (read with Acquire when this view
-        // was made): the producer finished this slot and cannot reuse it
-        // before it is released, which needs the reader this view borrows.
-        Some(unsafe { std::slice::from_raw_parts(self.shared.buf.as_ptr().add(range.start), len) })
+        // SAFETY: tail <= pos < published, read with Acquire when this view
+        // was made; releasing needs the reader this view borrows for 'a.
+        Some(unsafe { self.shared.published_bytes(pos) })
     }
 }
 
-#[cfg(test)]
+/// The slots' bytes: one mmap'd buffer, or under `cfg(loom)` one loom
+/// `UnsafeCell` per slot, so that loom checks every access to a slot
+/// against the conflicting accesses of the other side. The ring's indices
+/// decide who may touch a slot; these methods only carry that out.
+#[derive(Debug)]
+struct Storage {
+    layout: SlotLayout,
+    /// `layout.bytes()` long.
+    #[cfg(not(loom))]
+    buf: super::mem::Buffer,
+    /// One cell of `layout.size()` bytes per slot.
+    #[cfg(loom)]
+    cells: Box<[loom::cell::UnsafeCell<Box<[u8]>>]>,
+}
+
+impl Storage {
+    #[inline]
+    fn layout(&self) -> SlotLayout {
+        self.layout
+    }
+}
+
+#[cfg(not(loom))]
+impl Storage {
+    fn new(layout: SlotLayout) -> Result<Storage> {
+        use super::mem::{Buffer, PageSize};
+        Ok(Storage {
+            buf: Buffer::new(layout.bytes(), PageSize::Base)?,
+            layout,
+        })
+    }
+
+    /// Lets `fill` write the bytes of `range`.
+    ///
+    /// # Safety
+    /// `range` is `self.layout().range(pos, len)` for some position `pos`
+    /// and `len` at most the slot size (so it lies in that position's slot),
+    /// and no other access to the slot happens until `fill` returns.
+    #[inline]
+    unsafe fn write(&self, range: Range<usize>, fill: impl FnOnce(&mut [u8])) {
+        // `end - start`, not `range.len()`: the optimiser folds the former
+        // to the caller's `len`, but keeps the latter's empty-range check.
+        let len = range.end - range.start;
+        // SAFETY: the range lies in one slot, so in the buffer (which is
+        // layout.bytes() long); the caller rules out any other access while
+        // the &mut lives.
+        fill(unsafe { std::slice::from_raw_parts_mut(self.buf.as_ptr().add(range.start), len) })
+    }
+
+    /// The bytes of `range`.
+    ///
+    /// # Safety
+    /// `range` is as for `write`; every write to the slot happened before
+    /// this call, and none happens while the slice lives.
+    #[inline]
+    unsafe fn read(&self, range: Range<usize>) -> &[u8] {
+        let len = range.end - range.start; // as in `write`
+                                           // SAFETY: in the buffer, as in `write`; the caller rules out writes
+                                           // while the slice lives.
+        unsafe { std::slice::from_raw_parts(self.buf.as_ptr().add(range.start), len) }
+    }
+}
+
+// SAFETY: as for the mmap'd buffer (`mem::Buffer` is Sync): the cells are
+// reached only through `write` and `read`, whose callers give each slot to
+// one side at a time, in happens-before order; loom checks exactly that at
+// every `with` and `with_mut` below.
+#[cfg(loom)]
+unsafe impl Sync for Storage {}
+
+#[cfg(loom)]
+impl Storage {
+    fn new(layout: SlotLayout) -> Result<Storage> {
+        let cells = (0..layout.count())
+            .map(|_| loom::cell::UnsafeCell::new(vec![0u8; layout.size()].into_boxed_slice()))
+            .collect();
+        Ok(Storage { layout, cells })
+    }
+
+    /// The cell of the slot that `range` (which starts it) lies in.
+    fn cell(&self, range: &Range<usize>) -> &loom::cell::UnsafeCell<Box<[u8]>> {
+        &self.cells[range.start / self.layout.size()]
+    }
+
+    /// As the mmap'd storage's `write`; loom records the write access.
+    ///
+    /// # Safety
+    /// As the mmap'd storage's `write`.
+    unsafe fn write(&self, range: Range<usize>, fill: impl FnOnce(&mut [u8])) {
+        self.cell(&range).with_mut(|cell| {
+            // SAFETY: the cell holds a live slot of `size` >= range.len()
+            // bytes; loom has just checked that no other access is concurrent.
+            fill(unsafe { &mut (&mut *cell)[..range.len()] })
+        })
+    }
+
+    /// As the mmap'd storage's `read`; loom records the read access when
+    /// the slice is made, and checks any later write against it.
+    ///
+    /// # Safety
+    /// As the mmap'd storage's `read`.
+    unsafe fn read(&self, range: Range<usize>) -> &[u8] {
+        self.cell(&range).with(|cell| {
+            // SAFETY: the cell holds a live slot of `size` >= range.len() bytes,
+            // owned by `self`; loom has just checked that every write to it
+            // happened before, and the caller rules out later writes while
+            // the slice lives.
+            unsafe { &(&*cell)[..range.len()] }
+        })
+    }
+}
+
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
@@ -293,5 +417,134 @@ mod tests {
             assert_eq!(data, expected, "message {i}");
         }
         producer.join().unwrap();
+    }
+}
+
+/// Every interleaving of the two halves (up to a preemption bound), checked
+/// by loom: its atomics model the weak memory orderings, and its cells flag
+/// any access to a slot's bytes that does not happen-after the other side's
+/// conflicting one. Run by scripts/test.sh (its loom step):
+/// `RUSTFLAGS="--cfg loom" cargo test -p pinpoll --release --lib -- loom_tests`.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use loom::thread;
+
+    use super::*;
+
+    /// Slot size of the rings below (two slots each).
+    const SLOT: usize = 4;
+
+    /// More messages than slots, so positions 2 and 3 reuse slots 0 and 1,
+    /// each with fewer bytes and other contents than the one before it (a
+    /// stale length or stale bytes would show).
+    const MESSAGES: [&[u8]; 4] = [&[1, 2, 3], &[4, 5, 6, 7], &[8], &[9, 10]];
+
+    /// Explores `f` with at most `PREEMPTIONS` preemptions per execution
+    /// (LOOM_MAX_PREEMPTIONS overrides it), which bounds the state space
+    /// of the spin loops below; loom's default is no bound.
+    fn check(f: impl Fn() + Sync + Send + 'static) {
+        const PREEMPTIONS: usize = 4;
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound.get_or_insert(PREEMPTIONS);
+        builder.check(f);
+    }
+
+    fn push_all(mut writer: SlotWriter, messages: &'static [&'static [u8]]) {
+        for m in messages {
+            while !writer.push(m) {
+                thread::yield_now();
+            }
+        }
+    }
+
+    /// Waits for the next message, checks its length and every byte, and
+    /// releases it.
+    fn take(reader: &mut SlotReader, expected: &[u8]) {
+        loop {
+            if let Some(bytes) = reader.peek() {
+                assert_eq!(bytes, expected);
+                break;
+            }
+            thread::yield_now();
+        }
+        reader.release();
+    }
+
+    #[test]
+    fn push_peek_release_wrapping() {
+        check(|| {
+            let (writer, mut reader) = handoff_ring(SLOT, 2).unwrap();
+            let producer = thread::spawn(move || push_all(writer, &MESSAGES));
+            for m in MESSAGES {
+                take(&mut reader, m);
+            }
+            assert!(reader.peek().is_none());
+            producer.join().unwrap();
+        });
+    }
+
+    #[test]
+    fn published_batches_wrapping() {
+        check(|| {
+            let (writer, mut reader) = handoff_ring(SLOT, 2).unwrap();
+            let producer = thread::spawn(move || push_all(writer, &MESSAGES));
+            let mut next = 0;
+            while next < MESSAGES.len() {
+                let view = reader.published();
+                let n = view.len();
+                for i in 0..n {
+                    assert_eq!(
+                        view.get(i),
+                        Some(MESSAGES[next + i]),
+                        "position {}",
+                        next + i
+                    );
+                }
+                assert_eq!(view.get(n), None);
+                for _ in 0..n {
+                    reader.release();
+                }
+                next += n;
+                if n == 0 {
+                    thread::yield_now();
+                }
+            }
+            producer.join().unwrap();
+        });
+    }
+
+    #[test]
+    fn free_while_the_consumer_releases() {
+        check(|| {
+            let (mut writer, mut reader) = handoff_ring(SLOT, 2).unwrap();
+            assert!(writer.push(MESSAGES[0]) && writer.push(MESSAGES[1]));
+            assert!(!writer.push(MESSAGES[2]), "full");
+            assert_eq!(writer.free(), 0);
+            let consumer = thread::spawn(move || {
+                for m in &MESSAGES[..3] {
+                    take(&mut reader, m);
+                }
+            });
+            // Without pushes, free() never shrinks; as soon as it is above
+            // zero, a push must succeed (and write a slot the consumer has
+            // finished reading: loom checks that).
+            let mut free = 0;
+            while free == 0 {
+                thread::yield_now();
+                let now = writer.free();
+                assert!(now >= free && now <= 2, "free() went from {free} to {now}");
+                free = now;
+            }
+            assert!(writer.push(MESSAGES[2]), "free() said {free}");
+            free -= 1;
+            while free < 2 {
+                let now = writer.free();
+                assert!(now >= free && now <= 2, "free() went from {free} to {now}");
+                free = now;
+                thread::yield_now();
+            }
+            consumer.join().unwrap();
+            assert_eq!(writer.free(), 2);
+        });
     }
 }
