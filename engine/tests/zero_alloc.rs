@@ -4,16 +4,17 @@
 //! the malloc family in the process — Rust's allocator's and every C
 //! library's, librdmacm's and libibverbs' included.
 //!
-//! After a warm-up, each operation kind runs 100 000 times with both counts
-//! unchanged: in direct mode SEND, WRITE, WRITE_WITH_IMM, READ, a mixed
-//! batch, `try_write_from`, `Batch::send_from`, the waiting `read` and
+//! After a warm-up, each operation kind runs 100 000 times (10 000 for
+//! READs waited for one at a time) with both counts unchanged: in direct
+//! mode SEND, WRITE, WRITE_WITH_IMM, READ, a mixed batch,
+//! `try_write_from`, `Batch::send_from`, the waiting `read` and
 //! `try_recv`; in engine mode SEND, WRITE, WRITE_WITH_IMM, READ, the mixed
-//! operations, and READs waited for with `Engine::wait`. Then each mode sits
-//! idle for 400 heartbeat intervals while a wait (direct) or the worker
-//! (engine) runs its slow path — peer checks and heartbeats, which must be
-//! seen to be sent. The peer (a direct-mode connection on another thread
-//! of this process) is counted too. Before any of it, the C count must
-//! catch an allocation made inside libc, or the test fails: the
+//! operations, and READs waited for with `Engine::wait`. Then each mode
+//! sits idle for 400 heartbeat intervals while a wait (direct) or the
+//! worker (engine) runs its slow path — peer checks and heartbeats, which
+//! must be seen to be sent. The peer (a direct-mode connection on another
+//! thread of this process) is counted too. Before any of it, the C count
+//! must catch an allocation made inside libc, or the test fails: the
 //! interposer is live.
 //!
 //! Runs without the libtest harness, whose own threads allocate (e.g. the
@@ -37,7 +38,11 @@ use pinpoll_malloc_count::{is_counted_run, run_counted, CHeap, Calls};
 static ALLOCATOR: CountingAllocator = CountingAllocator::new();
 
 const OPS: u64 = 100_000;
-/// A multiple of [`CELLS`], like [`OPS`].
+/// Operations of a kind that waits out one round trip per operation
+/// (`ReadWait`): each still goes round every ring many times, in a tenth
+/// of the time a guest needs for OPS of them.
+const ROUND_TRIPS: u64 = 10_000;
+/// A multiple of [`CELLS`], like [`OPS`] and [`ROUND_TRIPS`].
 const WARM_UP: u64 = 2_048;
 /// Messages the server consumes before it acknowledges with one SEND: the
 /// client never has more in flight than the server has receives posted.
@@ -168,6 +173,13 @@ fn idle_request(stretch: Duration) -> [u8; 8] {
 fn idle_requested(data: &[u8]) -> Option<Duration> {
     let ms: [u8; 4] = data.strip_prefix(&IDLE_REQUEST)?.try_into().ok()?;
     Some(Duration::from_millis(u32::from_le_bytes(ms).into()))
+}
+
+fn measured_ops(kind: Kind) -> u64 {
+    match kind {
+        Kind::ReadWait => ROUND_TRIPS,
+        _ => OPS,
+    }
 }
 
 /// SENDs and immediates of `kind` the server consumes (each acknowledged).
@@ -580,11 +592,13 @@ fn pair(cfg: &EngineConfig) -> Pair {
 }
 
 /// Allocations over one measured region: Rust's, and the C heap's — every
-/// malloc-family call, Rust's allocator's included.
+/// malloc-family call, Rust's allocator's included — and how long it took
+/// (printed only: guests are slow).
 #[derive(Debug, Clone, Copy)]
 struct Allocations {
     rust: u64,
     c: Calls,
+    took: Duration,
 }
 
 /// Reads both counters around a region.
@@ -601,11 +615,14 @@ impl Meter {
 
     fn measure(&self, work: impl FnOnce()) -> Allocations {
         let (rust, c) = self.now();
+        let start = Instant::now();
         work();
+        let took = start.elapsed();
         let (rust_after, c_after) = self.now();
         Allocations {
             rust: rust_after - rust,
             c: c_after.since(&c),
+            took,
         }
     }
 }
@@ -618,7 +635,12 @@ struct Report {
 
 impl Report {
     fn record(&mut self, what: String, a: Allocations) {
-        println!("{what:<58} Rust allocator {:>2}   C heap {}", a.rust, a.c);
+        println!(
+            "{what:<50} {:>7.1} s   Rust allocator {:>2}   C heap {}",
+            a.took.as_secs_f64(),
+            a.rust,
+            a.c
+        );
         self.rows.push((what, a));
     }
 
@@ -659,8 +681,9 @@ fn direct_mode(cfg: &EngineConfig, meter: &Meter, report: &mut Report) {
     }
     direct_idle(&mut client, IDLE_WARM_UP);
     for kind in DIRECT_KINDS {
-        let a = meter.measure(|| direct(&mut client, kind, OPS));
-        report.record(format!("direct {kind:?}: {OPS} operations"), a);
+        let n = measured_ops(kind);
+        let a = meter.measure(|| direct(&mut client, kind, n));
+        report.record(format!("direct {kind:?}: {n} operations"), a);
     }
     let mut heartbeats = 0;
     let a = meter.measure(|| heartbeats = direct_idle(&mut client, IDLE));
@@ -678,7 +701,7 @@ fn direct_mode(cfg: &EngineConfig, meter: &Meter, report: &mut Report) {
     server.join().unwrap();
     let expected: u64 = DIRECT_KINDS
         .iter()
-        .map(|&k| consumed_by(k, WARM_UP) + consumed_by(k, OPS))
+        .map(|&k| consumed_by(k, WARM_UP) + consumed_by(k, measured_ops(k)))
         .sum();
     assert_eq!(
         consumed.load(Ordering::Relaxed),
@@ -695,8 +718,9 @@ fn engine_mode(cfg: &EngineConfig, meter: &Meter, report: &mut Report) {
         engine(&mut e, kind, WARM_UP);
     }
     for kind in ENGINE_KINDS {
-        let a = meter.measure(|| engine(&mut e, kind, OPS));
-        report.record(format!("engine {kind:?}: {OPS} operations"), a);
+        let n = measured_ops(kind);
+        let a = meter.measure(|| engine(&mut e, kind, n));
+        report.record(format!("engine {kind:?}: {n} operations"), a);
     }
     let stats = e.shutdown().unwrap().stats;
     assert_eq!((stats.failed, stats.flushed), (0, 0), "{stats:?}");
