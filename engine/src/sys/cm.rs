@@ -8,7 +8,7 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::device::Context;
+use super::device::{fd_ready, Context};
 use super::ffi;
 use crate::error::{last_os_error, Error, Result};
 
@@ -108,14 +108,46 @@ impl EventChannel {
         self.ptr
     }
 
-    /// The next event if one is queued; never blocks.
+    /// The next event if one is queued; never blocks. The channel's fd is
+    /// asked first (`poll`, zero timeout): `rdma_get_cm_event` mallocs and
+    /// writes to the fd on every call, event or not, and every wait's slow
+    /// turn and the engine's worker call this to check on the peer — on the
+    /// data path, which must not allocate.
     pub fn try_event(&self) -> Result<Option<CmEvent>> {
+        if !fd_ready(self.fd(), 0).map_err(poll_error)? {
+            return Ok(None);
+        }
+        self.take_event()
+    }
+
+    /// The next event, waiting at most until `deadline`.
+    pub fn next_event(&self, what: &'static str, deadline: Instant) -> Result<CmEvent> {
+        let start = Instant::now();
+        loop {
+            if let Some(ev) = self.take_event()? {
+                return Ok(ev);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout {
+                    what,
+                    waited: now - start,
+                });
+            }
+            let ms = (deadline - now).as_millis().clamp(1, i32::MAX as u128) as i32;
+            fd_ready(self.fd(), ms).map_err(poll_error)?;
+        }
+    }
+
+    /// `rdma_get_cm_event` once: the event, or `None` on EAGAIN.
+    fn take_event(&self) -> Result<Option<CmEvent>> {
         let mut raw = std::ptr::null_mut();
         // SAFETY: ptr is live, raw a valid out-pointer; the fd is
-        // non-blocking, so an empty channel returns EAGAIN.
+        // non-blocking, so an empty channel returns EAGAIN instead of blocking.
         let rc = unsafe { ffi::rdma_get_cm_event(self.ptr, &mut raw) };
         if rc == 0 {
-            // SAFETY: raw is the event just handed to us; copied, acked once.
+            // SAFETY: raw is the event librdmacm just handed us; we copy
+            // what we need and acknowledge it exactly once.
             return Ok(Some(unsafe { copy_and_ack(raw) }));
         }
         let err = last_os_error();
@@ -128,49 +160,12 @@ impl EventChannel {
             })
         }
     }
+}
 
-    /// The next event, waiting at most until `deadline`.
-    pub fn next_event(&self, what: &'static str, deadline: Instant) -> Result<CmEvent> {
-        let start = Instant::now();
-        loop {
-            let mut raw = std::ptr::null_mut();
-            // SAFETY: ptr is live, raw a valid out-pointer; the fd is
-            // non-blocking so this returns EAGAIN instead of blocking.
-            let rc = unsafe { ffi::rdma_get_cm_event(self.ptr, &mut raw) };
-            if rc == 0 {
-                // SAFETY: raw is the event librdmacm just handed us; we copy
-                // what we need and acknowledge it exactly once.
-                return Ok(unsafe { copy_and_ack(raw) });
-            }
-            let err = last_os_error();
-            if err.raw_os_error() != Some(libc::EAGAIN) {
-                return Err(Error::Cm {
-                    op: "rdma_get_cm_event",
-                    source: err,
-                });
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::Timeout {
-                    what,
-                    waited: now - start,
-                });
-            }
-            let ms = (deadline - now).as_millis().clamp(1, i32::MAX as u128) as i32;
-            let mut pfd = libc::pollfd {
-                fd: self.fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: pfd is one valid pollfd.
-            let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-            if rc < 0 && last_os_error().raw_os_error() != Some(libc::EINTR) {
-                return Err(Error::Cm {
-                    op: "poll on the event channel",
-                    source: last_os_error(),
-                });
-            }
-        }
+fn poll_error(source: std::io::Error) -> Error {
+    Error::Cm {
+        op: "poll on the event channel",
+        source,
     }
 }
 

@@ -3,6 +3,7 @@
 use std::ffi::CStr;
 use std::fmt;
 use std::mem::MaybeUninit;
+use std::os::fd::RawFd;
 use std::sync::Arc;
 
 use super::ffi;
@@ -184,7 +185,15 @@ impl Context {
     /// device or QP errors), if one is queued; acknowledged on receipt.
     /// Never blocks. Events are per device context: with several
     /// connections sharing one (rdma_cm's), each event reaches one reader.
+    /// The async fd is asked first (`poll`, zero timeout), so the library
+    /// is entered only when an event is there: every wait's slow turn and
+    /// the engine's worker call this, on the data path.
     pub fn try_async_event(&self) -> Result<Option<AsyncEvent>> {
+        // SAFETY: ptr is a live context; async_fd is its open descriptor.
+        let fd = unsafe { (*self.ptr).async_fd };
+        if !fd_ready(fd, 0).map_err(Error::QueryDevice)? {
+            return Ok(None);
+        }
         let mut raw = RawAsyncEvent {
             element: 0,
             event_type: 0,
@@ -303,6 +312,31 @@ impl Drop for Context {
 struct RawAsyncEvent {
     element: u64,
     event_type: u32,
+}
+
+/// Whether `fd` has something to read (or an error to report), waiting at
+/// most `timeout_ms` (0: just look). An interrupted wait counts as "not
+/// yet". A look is one system call and allocates nothing — unlike
+/// `rdma_get_cm_event`, which mallocs on every call, event or not — so the
+/// event calls are entered only once this says yes.
+pub(super) fn fd_ready(fd: RawFd, timeout_ms: i32) -> std::io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: pfd is one valid, writable pollfd and the count says one.
+    let rc = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+    if rc < 0 {
+        let err = last_os_error();
+        return match err.kind() {
+            std::io::ErrorKind::Interrupted => Ok(false),
+            _ => Err(err),
+        };
+    }
+    // POLLERR, POLLHUP or POLLNVAL count as ready too: the library call
+    // that follows reports what is wrong with the fd.
+    Ok(rc > 0 && pfd.revents != 0)
 }
 
 /// Makes `ibv_get_async_event` return EAGAIN instead of blocking.
