@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::plan::{Kind, Mode, Overrides, MAX_SIZE};
+use crate::plan::{Kind, Mode, Overrides, MAX_ITERS, MAX_SIZE, MIN_ITERS};
 
 /// perftest's default port.
 pub const DEFAULT_PORT: u16 = 18515;
@@ -161,9 +161,19 @@ pub struct PerfArgs {
 
     /// Tuning profile: a built-in name (latency, throughput, softroce) or a path to a .toml
     /// file (default: `latency` for latency tests, `throughput` for
-    /// bandwidth tests). Flags above override its keys.
+    /// bandwidth tests). Flags above override its keys. On the server it
+    /// sets what the client may ask for (see --max-registered) and what
+    /// does not travel (port, GID index, heartbeats).
     #[arg(long, value_name = "NAME|PATH")]
     pub profile: Option<String>,
+
+    /// Server: the most memory one client's data connection may register
+    /// (its four rings; 64K, 512M, 2G are binary units). A client asking
+    /// for more is refused and told why. Default: the most the server's
+    /// --profile registers for this test at any message size (112 MiB
+    /// with the default profiles).
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub max_registered: Option<u64>,
 
     /// Put the rings on 2 MiB huge pages (needs reserved pages,
     /// /proc/sys/vm/nr_hugepages).
@@ -247,6 +257,8 @@ pub struct Settings {
     pub app_core: Option<usize>,
     pub server_core: Option<usize>,
     pub timeout: Duration,
+    /// Server: `--max-registered`, if given.
+    pub max_registered: Option<u64>,
 }
 
 /// perftest's -a sizes: 2, 4, ... 2^23.
@@ -280,7 +292,6 @@ impl Settings {
                 (a.cq_mod.is_some(), "-Q"),
                 (a.inline_size.is_some(), "-I"),
                 (a.mode != Mode::Direct, "--mode"),
-                (a.profile.is_some(), "--profile"),
                 (a.hugepages, "--hugepages"),
                 (a.warmup.is_some(), "--warmup"),
                 (a.app_core.is_some(), "--app-core"),
@@ -302,6 +313,8 @@ impl Settings {
             }
         } else if a.bind.is_some() {
             return Err("--bind is for the server (run without HOST)".into());
+        } else if a.max_registered.is_some() {
+            return Err("--max-registered is for the server (run without HOST)".into());
         }
         let sizes = if a.all {
             all_sizes()
@@ -314,19 +327,24 @@ impl Settings {
             }
         }
         let iters = a.iters.unwrap_or(kind.default_iters());
-        if iters < 5 {
+        if iters < MIN_ITERS {
             return Err(format!(
-                "-n {iters} is too small: give at least 5 iterations"
+                "-n {iters} is too small: give at least {MIN_ITERS} iterations"
             ));
         }
-        if iters > 1 << 40 {
-            return Err(format!("-n {iters} is too large"));
+        if iters > MAX_ITERS {
+            return Err(format!("-n {iters} is too large: give at most {MAX_ITERS}"));
         }
         let warmup = a.warmup.unwrap_or(if kind.is_latency() {
             (iters / 10).clamp(10, 1000)
         } else {
             0
         });
+        if warmup > MAX_ITERS {
+            return Err(format!(
+                "--warmup {warmup} is too large: give at most {MAX_ITERS}"
+            ));
+        }
         for (flag, v) in [("-t", a.tx_depth), ("-l", a.post_list), ("-Q", a.cq_mod)] {
             if v == Some(0) {
                 return Err(format!("{flag} 0 is out of range: give at least 1"));
@@ -402,6 +420,35 @@ impl Settings {
             app_core,
             server_core,
             timeout: Duration::from_secs_f64(a.timeout),
+            max_registered: a.max_registered,
         })
+    }
+}
+
+/// A `--max-registered` value: a positive number of bytes, optionally
+/// with a binary unit (K, M, G, T, also written KiB, MiB...).
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(digits);
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        "t" | "tib" => 40,
+        _ => {
+            return Err(format!(
+                "{text:?} is not a number of bytes (e.g. 1048576, 64K, 512M, 2G)"
+            ))
+        }
+    };
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of bytes (e.g. 1048576, 64K, 512M, 2G)"))?;
+    match n.checked_mul(1 << shift) {
+        Some(0) => Err(format!("{text:?}: give more than 0 bytes")),
+        Some(bytes) => Ok(bytes),
+        None => Err(format!("{text:?} is too large")),
     }
 }

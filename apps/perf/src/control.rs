@@ -1,7 +1,10 @@
 //! The client and server agree on every measurement over a control
 //! channel: the TCP stream of the out-of-band exchange (`--oob`), or a
 //! small rdma_cm connection of its own. Messages are JSON; the client
-//! sends [`Msg::Params`], the server answers [`Msg::Ready`] and follows.
+//! sends [`Msg::Params`], the server answers [`Msg::Ready`] and follows,
+//! or [`Msg::Error`] saying why not. What arrives is decoded strictly
+//! ([`decode`]): at most [`MAX_MSG`] bytes, no unknown field, every
+//! number in its range.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
@@ -14,12 +17,12 @@ use serde::{Deserialize, Serialize};
 use crate::plan::Params;
 
 /// Largest control message.
-const MAX_MSG: usize = 4096;
+pub const MAX_MSG: usize = 4096;
 /// How long a waiting side naps between two looks at the channel.
 const NAP: Duration = Duration::from_millis(1);
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "kebab-case")]
+#[serde(tag = "type", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Msg {
     /// The client's next measurement.
     Params(Params),
@@ -34,6 +37,75 @@ pub enum Msg {
     End,
     /// The sender cannot go on.
     Error { message: String },
+}
+
+/// `msg` as it travels.
+pub fn encode(msg: &Msg) -> Result<Vec<u8>> {
+    let bytes = serde_json::to_vec(msg).context("encoding a control message")?;
+    if bytes.len() > MAX_MSG {
+        bail!("control message of {} bytes is too long", bytes.len());
+    }
+    Ok(bytes)
+}
+
+/// A message that arrived but is not one this side accepts: the text
+/// says why, for the peer too.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadMessage(pub String);
+
+impl std::fmt::Display for BadMessage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadMessage {}
+
+/// The message in `bytes`, checked: a known type with exactly its fields,
+/// and for [`Msg::Params`] every field in its range ([`Params::check`]).
+pub fn decode(bytes: &[u8]) -> std::result::Result<Msg, BadMessage> {
+    if bytes.len() > MAX_MSG {
+        return Err(BadMessage(format!(
+            "control message of {} bytes is too long (at most {MAX_MSG})",
+            bytes.len()
+        )));
+    }
+    let shown = || {
+        format!(
+            "{:?}",
+            String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
+        )
+    };
+    let bad = |e: serde_json::Error| BadMessage(format!("bad control message {}: {e}", shown()));
+    let msg: Msg = serde_json::from_slice(bytes).map_err(bad)?;
+    // Nothing sent is ignored: a field the message's type does not have
+    // (which serde skips for the types without fields) is refused too.
+    let sent: serde_json::Value = serde_json::from_slice(bytes).map_err(bad)?;
+    if serde_json::to_value(&msg).ok().as_ref() != Some(&sent) {
+        return Err(BadMessage(format!(
+            "bad control message {}: fields its type does not have",
+            shown()
+        )));
+    }
+    if let Msg::Params(p) = &msg {
+        p.check()
+            .map_err(|e| BadMessage(format!("bad parameters {}: {e}", shown())))?;
+    }
+    Ok(msg)
+}
+
+/// `text` with control characters escaped: what a peer sends reaches
+/// the terminal only as visible text.
+pub fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// The control connection's own small configuration.
@@ -64,11 +136,11 @@ pub enum Control {
 }
 
 impl Control {
+    /// Sends `msg`. Over rdma_cm it returns once the message is
+    /// delivered, so a side that sends and then closes (a refusal) never
+    /// flushes its own last words.
     pub fn send(&mut self, msg: &Msg) -> Result<()> {
-        let bytes = serde_json::to_vec(msg).context("encoding a control message")?;
-        if bytes.len() > MAX_MSG {
-            bail!("control message of {} bytes is too long", bytes.len());
-        }
+        let bytes = encode(msg)?;
         match self {
             Control::Tcp(s) => {
                 s.set_nonblocking(false)?;
@@ -79,6 +151,7 @@ impl Control {
             }
             Control::Rdma(c) => {
                 c.send(&bytes)
+                    .and_then(|_| c.wait_idle(|_| {}))
                     .context("sending on the control connection")?;
             }
         }
@@ -103,7 +176,10 @@ impl Control {
                     .context("reading the control stream")?;
                 let len = u32::from_le_bytes(len) as usize;
                 if len > MAX_MSG {
-                    bail!("control message of {len} bytes is too long");
+                    return Err(BadMessage(format!(
+                        "control message of {len} bytes is too long (at most {MAX_MSG})"
+                    ))
+                    .into());
                 }
                 let mut buf = vec![0u8; len];
                 s.read_exact(&mut buf)
@@ -132,13 +208,7 @@ impl Control {
                 }
             }
         };
-        let msg: Msg = serde_json::from_slice(&bytes).with_context(|| {
-            format!(
-                "bad control message {:?}",
-                String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
-            )
-        })?;
-        Ok(Some(msg))
+        Ok(Some(decode(&bytes)?))
     }
 
     /// The next message, waiting (napping) up to `timeout` for it.
@@ -147,7 +217,7 @@ impl Control {
         loop {
             if let Some(msg) = self.try_recv()? {
                 if let Msg::Error { message } = &msg {
-                    bail!("the peer reported: {message}");
+                    bail!("the peer reported: {}", printable(message));
                 }
                 return Ok(msg);
             }

@@ -6,6 +6,7 @@
 //! [`session`], the figures in [`report`].
 #![forbid(unsafe_code)]
 
+pub mod admit;
 pub mod cli;
 pub mod clock;
 pub mod control;

@@ -1,6 +1,7 @@
 //! What one measurement is: the test, the message size, the iterations and
 //! the connection's configuration. The client decides all of it; the
-//! server receives it as [`Params`] and follows.
+//! server receives it as [`Params`], checks every field
+//! ([`Params::check`]) and follows within its own limits (`admit`).
 
 use std::time::Duration;
 
@@ -12,6 +13,13 @@ pub const MAX_SIZE: usize = 1 << 23;
 /// Bytes per registered ring at most (send, target and READ rings each);
 /// large messages get fewer slots instead of more memory.
 pub const RING_BUDGET: usize = 16 << 20;
+
+/// Fewest measured iterations (`-n`).
+pub const MIN_ITERS: u64 = 5;
+/// Most measured iterations (`-n`) and warm-up operations (`--warmup`).
+pub const MAX_ITERS: u64 = 1 << 40;
+/// Longest completion timeout a client may name: a day, as `--timeout`.
+pub const MAX_TIMEOUT_MS: u64 = 86_400_000;
 
 /// Latency tests signal one send in this many unless `-Q` says otherwise.
 pub const LATENCY_SIGNAL_INTERVAL: u32 = 16;
@@ -139,6 +147,7 @@ impl Mode {
 
 /// Connection settings both sides must agree on, as they travel.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WireConfig {
     pub send_depth: u32,
     pub recv_depth: u32,
@@ -204,10 +213,24 @@ impl WireConfig {
         c.validate()?;
         Ok(c)
     }
+
+    /// Checks every field on its own, as it arrives: the ranges
+    /// [`EngineConfig::validate`] enforces, and a completion timeout of at
+    /// most [`MAX_TIMEOUT_MS`].
+    pub fn check(&self) -> pinpoll::Result<()> {
+        if self.completion_timeout_ms > MAX_TIMEOUT_MS {
+            return Err(pinpoll::Error::Config(format!(
+                "completion_timeout_ms = {} is out of range 1..={MAX_TIMEOUT_MS}",
+                self.completion_timeout_ms
+            )));
+        }
+        self.apply(&EngineConfig::default()).map(drop)
+    }
 }
 
 /// One measurement, as the client sends it to the server.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Params {
     pub kind: Kind,
     pub mode: Mode,
@@ -218,6 +241,39 @@ pub struct Params {
 }
 
 impl Params {
+    /// Checks every field against the ranges the client's command line
+    /// allows, and that a message fits a slot: a server serves nothing
+    /// else.
+    pub fn check(&self) -> pinpoll::Result<()> {
+        let bad = |what: String| Err(pinpoll::Error::Config(what));
+        if self.size == 0 || self.size > MAX_SIZE {
+            return bad(format!(
+                "message size {} is out of range 1..={MAX_SIZE}",
+                self.size
+            ));
+        }
+        if !(MIN_ITERS..=MAX_ITERS).contains(&self.iters) {
+            return bad(format!(
+                "iterations {} are out of range {MIN_ITERS}..={MAX_ITERS}",
+                self.iters
+            ));
+        }
+        if self.warmup > MAX_ITERS {
+            return bad(format!(
+                "warm-up {} is out of range 0..={MAX_ITERS}",
+                self.warmup
+            ));
+        }
+        self.config.check()?;
+        if self.size > self.config.slot_size as usize {
+            return bad(format!(
+                "message size {} does not fit a slot of {} bytes",
+                self.size, self.config.slot_size
+            ));
+        }
+        Ok(())
+    }
+
     /// What the server needs to serve this measurement.
     pub fn plan(&self) -> Plan {
         Plan::new(self.kind, self.mode, self.size, self.config.recv_depth)

@@ -12,9 +12,10 @@ use pinpoll::connect::cm::Listener;
 use pinpoll::connect::parse_socket_addr;
 use pinpoll::{Connection, EngineConfig};
 
+use crate::admit::{show_bytes, Limits};
 use crate::cli::{Role, Settings, Transport};
 use crate::clock;
-use crate::control::{control_config, Control, Msg};
+use crate::control::{control_config, BadMessage, Control, Msg};
 use crate::driver::{self, Driver, Served};
 use crate::plan::{data_config, Kind, Mode, Params, Plan, WireConfig};
 use crate::report::{self, Bandwidth, Doorbells, Point, Report, RunInfo, Samples};
@@ -238,7 +239,8 @@ pub fn measure(
     }
 }
 
-/// The configuration of a client run, with the tuning profile loaded.
+/// The configuration of a run, with the tuning profile loaded: the
+/// client's starting point, and on the server what does not travel.
 fn base_config(s: &Settings) -> Result<EngineConfig> {
     let mut base = EngineConfig::load(&s.profile)?;
     base.core = None;
@@ -391,6 +393,14 @@ fn connect_control(s: &Settings, host: &str) -> Result<Control> {
     }
 }
 
+/// What the server's banner says a client may register.
+fn allowance(limits: &Limits) -> String {
+    format!(
+        "a client may register up to {} per connection",
+        show_bytes(limits.max_registered)
+    )
+}
+
 fn client_point(
     s: &Settings,
     host: &str,
@@ -434,16 +444,59 @@ fn client_point(
     Ok(point(params, figures, &stats, inline))
 }
 
+/// Tells the client why it is refused (delivered before this side goes
+/// on), and returns the same reason as this side's error.
+fn refuse(ctl: &mut Control, why: anyhow::Error) -> anyhow::Error {
+    let mut message = format!("{why:#}");
+    let mut cut = message.len().min(crate::control::MAX_MSG / 4);
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    message.truncate(cut);
+    match ctl.send(&Msg::Error { message }) {
+        Ok(()) => why.context("refused the client"),
+        Err(e) => why.context(format!("refused the client (who could not be told: {e:#})")),
+    }
+}
+
+/// The client's next parameters, or `None` at its end. A message that
+/// is not one gets the client told why.
+fn next_params(ctl: &mut Control, timeout: Duration) -> Result<Option<Params>> {
+    match ctl.recv(timeout, "the client's next parameters") {
+        Ok(Msg::Params(p)) => Ok(Some(p)),
+        Ok(Msg::End) => Ok(None),
+        Ok(other) => Err(refuse(
+            ctl,
+            anyhow!("the client sent {other:?} instead of parameters"),
+        )),
+        Err(e) if e.downcast_ref::<BadMessage>().is_some() => Err(refuse(ctl, e)),
+        Err(e) => Err(e),
+    }
+}
+
+/// The data connection `params` asks for, if `limits` allow it and this
+/// process can lock its rings; otherwise the client is told why.
+fn admit(
+    ctl: &mut Control,
+    limits: &Limits,
+    params: &Params,
+    base: &EngineConfig,
+) -> Result<EngineConfig> {
+    let admitted = limits.admit(params, base).and_then(|cfg| {
+        pinpoll::memory::check_memlock(cfg.registered_bytes())
+            .context("this server cannot lock the client's rings")?;
+        Ok(cfg)
+    });
+    admitted.map_err(|why| refuse(ctl, why))
+}
+
 fn run_server(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
     let report = Report::new(run_info(s, "server"));
     if let Some(c) = s.core {
         pin(c)?;
     }
-    let mut base = EngineConfig {
-        completion_timeout: s.timeout,
-        ..EngineConfig::default()
-    };
-    base.qp.connect_timeout = s.timeout;
+    let base = base_config(s)?;
+    let limits = Limits::new(s.kind, &base, &s.profile, s.max_registered, s.timeout)?;
     let (mut ctl, listener) = match s.transport {
         Transport::Tcp => {
             let bind: SocketAddr = match &s.bind {
@@ -461,8 +514,9 @@ fn run_server(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
                 .with_context(|| format!("listening on TCP port {}", s.port))?;
             if !s.json {
                 emit(&format!(
-                    " Waiting for a client on TCP port {} (--oob) ...",
-                    s.port
+                    " Waiting for a client on TCP port {} (--oob); {}",
+                    s.port,
+                    allowance(&limits)
                 ));
             }
             let stream = accept_within(&tcp, s.timeout, "a client")?;
@@ -477,7 +531,10 @@ fn run_server(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
             let listener =
                 Listener::bind(bind).with_context(|| format!("rdma_cm listening on {bind}"))?;
             if !s.json {
-                emit(&format!(" Waiting for a client on {bind} (rdma_cm) ..."));
+                emit(&format!(
+                    " Waiting for a client on {bind} (rdma_cm); {}",
+                    allowance(&limits)
+                ));
             }
             let conn = Connection::accept(&listener, &control_config(s.timeout), s.timeout)
                 .context("accepting the client's control connection")?;
@@ -485,33 +542,8 @@ fn run_server(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
         }
     };
     let mut served_sizes = 0u64;
-    loop {
-        let params = match ctl.recv(s.timeout, "the client's next parameters")? {
-            Msg::Params(p) => p,
-            Msg::End => break,
-            other => bail!("the client sent {other:?} instead of parameters"),
-        };
-        if params.kind != s.kind {
-            let message = format!(
-                "the server runs {} but the client asked for {}",
-                s.kind.name(),
-                params.kind.name()
-            );
-            let _ = ctl.send(&Msg::Error {
-                message: message.clone(),
-            });
-            bail!(message);
-        }
-        let cfg = match params.config.apply(&base) {
-            Ok(c) => c,
-            Err(e) => {
-                let message = format!("the client's configuration is invalid here: {e}");
-                let _ = ctl.send(&Msg::Error {
-                    message: message.clone(),
-                });
-                bail!(message);
-            }
-        };
+    while let Some(params) = next_params(&mut ctl, s.timeout)? {
+        let cfg = admit(&mut ctl, &limits, &params, &base)?;
         ctl.send(&Msg::Ready)?;
         let mut conn = match (&listener, s.transport) {
             (Some(l), _) => Connection::accept(l, &cfg, s.timeout)
