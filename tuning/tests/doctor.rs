@@ -787,7 +787,9 @@ fn cli_usage_errors_are_one_line() {
     let err = String::from_utf8(out.stderr).unwrap();
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
-        err.starts_with("error: no profile named \"no-such-profile\" (looked in "),
+        err.starts_with(
+            "error: no profile named \"no-such-profile\": the built-in ones are latency, throughput, softroce"
+        ),
         "{err}"
     );
     let out = tune(&["doctor", "--cores", "3-1"]);
