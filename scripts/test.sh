@@ -84,14 +84,8 @@ fi
 
 [ "$device" = 1 ] || exit 0
 
-# The instruction-count guard needs valgrind and iai-callgrind's runner, of
-# the very version the bench links (benches/Cargo.toml pins it).
-pinpoll_ensure_packages valgrind
-iai_version=$(sed -n 's/^iai-callgrind = "=\(.*\)"/\1/p' benches/Cargo.toml)
-if [ "$(iai-callgrind-runner --version 2>/dev/null | awk '{print $2}')" != "$iai_version" ]; then
-    step "cargo install iai-callgrind-runner $iai_version"
-    cargo install iai-callgrind-runner --version "$iai_version" --locked
-fi
+# The instruction-count guard needs valgrind and iai-callgrind's runner.
+pinpoll_ensure_iai_runner
 
 step "building the device tests"
 # Build on the host (fast), then run the very same binaries in the guest,

@@ -69,3 +69,18 @@ pinpoll_ensure_packages() {
         exit 1
     fi
 }
+
+# valgrind and iai-callgrind's runner of the very version the benches link
+# (benches/Cargo.toml pins it): the instruction-count benches need both.
+pinpoll_ensure_iai_runner() {
+    pinpoll_ensure_packages valgrind
+    local want have
+    want=$(sed -n 's/^iai-callgrind = "=\(.*\)"/\1/p' benches/Cargo.toml)
+    [ -n "$want" ] || { echo "error: benches/Cargo.toml pins no iai-callgrind version" >&2; exit 1; }
+    # (The runner has no --version of its own: it checks the crate's.)
+    have=$(cargo install --list | sed -n 's/^iai-callgrind-runner v\([^:]*\):$/\1/p')
+    if [ "$have" != "$want" ] || ! command -v iai-callgrind-runner >/dev/null; then
+        echo "+ cargo install iai-callgrind-runner --version $want --locked" >&2
+        cargo install iai-callgrind-runner --version "$want" --locked
+    fi
+}
