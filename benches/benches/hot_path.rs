@@ -119,7 +119,11 @@ fn batch_done() -> Pair {
 #[library_benchmark]
 #[bench::inline(setup = every_request_signaled, teardown = close)]
 fn post_write_8b(mut pair: Pair) -> Pair {
-    black_box(pair.client.try_write(black_box(&[7u8; 8]), 0, None).unwrap());
+    black_box(
+        pair.client
+            .try_write(black_box(&[7u8; 8]), 0, None)
+            .unwrap(),
+    );
     pair
 }
 
