@@ -439,17 +439,27 @@ impl Worker {
             let Some(op) = self.pending.take().or_else(|| self.ops.pop().ok()) else {
                 break;
             };
+            let has_payload = !matches!(op.kind, OpKind::Read { .. });
+            // `payloads` was looked at before this op was popped: an op the
+            // application queued since then has its payload published but
+            // not in this view. It waits for the next batch (never posted
+            // with a payload that is not its own).
+            let data = match payloads.get(used) {
+                Some(data) => data,
+                None if has_payload => {
+                    self.pending = Some(op);
+                    break;
+                }
+                None => &[],
+            };
             if op.signaled {
                 batch.signal_next();
             }
             let result = match op.kind {
-                OpKind::Send => batch.send(payloads.get(used).unwrap_or(&[])),
-                OpKind::Write { remote_offset, imm } => {
-                    batch.write(payloads.get(used).unwrap_or(&[]), remote_offset, imm)
-                }
+                OpKind::Send => batch.send(data),
+                OpKind::Write { remote_offset, imm } => batch.write(data, remote_offset, imm),
                 OpKind::Read { remote_offset, len } => batch.read(remote_offset, len as usize),
             };
-            let has_payload = !matches!(op.kind, OpKind::Read { .. });
             match result {
                 Ok(seq) => {
                     self.ids[seq as usize & mask] = op.id;
@@ -485,8 +495,16 @@ impl Worker {
             return Ok(0);
         };
         let has_payload = !matches!(op.kind, OpKind::Read { .. });
+        // Popped after its payload was published (the application pushes
+        // the payload first), so this view holds it.
         let data = if has_payload {
-            self.tx.published().get(0).unwrap_or(&[])
+            match self.tx.published().get(0) {
+                Some(data) => data,
+                None => {
+                    self.pending = Some(op);
+                    return Ok(0);
+                }
+            }
         } else {
             &[]
         };
