@@ -56,6 +56,10 @@ class Run:
     prefix: str
     own: str
     threads: dict  # role -> list[ThreadProfile]
+    # Empty turns of the application thread's busy-waits, as the tool
+    # counted them (pinpoll-perf's JSON `wait_turns`); None when it does
+    # not report them (perftest).
+    wait_turns: int | None = None
 
     @property
     def ops(self) -> int:
@@ -78,7 +82,25 @@ def load_run(fields: list[str]) -> Run:
         prof = cp.parse(f)
         if prof.self_total():
             threads[thread_role(i)].append(prof)
-    return Run(test, tool, variant, int(iters), int(per), prefix, own, dict(threads))
+    run = Run(test, tool, variant, int(iters), int(per), prefix, own, dict(threads))
+    run.wait_turns = reported_wait_turns(prefix)
+    return run
+
+
+def reported_wait_turns(prefix: str) -> int | None:
+    """`wait_turns` summed over the results of the tool's --json output
+    (PREFIX.txt beside PREFIX's callgrind files, after valgrind's lines)."""
+    path = prefix[: -len(".cg")] + ".txt" if prefix.endswith(".cg") else prefix + ".txt"
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        doc = json.loads(text[text.index("{") : text.rindex("}") + 1])
+    except (OSError, ValueError):
+        return None
+    turns = [r.get("wait_turns") for r in doc.get("results", [])]
+    if not turns or any(t is None for t in turns):
+        return None
+    return sum(turns)
 
 
 def merged(profiles: list) -> cp.ThreadProfile:
@@ -260,7 +282,28 @@ def cq_polls_per_op(profs: dict, own: str, dops: int) -> tuple:
     return fn, growth[fn]
 
 
-def analyse_role(profs: dict, own: str, dops: int, n2_ops: int) -> dict:
+def remove_counted_waiting(raw: dict, turns: dict, dops: int) -> tuple[dict, dict]:
+    """Waiting taken out with the tool's own count of empty turns T: own =
+    a * ops + b * T + c in every run; the crowded run repeats N2's work
+    with other turns, so b = (own(crowded) - own(N2)) / (T(crowded) -
+    T(N2)), and b * T is removed from each run. Exact as long as an empty
+    turn costs the same on average in both runs (the clock check every so
+    many turns included)."""
+    dt = turns["crowded"] - turns["n2"]
+    per_turn = (raw["crowded"] - raw["n2"]) / dt if dt else 0.0
+    removed = {v: per_turn * turns[v] for v in raw}
+    return removed, dict(
+        method="counted turns",
+        own_per_turn=per_turn,
+        waiting_removed=removed,
+        turns=turns,
+        turns_per_op=(turns["n2"] - turns["n1"]) / dops,
+        waiting_per_op=(removed["n2"] - removed["n1"]) / dops,
+        proportional_per_op=0.0,
+    )
+
+
+def analyse_role(profs: dict, own: str, dops: int, n2_ops: int, turns: dict | None = None) -> dict:
     sorts = {v: sort_callbacks(p, own) for v, p in profs.items()}
     skip = set().union(*(fns for fns, _ in sorts.values()))
     skip |= {
@@ -277,7 +320,11 @@ def analyse_role(profs: dict, own: str, dops: int, n2_ops: int) -> dict:
         "own_raw": raw,
     }
     own_adj = dict(raw)
-    if "crowded" in profs:
+    if turns is not None and "crowded" in profs:
+        removed, facts = remove_counted_waiting(raw, turns, dops)
+        own_adj = {v: raw[v] - removed[v] for v in profs}
+        entry.update(facts)
+    elif "crowded" in profs:
         w = find_waiting(profs, counts, own)
         removed = {v: w.removed(counts[v], v) for v in profs}
         own_adj = {v: raw[v] - removed[v] for v in profs}
@@ -316,7 +363,9 @@ def analyse(test: str, tool: str, runs_by_variant: dict) -> dict:
     result = {"test": test, "tool": tool, "ops": {"n1": r1.ops, "n2": r2.ops}, "roles": {}}
     for role in roles:
         profs = {v: merged(r.threads.get(role, [])) for v, r in runs_by_variant.items()}
-        result["roles"][role] = analyse_role(profs, r1.own, dops, r2.ops)
+        turns = {v: r.wait_turns for v, r in runs_by_variant.items()}
+        counted = role == "app" and all(t is not None for t in turns.values())
+        result["roles"][role] = analyse_role(profs, r1.own, dops, r2.ops, turns if counted else None)
     return result
 
 
@@ -414,7 +463,10 @@ METHOD = (
     "of a few loops' changes) runs m times per empty turn and is removed that "
     "often; one no loop explains (a clock read or peer check every so many "
     "turns) is removed in proportion to the busiest loop's empty turns (the "
-    "'estimated' column). spins/op = empty turns "
+    "'estimated' column). Where the tool counts its own empty turns "
+    "(pinpoll-perf's JSON wait_turns, direct mode) the removal uses them "
+    "instead: own = a*ops + b*turns + c in all three runs, b from the N2 and "
+    "crowded runs, nothing estimated. spins/op = empty turns "
     "per operation; write-bw: CQ-poll calls per work request (one completion per "
     "32), nothing removed."
 )

@@ -89,13 +89,14 @@ fn post_ping(
     buf: &[u8],
     imm: Option<u32>,
     primed: &mut u64,
+    turns: &mut u64,
 ) -> Result<u64> {
     if buf.len() <= conn.inline_threshold() {
-        return post_one(conn, timeout, |c| c.try_write(buf, 0, imm));
+        return post_one(conn, timeout, turns, |c| c.try_write(buf, 0, imm));
     }
     let fill = *primed < conn.slot_count() as u64;
     let last = buf.len() - 1;
-    let seq = post_one(conn, timeout, |c| {
+    let seq = post_one(conn, timeout, turns, |c| {
         c.try_write_from(buf.len(), 0, imm, |slot| {
             if fill {
                 slot.copy_from_slice(buf);
@@ -160,6 +161,9 @@ pub struct DirectClient {
     timeout: Duration,
     /// Send-ring slots already holding the payload (bandwidth tests).
     primed: u64,
+    /// Turns of this driver's own latency waits that found nothing
+    /// (added to the connection's in [`Driver::stats`]).
+    wait_turns: u64,
 }
 
 impl DirectClient {
@@ -178,6 +182,7 @@ impl DirectClient {
             depth: u64::from(cfg.qp.max_send_wr),
             timeout: cfg.completion_timeout,
             primed: 0,
+            wait_turns: 0,
         }
     }
 
@@ -223,6 +228,7 @@ pub fn read_credit(data: &[u8]) -> Option<u64> {
 fn post_one(
     conn: &mut Connection,
     timeout: Duration,
+    turns: &mut u64,
     mut op: impl FnMut(&mut Connection) -> Result<u64>,
 ) -> Result<u64> {
     let mut spin = Spin::new(timeout, "send-queue room");
@@ -230,6 +236,7 @@ fn post_one(
         match op(conn) {
             Err(Error::Full { .. }) => {
                 if conn.reap()? == 0 {
+                    *turns += 1;
                     spin.tick()?;
                 }
             }
@@ -249,9 +256,18 @@ impl Driver for DirectClient {
                 let v = ping_value(self.counter);
                 let last = size - 1;
                 self.buf[last] = v;
-                post_ping(&mut self.conn, timeout, &self.buf, None, &mut self.primed)?;
+                let turns = &mut self.wait_turns;
+                post_ping(
+                    &mut self.conn,
+                    timeout,
+                    &self.buf,
+                    None,
+                    &mut self.primed,
+                    turns,
+                )?;
                 let mut spin = Spin::new(timeout, "the peer's RDMA WRITE (write-lat pong)");
                 while self.conn.target_byte(last) != v {
+                    *turns += 1;
                     if spin.tick()? {
                         // Surfaces a failed write instead of waiting it out.
                         self.conn.reap()?;
@@ -261,7 +277,9 @@ impl Driver for DirectClient {
             }
             Kind::SendLat => {
                 let buf = &self.buf[..];
-                post_one(&mut self.conn, timeout, |c| c.try_send(buf))?;
+                post_one(&mut self.conn, timeout, &mut self.wait_turns, |c| {
+                    c.try_send(buf)
+                })?;
                 // Only the receive CQ while the pong is due; the send CQ is
                 // reaped when the send queue fills (and by recv while it waits).
                 let len = self.conn.recv()?.data.len();
@@ -273,7 +291,8 @@ impl Driver for DirectClient {
                 Ok(())
             }
             Kind::ReadLat => {
-                let seq = post_one(&mut self.conn, timeout, |c| c.try_read(0, size))?;
+                let turns = &mut self.wait_turns;
+                let seq = post_one(&mut self.conn, timeout, turns, |c| c.try_read(0, size))?;
                 // Only the send CQ: the READ's completion retires it (the
                 // data stay in the READ ring; perftest does not look either).
                 let mut spin = Spin::new(timeout, "an RDMA READ completion");
@@ -282,6 +301,7 @@ impl Driver for DirectClient {
                     if self.conn.is_retired(seq) {
                         return Ok(());
                     }
+                    *turns += 1;
                     spin.tick()?;
                 }
             }
@@ -377,7 +397,7 @@ impl Driver for DirectClient {
     }
 
     fn stats(&self) -> Option<Stats> {
-        Some(self.conn.stats())
+        Some(self.counters())
     }
 
     fn inline_threshold(&self) -> usize {
@@ -390,11 +410,18 @@ impl Driver for DirectClient {
 
     fn finish(mut self: Box<Self>) -> Result<Stats> {
         self.conn.wait_idle(|_| {})?;
-        Ok(self.conn.stats())
+        Ok(self.counters())
     }
 }
 
 impl DirectClient {
+    /// The connection's counters, with this driver's own waits.
+    fn counters(&self) -> Stats {
+        let mut stats = self.conn.stats();
+        stats.wait_turns += self.wait_turns;
+        stats
+    }
+
     #[inline]
     fn reap_or_credits(&mut self, credits: bool) -> Result<usize> {
         if credits {
@@ -708,6 +735,8 @@ pub fn serve(
     let buf: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
     let mut buf = buf;
     let mut served = 0u64;
+    // The server's own waits are not measured: their turns go nowhere.
+    let mut turns = 0u64;
     // Idle: our spin's clock starts at its first check; after QUIET the
     // server asks `stop`, after idle_limit it gives up.
     let mut idle = Spin::new(idle_limit, "the client's next operation (server idle)");
@@ -723,7 +752,7 @@ pub fn serve(
                     seen = v;
                     buf[last] = v;
                     let imm = reply_imm.then_some(u32::from(v));
-                    post_ping(conn, timeout, &buf, imm, &mut primed)?;
+                    post_ping(conn, timeout, &buf, imm, &mut primed, &mut turns)?;
                     served += 1;
                     idle.reset();
                     continue;
@@ -739,7 +768,7 @@ pub fn serve(
         Kind::SendLat => loop {
             if let Some(len) = conn.try_recv()?.map(|m| m.data.len()) {
                 let data = &buf[..len.min(size)];
-                post_one(conn, timeout, |c| c.try_send(data))?;
+                post_one(conn, timeout, &mut turns, |c| c.try_send(data))?;
                 served += 1;
                 idle.reset();
                 continue;
@@ -783,7 +812,7 @@ pub fn serve(
                     if served - credited >= plan.credit_window {
                         credited = served;
                         let credit = credited.to_le_bytes();
-                        post_one(conn, timeout, |c| c.try_send(&credit))?;
+                        post_one(conn, timeout, &mut turns, |c| c.try_send(&credit))?;
                     }
                     continue;
                 }

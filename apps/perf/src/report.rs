@@ -151,6 +151,11 @@ pub struct Point {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bandwidth: Option<Bandwidth>,
     pub work_requests: Doorbells,
+    /// Turns of the client's busy-waits that found nothing, over the
+    /// whole run (warm-up included): timing, not work.
+    /// `scripts/count-instructions.sh` takes the waiting out of its
+    /// instruction counts with it.
+    pub wait_turns: u64,
     /// The configuration both sides used for this size.
     pub connection: WireConfig,
 }

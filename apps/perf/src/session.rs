@@ -308,6 +308,7 @@ fn point(
         latency: figures.latency,
         bandwidth: figures.bandwidth,
         work_requests: Doorbells::new(stats),
+        wait_turns: stats.wait_turns,
         connection: p.config.clone(),
     }
 }

@@ -290,6 +290,7 @@ fn the_json_report_has_every_figure_and_the_configuration() {
     let stats = pinpoll::datapath::Stats {
         posted: 200,
         doorbells: 200,
+        wait_turns: 12345,
         ..Default::default()
     };
     let info = RunInfo {
@@ -324,6 +325,7 @@ fn the_json_report_has_every_figure_and_the_configuration() {
         latency: Some(samples.summary(0.5)),
         bandwidth: None,
         work_requests: Doorbells::new(&stats),
+        wait_turns: stats.wait_turns,
         connection: WireConfig::from_config(&cfg),
     });
     report.results.push(Point {
@@ -334,6 +336,7 @@ fn the_json_report_has_every_figure_and_the_configuration() {
         latency: None,
         bandwidth: Some(Bandwidth::new(65536, 1000, Duration::from_millis(500))),
         work_requests: Doorbells::new(&stats),
+        wait_turns: stats.wait_turns,
         connection: WireConfig::from_config(&cfg),
     });
     let v: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
@@ -371,6 +374,7 @@ fn the_json_report_has_every_figure_and_the_configuration() {
     for key in ["seconds", "gbps", "mib_per_sec", "mpps"] {
         assert!(bw[key].as_f64().unwrap() > 0.0, "bandwidth.{key}");
     }
+    assert_eq!(v["results"][0]["wait_turns"], 12345);
     let wr = &v["results"][0]["work_requests"];
     assert_eq!(
         (wr["posted"].as_u64(), wr["doorbells"].as_u64()),

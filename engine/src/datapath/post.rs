@@ -129,6 +129,7 @@ impl Connection {
             match post(self) {
                 Err(Error::Full { .. }) => {
                     if self.reap()? == 0 {
+                        self.stats.wait_turns += 1;
                         if let Some(waited) = wait.tick()? {
                             self.check_peer(waited)?;
                         }

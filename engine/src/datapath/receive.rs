@@ -18,7 +18,7 @@ impl Connection {
         loop {
             match self.poll_one_recv() {
                 Ok(Some(arrival)) => return Ok(self.incoming(arrival)),
-                Ok(None) => {}
+                Ok(None) => self.stats.wait_turns += 1,
                 Err(e) => return Err(self.ended_error(e)),
             }
             if let Some(waited) = wait.tick()? {
