@@ -17,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 top=$PWD
-out=$top/target/iai/pinpoll-benches/hot_path
+out=$top/target/iai/hot_path
 
 table() {
     mapfile -t files < <(find "$out" -name 'callgrind.*.out' ! -name '*.old' ! -name '*@*' | sort)
@@ -26,7 +26,10 @@ table() {
     echo "|---|---:|---:|---:|---:|---:|---:|---:|"
     python3 scripts/lib/callgrind_objects.py hot_path- "${files[@]}" | tail -n +2 |
         while IFS=$'\t' read -r file total own provider verbs cm libc other; do
-            name=$(basename "$file" .out); name=${name#callgrind.}
+            # One file per thread; only the measuring thread runs the
+            # benchmark function, the others count nothing in it.
+            [ "$total" -gt 0 ] || continue
+            name=$(basename "$file" .out); name=${name#callgrind.}; name=${name%.t[0-9]*.p[0-9]*}
             echo "| $name | $total | $own | $provider | $verbs | $cm | $libc | $other |"
         done
 }

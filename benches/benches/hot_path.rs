@@ -34,7 +34,11 @@ const SETTLE: Duration = Duration::from_millis(200);
 
 /// A connected pair in this process; only the client thread runs while
 /// measuring (the peer's side of WRITE, READ and SEND is the kernel's).
-struct Pair {
+/// Boxed: a benchmark takes and returns it, and moving two connections
+/// by value would count a kilobyte-sized memcpy into every figure.
+type Pair = Box<Connected>;
+
+struct Connected {
     client: Connection,
     server: Connection,
 }
@@ -51,7 +55,7 @@ fn connected(signal_interval: u32, batch_size: u32) -> Pair {
     cfg.heartbeat_interval = None;
     let (client, server) = pinpoll_perf::session::loopback_pair(&cfg, Some(&device))
         .expect("a connected pair over the device");
-    Pair { client, server }
+    Box::new(Connected { client, server })
 }
 
 fn every_request_signaled() -> Pair {
