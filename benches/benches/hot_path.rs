@@ -222,7 +222,6 @@ library_benchmark_group!(
 
 main!(
     config = LibraryBenchmarkConfig::default()
-        .pass_through_envs(["PINPOLL_DEVICE", "PINPOLL_ADDR4", "PINPOLL_ADDR6"])
-        ;
+        .pass_through_envs(["PINPOLL_DEVICE", "PINPOLL_ADDR4", "PINPOLL_ADDR6"]);
     library_benchmark_groups = post, reap
 );
