@@ -410,7 +410,11 @@ impl Driver for DirectClient {
 
     fn finish(mut self: Box<Self>) -> Result<Stats> {
         self.conn.wait_idle(|_| {})?;
-        Ok(self.counters())
+        // Closed here, not dropped later: the counters then include the
+        // drains of close (their waits too).
+        let mut stats = self.conn.close()?;
+        stats.wait_turns += self.wait_turns;
+        Ok(stats)
     }
 }
 

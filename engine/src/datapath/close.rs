@@ -20,7 +20,9 @@ impl Connection {
             if let Some(f) = self.failure {
                 return Err(self.completion_error(f));
             }
-            self.reap()?;
+            if self.reap()? == 0 {
+                self.stats.wait_turns += 1;
+            }
             if let Some(waited) = wait.tick()? {
                 self.check_peer(waited)?;
             }
@@ -48,7 +50,9 @@ impl Connection {
         self.flush_tail()?;
         let mut wait = BoundedWait::new(self.completion_timeout, "the send queue to drain");
         while self.outstanding() > 0 {
-            self.poll_send(&mut on)?;
+            if self.poll_send(&mut on)? == 0 {
+                self.stats.wait_turns += 1;
+            }
             if let Some(waited) = wait.tick()? {
                 self.check_peer(waited)?;
             }
@@ -85,6 +89,7 @@ impl Connection {
             BoundedWait::new(self.completion_timeout, "the send queue to flush at close");
         while self.outstanding() > 0 {
             if self.poll(|_| {})? == 0 {
+                self.stats.wait_turns += 1;
                 if let Err(e) = wait.tick() {
                     tracing::warn!(sends = self.outstanding(), "sends still posted at close");
                     return Err(e);
@@ -97,7 +102,11 @@ impl Connection {
         // rings are deregistered, so the NIC can no longer write into them.
         let mut grace = BoundedWait::new(RECV_FLUSH_GRACE, "receives to flush at close");
         while self.receives_outstanding() > 0 {
-            if self.poll(|_| {})? == 0 && grace.tick().is_err() {
+            if self.poll(|_| {})? > 0 {
+                continue;
+            }
+            self.stats.wait_turns += 1;
+            if grace.tick().is_err() {
                 tracing::debug!(
                     receives = self.receives_outstanding(),
                     "receives not flushed at close; destroying the QP releases them"

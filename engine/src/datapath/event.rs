@@ -20,8 +20,9 @@ pub struct Stats {
     pub recv_flushed: u64,
     /// Doorbells rung (ibv_post_send calls).
     pub doorbells: u64,
-    /// Turns of this connection's own busy-waits (`recv`, waiting for
-    /// send-queue room) that found nothing: how long the waits lasted, in
+    /// Turns of this connection's own busy-waits (`recv`, send-queue
+    /// room, `wait_retired`, `wait_idle`, the drains of `close`) that found
+    /// nothing: how long the waits lasted, in
     /// polls. Timing, not work — reported so that a measurement can take
     /// the waiting out of a count of instructions exactly.
     pub wait_turns: u64,
