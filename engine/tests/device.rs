@@ -1,10 +1,9 @@
 //! Every opcode moving real data, and remote access errors, on a real RDMA
 //! device — over both connection methods.
 
-mod common;
-
-use common::*;
 use pinpoll::{Error, RegionOp, WcOpcode, WcStatus};
+use pinpoll_testkit::pair::*;
+use pinpoll_testkit::{cm_addr, device, pattern};
 
 fn send_recv_moves_bytes(method: Method) {
     let (mut client, mut server) = pair(method);

@@ -2,12 +2,11 @@
 //! selective signaling with an error in the middle, inline and ring
 //! payloads, and bounded waits.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{cm_pair, engine_config, oob_pair, pattern, target_bytes};
 use pinpoll::{Error, Event, RemoteSlice, WcStatus};
+use pinpoll_testkit::pair::{cm_pair, engine_config, oob_pair, target_bytes};
+use pinpoll_testkit::pattern;
 
 #[test]
 #[ignore = "needs an RDMA device"]
