@@ -24,6 +24,9 @@ pub mod cli;
 pub mod filexfer;
 pub mod output;
 pub mod protocol;
-pub mod run;
 pub mod session;
 pub mod shutdown;
+
+pub use pinpoll_appkit as appkit;
+/// `main`'s shape, shared with every pinpoll program.
+pub use pinpoll_appkit::run;

@@ -20,14 +20,7 @@ use crate::driver::{self, Driver, Served};
 use crate::plan::{data_config, Kind, Mode, Params, Plan, WireConfig};
 use crate::report::{self, Bandwidth, Doorbells, Point, Report, RunInfo, Samples};
 
-/// Pins the calling thread to `core`.
-pub fn pin(core: usize) -> Result<()> {
-    if core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
-        Ok(())
-    } else {
-        bail!("cannot pin a thread to core {core}")
-    }
-}
+pub use pinpoll_appkit::pin;
 
 /// Accepts one TCP connection, waiting at most `timeout`.
 fn accept_within(listener: &TcpListener, timeout: Duration, what: &str) -> Result<TcpStream> {

@@ -19,6 +19,7 @@ use pinpoll::connect::RegionDescriptor;
 use pinpoll::{
     Access, Endpoint, MemoryRegion, PageSize, Posted, RegionOp, RemoteSlice, SharedRegion, WcOpcode,
 };
+use pinpoll_apps::appkit::logging::level;
 use pinpoll_apps::cli::{parse_message, CommonArgs, ServerArgs, MAX_MESSAGE};
 use pinpoll_apps::output::{printable, Output};
 use pinpoll_apps::protocol::{Done, Hello, Mode};
@@ -85,7 +86,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    pinpoll_apps::run::main(|cli: &Cli| cli.common.quiet, run)
+    pinpoll_apps::run::main(|cli: &Cli| Some(level(cli.common.quiet)), run)
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
