@@ -77,6 +77,7 @@ pub mod memory;
 pub mod status;
 mod sys;
 mod wait;
+pub mod wire;
 pub mod worker;
 
 /// A counting global allocator, for proving that a data path never
