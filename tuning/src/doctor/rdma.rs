@@ -2,7 +2,7 @@
 //! SoftRoCE), port state, MTU, link layer, GID, whether the profile fits the
 //! device, NUMA locality and interrupt affinity.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use pinpoll::gid::{self, GidEntry, SYSFS_INFINIBAND};
 use serde_json::{json, Value};
@@ -11,6 +11,9 @@ use super::{Finding, Inputs};
 use crate::cpulist::{self, CpuSet};
 use crate::facts::{DeviceFacts, LinkLayer, PortFacts, Source};
 use crate::root::{basename, ReadError, SystemRoot};
+use crate::topology::{
+    bus_device, device_irqs, device_numa, numa_nodes, online_cpus, DeviceIrqs, IrqLine,
+};
 
 /// rxe's `vendor_id` (`RXE_VENDOR_ID`, drivers/infiniband/sw/rxe).
 pub const RXE_VENDOR_ID: u32 = 0x00ff_ffff;
@@ -502,54 +505,6 @@ fn check_fit(inputs: &Inputs<'_>, dev: &DeviceFacts) -> Finding {
     )
 }
 
-/// NUMA nodes and their CPUs (`/sys/devices/system/node/nodeN/cpulist`).
-/// An absent node directory is a kernel without NUMA: one node.
-pub(crate) fn numa_nodes(root: &SystemRoot) -> Result<BTreeMap<u32, CpuSet>, String> {
-    let names = match root.list("/sys/devices/system/node") {
-        Ok(n) => n,
-        Err(e) if e.is_not_found() => return Ok(BTreeMap::new()),
-        Err(e) => return Err(e.to_string()),
-    };
-    let mut nodes = BTreeMap::new();
-    for name in names {
-        let Some(n) = name
-            .strip_prefix("node")
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let path = format!("/sys/devices/system/node/{name}/cpulist");
-        let text = root.read_trim(&path).map_err(|e| e.to_string())?;
-        nodes.insert(
-            n,
-            cpulist::parse(&text).map_err(|e| format!("{path}: {e}"))?,
-        );
-    }
-    Ok(nodes)
-}
-
-/// The NUMA node a device's traffic is local to: `numa_node` of its bus
-/// device (for SoftRoCE, of its netdev's device). `Ok(None)`: there is no
-/// device (a virtual netdev).
-fn device_numa(
-    root: &SystemRoot,
-    dev: &str,
-    kind: &DeviceKind,
-) -> Result<Option<(i64, String)>, ReadError> {
-    let dir = match bus_device(root, dev, kind) {
-        None => return Ok(None),
-        Some(d) => d?,
-    };
-    let file = format!("{dir}/numa_node");
-    let text = root.read_trim(&file)?;
-    let node = text.parse::<i64>().map_err(|_| ReadError {
-        path: root.path(&file).display().to_string(),
-        kind: std::io::ErrorKind::InvalidData,
-        reason: format!("{text:?} is not a number"),
-    })?;
-    Ok(Some((node, file)))
-}
-
 fn check_numa(inputs: &Inputs<'_>, dev: &str, kind: &Result<DeviceKind, ReadError>) -> Finding {
     const CHECK: &str = "numa.locality";
     let kind = match kind {
@@ -560,7 +515,7 @@ fn check_numa(inputs: &Inputs<'_>, dev: &str, kind: &Result<DeviceKind, ReadErro
         Ok(n) => n,
         Err(why) => return Finding::unreadable(CHECK, why),
     };
-    let node = match device_numa(inputs.root, dev, kind) {
+    let node = match device_numa(inputs.root, &ib(dev), kind) {
         Ok(n) => n,
         Err(e) => return Finding::unreadable(CHECK, e),
     };
@@ -630,92 +585,6 @@ fn check_numa(inputs: &Inputs<'_>, dev: &str, kind: &Result<DeviceKind, ReadErro
     )
 }
 
-/// One line of /proc/interrupts: the IRQ number and its description (chip,
-/// hwirq, name).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct IrqLine {
-    pub irq: u32,
-    pub desc: String,
-}
-
-pub(crate) fn parse_interrupts(text: &str) -> Vec<IrqLine> {
-    let mut lines = text.lines();
-    let ncpu = lines
-        .next()
-        .map(|h| {
-            h.split_whitespace()
-                .filter(|w| w.starts_with("CPU"))
-                .count()
-        })
-        .unwrap_or(0);
-    lines
-        .filter_map(|line| {
-            let (num, rest) = line.trim_start().split_once(':')?;
-            let irq = num.trim().parse::<u32>().ok()?;
-            let desc: Vec<&str> = rest.split_whitespace().skip(ncpu).collect();
-            Some(IrqLine {
-                irq,
-                desc: desc.join(" "),
-            })
-        })
-        .collect()
-}
-
-/// `0000:3b:00.0`: a PCI function's address.
-fn is_pci_id(name: &str) -> bool {
-    let b = name.as_bytes();
-    b.len() == 12
-        && b[4] == b':'
-        && b[7] == b':'
-        && b[10] == b'.'
-        && name
-            .chars()
-            .enumerate()
-            .all(|(i, c)| matches!(i, 4 | 7 | 10) || c.is_ascii_hexdigit())
-}
-
-/// The bus device (a path under /sys/devices) that carries a device's
-/// traffic: the NIC itself, or (SoftRoCE) its netdev's device; walks up from
-/// a virtio device to the PCI function that owns the MSI vectors and the
-/// NUMA node. `None`: there is none (a virtual netdev, a software device).
-fn bus_device(
-    root: &SystemRoot,
-    dev: &str,
-    kind: &DeviceKind,
-) -> Option<Result<String, ReadError>> {
-    let link = match kind {
-        DeviceKind::Hardware { .. } => format!("{}/device", ib(dev)),
-        DeviceKind::SoftRoce { netdev, .. } => {
-            let d = format!("/sys/class/net/{netdev}/device");
-            if !root.exists(&d) {
-                return None;
-            }
-            d
-        }
-        DeviceKind::Software { .. } => return None,
-    };
-    let mut path = match root.canonical(&link) {
-        Ok(p) => p,
-        Err(e) => return Some(Err(e)),
-    };
-    // A virtio (or other bus) device under a PCI function: the function
-    // owns the interrupts.
-    let mut up = path.clone();
-    for _ in 0..2 {
-        if is_pci_id(basename(&path)) {
-            break;
-        }
-        match up.rfind('/') {
-            Some(i) if i > "/sys/devices".len() => up.truncate(i),
-            _ => break,
-        }
-        if is_pci_id(basename(&up)) {
-            path = up.clone();
-        }
-    }
-    Some(Ok(path))
-}
-
 fn check_irqs(inputs: &Inputs<'_>, dev: &str, kind: &Result<DeviceKind, ReadError>) -> Finding {
     const CHECK: &str = "irq.affinity";
     let root = inputs.root;
@@ -723,7 +592,7 @@ fn check_irqs(inputs: &Inputs<'_>, dev: &str, kind: &Result<DeviceKind, ReadErro
         Ok(k) => k,
         Err(e) => return Finding::unreadable(CHECK, e),
     };
-    let bus_path = match bus_device(root, dev, kind) {
+    let bus_path = match bus_device(root, &ib(dev), kind) {
         None => {
             let why = match kind {
                 DeviceKind::SoftRoce { netdev, .. } => format!(
@@ -737,86 +606,35 @@ fn check_irqs(inputs: &Inputs<'_>, dev: &str, kind: &Result<DeviceKind, ReadErro
         Some(Ok(p)) => p,
     };
     let bus_id = basename(&bus_path).to_owned();
-    let msi: BTreeSet<u32> = match root.list(&format!("{bus_path}/msi_irqs")) {
-        Ok(names) => names.iter().filter_map(|n| n.parse().ok()).collect(),
-        Err(e) if e.is_not_found() => BTreeSet::new(),
-        Err(e) => return Finding::unreadable(CHECK, e),
-    };
-    let table = match root.read("/proc/interrupts") {
-        Ok(t) => parse_interrupts(&t),
-        Err(e) => return Finding::unreadable(CHECK, e),
-    };
-    let mut matched: Vec<&IrqLine> = table
-        .iter()
-        .filter(|l| l.desc.contains(&bus_id) || msi.contains(&l.irq))
-        .collect();
-    let by_name = matched.iter().any(|l| l.desc.contains(&bus_id));
-    let by_msi = matched.iter().any(|l| msi.contains(&l.irq));
-    let mut how = match (by_name, by_msi) {
-        (true, true) => "matched by PCI address and msi_irqs".to_owned(),
-        (true, false) => "matched by PCI address".to_owned(),
-        _ => "matched by msi_irqs".to_owned(),
-    };
-    if matched.is_empty() {
-        // Some drivers name vectors without the address: fall back to the
-        // driver's completion-vector names (mlx5_core -> mlx5_comp).
-        if let DeviceKind::Hardware {
+    let driver = match kind {
+        DeviceKind::Hardware {
             driver: Ok(driver), ..
-        } = kind
-        {
-            let stem = driver.trim_end_matches("_core");
-            let pattern = format!("{stem}_comp");
-            matched = table.iter().filter(|l| l.desc.contains(&pattern)).collect();
-            how = format!("matched by driver name {pattern} (no line names {bus_id})");
-        }
-    }
-    if matched.is_empty() {
+        } => Some(driver.as_str()),
+        _ => None,
+    };
+    let irqs = match device_irqs(root, &bus_path, driver) {
+        Ok(irqs) => irqs,
+        Err(why) => return Finding::unreadable(CHECK, why),
+    };
+    if irqs.lines.is_empty() {
         return Finding::warn(
             CHECK,
             format!("no interrupt of {bus_id} in /proc/interrupts (nor in {bus_path}/msi_irqs)"),
             format!("check that the driver is bound and up: `ls {bus_path}/msi_irqs`, `grep {bus_id} /proc/interrupts`"),
         );
     }
-    let mut on_workers = Vec::new();
-    let mut spread: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-    for line in &matched {
-        let file = format!("/proc/irq/{}/smp_affinity_list", line.irq);
-        let aff = match root.read_trim(&file) {
-            Ok(a) => a,
-            Err(e) => return Finding::unreadable(CHECK, e),
-        };
-        let set = match cpulist::parse(&aff) {
-            Ok(s) => s,
-            Err(e) => return Finding::unreadable(CHECK, format!("{file}: {e}")),
-        };
-        if !set.is_disjoint(&inputs.cores) {
-            on_workers.push(line.irq);
-        }
-        spread.entry(aff).or_default().push(line.irq);
-    }
-    let names: Vec<String> = matched
-        .iter()
-        .take(3)
-        .map(|l| l.desc.rsplit(' ').next().unwrap_or("").to_owned())
-        .collect();
-    let summary = format!(
-        "{} IRQ(s) of {bus_id} ({how}: {}{}); affinity {}",
-        matched.len(),
-        names.join(", "),
-        if matched.len() > 3 { ", ..." } else { "" },
-        spread
-            .iter()
-            .map(|(aff, irqs)| format!("{aff} for {} IRQ(s)", irqs.len()))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
+    let affinity = match irq_affinity(root, &irqs.lines, &inputs.cores) {
+        Ok(a) => a,
+        Err(why) => return Finding::unreadable(CHECK, why),
+    };
+    let summary = irq_summary(&bus_id, &irqs, &affinity.spread);
     if inputs.cores.is_empty() {
         return Finding::ok(
             CHECK,
             format!("{summary}; no worker cores chosen to keep them off"),
         );
     }
-    if on_workers.is_empty() {
+    if affinity.on_workers.is_empty() {
         return Finding::ok(
             CHECK,
             format!(
@@ -825,14 +643,69 @@ fn check_irqs(inputs: &Inputs<'_>, dev: &str, kind: &Result<DeviceKind, ReadErro
             ),
         );
     }
-    // Where the IRQs may go instead: the NIC's node (else every online CPU)
-    // minus the workers.
-    let online = root
-        .read_trim("/sys/devices/system/cpu/online")
-        .ok()
-        .and_then(|s| cpulist::parse(&s).ok())
-        .unwrap_or_default();
-    let local = match device_numa(root, dev, kind) {
+    irqs_on_workers(inputs, &ib(dev), kind, &summary, &affinity.on_workers)
+}
+
+/// Where each IRQ may fire: those that may fire on a worker core, and the
+/// IRQs by affinity list.
+struct IrqAffinity {
+    on_workers: Vec<u32>,
+    spread: BTreeMap<String, Vec<u32>>,
+}
+
+fn irq_affinity(
+    root: &SystemRoot,
+    lines: &[IrqLine],
+    workers: &CpuSet,
+) -> Result<IrqAffinity, String> {
+    let mut on_workers = Vec::new();
+    let mut spread: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for line in lines {
+        let file = format!("/proc/irq/{}/smp_affinity_list", line.irq);
+        let aff = root.read_trim(&file).map_err(|e| e.to_string())?;
+        let set = cpulist::parse(&aff).map_err(|e| format!("{file}: {e}"))?;
+        if !set.is_disjoint(workers) {
+            on_workers.push(line.irq);
+        }
+        spread.entry(aff).or_default().push(line.irq);
+    }
+    Ok(IrqAffinity { on_workers, spread })
+}
+
+/// `N IRQ(s) of BUS (how: names...); affinity LIST for N IRQ(s), ...`.
+fn irq_summary(bus_id: &str, irqs: &DeviceIrqs, spread: &BTreeMap<String, Vec<u32>>) -> String {
+    let names: Vec<String> = irqs
+        .lines
+        .iter()
+        .take(3)
+        .map(|l| l.desc.rsplit(' ').next().unwrap_or("").to_owned())
+        .collect();
+    format!(
+        "{} IRQ(s) of {bus_id} ({}: {}{}); affinity {}",
+        irqs.lines.len(),
+        irqs.how,
+        names.join(", "),
+        if irqs.lines.len() > 3 { ", ..." } else { "" },
+        spread
+            .iter()
+            .map(|(aff, irqs)| format!("{aff} for {} IRQ(s)", irqs.len()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// The warning for IRQs that may fire on worker cores, and the fix: steer
+/// them to the NIC's node (else every online CPU) minus the workers.
+fn irqs_on_workers(
+    inputs: &Inputs<'_>,
+    ib_dir: &str,
+    kind: &DeviceKind,
+    summary: &str,
+    on_workers: &[u32],
+) -> Finding {
+    let root = inputs.root;
+    let online = online_cpus(root);
+    let local = match device_numa(root, ib_dir, kind) {
         Ok(Some((n, _))) if n >= 0 => numa_nodes(root)
             .ok()
             .and_then(|m| m.get(&(n as u32)).cloned())
@@ -858,7 +731,7 @@ fn check_irqs(inputs: &Inputs<'_>, dev: &str, kind: &Result<DeviceKind, ReadErro
         )
     };
     Finding::warn(
-        CHECK,
+        "irq.affinity",
         format!(
             "{summary}: IRQ(s) {irqs} may fire on worker core(s) {}, stealing cycles from the busy-poll loop",
             cpulist::format(&inputs.cores)
