@@ -189,24 +189,44 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
         target.device.as_deref(),
         &scratch,
     );
-    let summaries = sweep.summarize(&runs);
+    report(
+        &args,
+        &sweep,
+        &workloads,
+        &runs,
+        invalid.len(),
+        &target.host,
+    )
+}
+
+/// Writes the outputs into `--out` and says what the sweep found; exit 1
+/// when a workload has no recommendation.
+fn report(
+    args: &SweepArgs,
+    sweep: &Sweep,
+    workloads: &[Workload],
+    runs: &[Run],
+    invalid: usize,
+    host: &HostInfo,
+) -> anyhow::Result<ExitCode> {
+    let summaries = sweep.summarize(runs);
     let choices = sweep.recommend(&summaries);
     let date = today();
     let written = sweep::write_outputs(
         &args.out,
-        &sweep,
-        &runs,
+        sweep,
+        runs,
         &summaries,
         &choices,
         &OutputInfo {
-            host: &target.host,
+            host,
             iterations: Some(args.iterations),
             mode: &args.mode,
             date: &date,
         },
     )
     .map_err(|e| anyhow!(e))?;
-    let mut text = outcome_text(&sweep, &workloads, &runs, invalid.len(), &choices);
+    let mut text = outcome_text(sweep, workloads, runs, invalid, &choices);
     text.push_str("wrote:\n");
     for p in &written {
         text.push_str(&format!("  {}\n", p.display()));

@@ -4,9 +4,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use pinpoll::gid::SYSFS_INFINIBAND;
+
 use crate::cpulist::{self, CpuSet};
 use crate::doctor::DeviceKind;
 use crate::root::{basename, ReadError, SystemRoot};
+
+/// The directory of RDMA device `dev` in sysfs.
+pub fn ib_dir(dev: &str) -> String {
+    format!("{SYSFS_INFINIBAND}/{dev}")
+}
 
 /// The CPUs online (`/sys/devices/system/cpu/online`); empty when unreadable.
 pub fn online_cpus(root: &SystemRoot) -> CpuSet {
@@ -42,16 +49,15 @@ pub fn numa_nodes(root: &SystemRoot) -> Result<BTreeMap<u32, CpuSet>, String> {
     Ok(nodes)
 }
 
-/// The NUMA node a device's traffic is local to (`ib_dir`: the device's
-/// directory under /sys/class/infiniband): `numa_node` of its bus
+/// The NUMA node a device's traffic is local to: `numa_node` of its bus
 /// device (for SoftRoCE, of its netdev's device). `Ok(None)`: there is no
 /// device (a virtual netdev).
 pub fn device_numa(
     root: &SystemRoot,
-    ib_dir: &str,
+    dev: &str,
     kind: &DeviceKind,
 ) -> Result<Option<(i64, String)>, ReadError> {
-    let dir = match bus_device(root, ib_dir, kind) {
+    let dir = match bus_device(root, dev, kind) {
         None => return Ok(None),
         Some(d) => d?,
     };
@@ -110,16 +116,16 @@ fn is_pci_id(name: &str) -> bool {
 }
 
 /// The bus device (a path under /sys/devices) that carries a device's
-/// traffic (`ib_dir`: its directory under /sys/class/infiniband): the NIC itself, or (SoftRoCE) its netdev's device; walks up from
+/// traffic: the NIC itself, or (SoftRoCE) its netdev's device; walks up from
 /// a virtio device to the PCI function that owns the MSI vectors and the
 /// NUMA node. `None`: there is none (a virtual netdev, a software device).
 pub fn bus_device(
     root: &SystemRoot,
-    ib_dir: &str,
+    dev: &str,
     kind: &DeviceKind,
 ) -> Option<Result<String, ReadError>> {
     let link = match kind {
-        DeviceKind::Hardware { .. } => format!("{ib_dir}/device"),
+        DeviceKind::Hardware { .. } => format!("{}/device", ib_dir(dev)),
         DeviceKind::SoftRoce { netdev, .. } => {
             let d = format!("/sys/class/net/{netdev}/device");
             if !root.exists(&d) {

@@ -12,7 +12,7 @@ use crate::cpulist::{self, CpuSet};
 use crate::facts::{DeviceFacts, LinkLayer, PortFacts, Source};
 use crate::root::{basename, ReadError, SystemRoot};
 use crate::topology::{
-    bus_device, device_irqs, device_numa, numa_nodes, online_cpus, DeviceIrqs, IrqLine,
+    bus_device, device_irqs, device_numa, ib_dir, numa_nodes, online_cpus, DeviceIrqs, IrqLine,
 };
 
 /// rxe's `vendor_id` (`RXE_VENDOR_ID`, drivers/infiniband/sw/rxe).
@@ -45,18 +45,14 @@ impl DeviceKind {
     }
 }
 
-fn ib(dev: &str) -> String {
-    format!("{SYSFS_INFINIBAND}/{dev}")
-}
-
 /// Tells SoftRoCE from hardware: `/sys/class/infiniband/DEV` resolves under
 /// `/sys/devices/virtual/` for software devices, and rxe adds a `parent`
 /// attribute naming its netdev; hardware has a `device` symlink to its bus
 /// device, whose `driver` link names the driver.
 pub fn classify(root: &SystemRoot, dev: &str) -> Result<DeviceKind, ReadError> {
-    let path = root.canonical(&ib(dev))?;
+    let path = root.canonical(&ib_dir(dev))?;
     if path.starts_with("/sys/devices/virtual/") {
-        let parent = format!("{}/parent", ib(dev));
+        let parent = format!("{}/parent", ib_dir(dev));
         if root.exists(&parent) {
             return Ok(DeviceKind::SoftRoce {
                 netdev: root.read_trim(&parent)?,
@@ -65,9 +61,9 @@ pub fn classify(root: &SystemRoot, dev: &str) -> Result<DeviceKind, ReadError> {
         }
         return Ok(DeviceKind::Software { path });
     }
-    let bus = root.canonical(&format!("{}/device", ib(dev)))?;
+    let bus = root.canonical(&format!("{}/device", ib_dir(dev)))?;
     let driver = root
-        .read_link(&format!("{}/device/driver", ib(dev)))
+        .read_link(&format!("{}/device/driver", ib_dir(dev)))
         .map(|p| basename(&p.to_string_lossy()).to_owned());
     Ok(DeviceKind::Hardware {
         path,
@@ -82,17 +78,64 @@ fn netdev_of(root: &SystemRoot, dev: &str, kind: Option<&DeviceKind>) -> Option<
     if let Some(DeviceKind::SoftRoce { netdev, .. }) = kind {
         return Some(netdev.clone());
     }
-    if let Ok(names) = root.list(&format!("{}/device/net", ib(dev))) {
+    if let Ok(names) = root.list(&format!("{}/device/net", ib_dir(dev))) {
         if let Some(first) = names.into_iter().next() {
             return Some(first);
         }
     }
-    root.read_trim(&format!("{}/ports/1/gid_attrs/ndevs/0", ib(dev)))
+    root.read_trim(&format!("{}/ports/1/gid_attrs/ndevs/0", ib_dir(dev)))
         .ok()
         .filter(|s| !s.is_empty())
 }
 
 /// Checks the device list itself.
+/// The failure of a host whose libibverbs (or sysfs) lists no device,
+/// saying what sysfs has.
+fn no_device(inputs: &Inputs<'_>) -> Finding {
+    let sysfs = match inputs.root.list(SYSFS_INFINIBAND) {
+        Ok(n) if n.is_empty() => "/sys/class/infiniband is empty".to_owned(),
+        Ok(n) => format!("/sys/class/infiniband has {}", n.join(", ")),
+        Err(e) if e.is_not_found() => {
+            "no /sys/class/infiniband: no RDMA driver is loaded".to_owned()
+        }
+        Err(e) => e.to_string(),
+    };
+    let via = match inputs.inventory.source {
+        Source::Verbs => "ibv_get_device_list lists none",
+        Source::Sysfs => "none in sysfs",
+    };
+    Finding::fail(
+        "rdma.devices",
+        format!("no RDMA device ({via}; {sysfs})"),
+        HOW_TO_GET_A_DEVICE,
+    )
+}
+
+/// A device the kernel has but libibverbs does not list has no user-space
+/// provider.
+fn without_provider(inputs: &Inputs<'_>, listed: &[String]) -> Option<Finding> {
+    if inputs.inventory.source != Source::Verbs {
+        return None;
+    }
+    let sysfs = inputs.root.list(SYSFS_INFINIBAND).ok()?;
+    let missing: Vec<&str> = sysfs
+        .iter()
+        .filter(|n| !listed.contains(n))
+        .map(String::as_str)
+        .collect();
+    if missing.is_empty() {
+        return None;
+    }
+    Some(Finding::warn(
+        "rdma.devices",
+        format!(
+            "{} in /sys/class/infiniband but not listed by libibverbs (no user-space provider, or ib_uverbs not loaded)",
+            missing.join(", ")
+        ),
+        "`modprobe ib_uverbs` and install the provider library (`apt install ibverbs-providers` / `dnf install libibverbs`)",
+    ))
+}
+
 pub fn check_devices(inputs: &Inputs<'_>) -> Vec<Finding> {
     const CHECK: &str = "rdma.devices";
     let inv = inputs.inventory;
@@ -107,23 +150,7 @@ pub fn check_devices(inputs: &Inputs<'_>) -> Vec<Finding> {
         }
     };
     if listed.is_empty() {
-        let sysfs = match inputs.root.list(SYSFS_INFINIBAND) {
-            Ok(n) if n.is_empty() => "/sys/class/infiniband is empty".to_owned(),
-            Ok(n) => format!("/sys/class/infiniband has {}", n.join(", ")),
-            Err(e) if e.is_not_found() => {
-                "no /sys/class/infiniband: no RDMA driver is loaded".to_owned()
-            }
-            Err(e) => e.to_string(),
-        };
-        let via = match inv.source {
-            Source::Verbs => "ibv_get_device_list lists none",
-            Source::Sysfs => "none in sysfs",
-        };
-        return vec![Finding::fail(
-            CHECK,
-            format!("no RDMA device ({via}; {sysfs})"),
-            HOW_TO_GET_A_DEVICE,
-        )];
+        return vec![no_device(inputs)];
     }
     let mut out = Vec::new();
     if let Some(wanted) = &inputs.device {
@@ -157,23 +184,7 @@ pub fn check_devices(inputs: &Inputs<'_>) -> Vec<Finding> {
             }
         ),
     ));
-    // A device the kernel has but libibverbs does not list has no
-    // user-space provider.
-    if inv.source == Source::Verbs {
-        if let Ok(sysfs) = inputs.root.list(SYSFS_INFINIBAND) {
-            let missing: Vec<&String> = sysfs.iter().filter(|n| !listed.contains(n)).collect();
-            if !missing.is_empty() {
-                out.push(Finding::warn(
-                    CHECK,
-                    format!(
-                        "{} in /sys/class/infiniband but not listed by libibverbs (no user-space provider, or ib_uverbs not loaded)",
-                        missing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
-                    ),
-                    "`modprobe ib_uverbs` and install the provider library (`apt install ibverbs-providers` / `dnf install libibverbs`)",
-                ));
-            }
-        }
-    }
+    out.extend(without_provider(inputs, &listed));
     out
 }
 
@@ -217,7 +228,7 @@ fn check_kind(dev: &DeviceFacts, kind: &Result<DeviceKind, ReadError>) -> Findin
             CHECK,
             format!(
                 "SoftRoCE (rxe) over netdev {netdev} ({} -> {path}, no hardware device; `parent` = {netdev}{vendor}): figures measured on it are functional, not hardware",
-                ib(&dev.name)
+                ib_dir(&dev.name)
             ),
             "nothing to fix for functional tests; for performance figures run on a hardware RDMA NIC",
         ),
@@ -225,7 +236,7 @@ fn check_kind(dev: &DeviceFacts, kind: &Result<DeviceKind, ReadError>) -> Findin
             CHECK,
             format!(
                 "software RDMA device ({} -> {path}, no hardware device{vendor}): figures measured on it are functional, not hardware",
-                ib(&dev.name)
+                ib_dir(&dev.name)
             ),
             "for performance figures run on a hardware RDMA NIC",
         ),
@@ -258,7 +269,11 @@ fn check_port_state(
     };
     let phys = inputs
         .root
-        .read_trim(&format!("{}/ports/{}/phys_state", ib(&dev.name), port.port))
+        .read_trim(&format!(
+            "{}/ports/{}/phys_state",
+            ib_dir(&dev.name),
+            port.port
+        ))
         .map(|p| format!(" (phys_state {p})"))
         .unwrap_or_default();
     if state.is_active() {
@@ -343,7 +358,7 @@ fn describe_gid(root: &SystemRoot, dev: &str, port: u8, e: &GidEntry) -> String 
     let ndev = root
         .read_trim(&format!(
             "{}/ports/{port}/gid_attrs/ndevs/{}",
-            ib(dev),
+            ib_dir(dev),
             e.index
         ))
         .ok()
@@ -515,7 +530,7 @@ fn check_numa(inputs: &Inputs<'_>, dev: &str, kind: &Result<DeviceKind, ReadErro
         Ok(n) => n,
         Err(why) => return Finding::unreadable(CHECK, why),
     };
-    let node = match device_numa(inputs.root, &ib(dev), kind) {
+    let node = match device_numa(inputs.root, dev, kind) {
         Ok(n) => n,
         Err(e) => return Finding::unreadable(CHECK, e),
     };
@@ -592,7 +607,7 @@ fn check_irqs(inputs: &Inputs<'_>, dev: &str, kind: &Result<DeviceKind, ReadErro
         Ok(k) => k,
         Err(e) => return Finding::unreadable(CHECK, e),
     };
-    let bus_path = match bus_device(root, &ib(dev), kind) {
+    let bus_path = match bus_device(root, dev, kind) {
         None => {
             let why = match kind {
                 DeviceKind::SoftRoce { netdev, .. } => format!(
@@ -643,7 +658,7 @@ fn check_irqs(inputs: &Inputs<'_>, dev: &str, kind: &Result<DeviceKind, ReadErro
             ),
         );
     }
-    irqs_on_workers(inputs, &ib(dev), kind, &summary, &affinity.on_workers)
+    irqs_on_workers(inputs, dev, kind, &summary, &affinity.on_workers)
 }
 
 /// Where each IRQ may fire: those that may fire on a worker core, and the
@@ -698,14 +713,14 @@ fn irq_summary(bus_id: &str, irqs: &DeviceIrqs, spread: &BTreeMap<String, Vec<u3
 /// them to the NIC's node (else every online CPU) minus the workers.
 fn irqs_on_workers(
     inputs: &Inputs<'_>,
-    ib_dir: &str,
+    dev: &str,
     kind: &DeviceKind,
     summary: &str,
     on_workers: &[u32],
 ) -> Finding {
     let root = inputs.root;
     let online = online_cpus(root);
-    let local = match device_numa(root, ib_dir, kind) {
+    let local = match device_numa(root, dev, kind) {
         Ok(Some((n, _))) if n >= 0 => numa_nodes(root)
             .ok()
             .and_then(|m| m.get(&(n as u32)).cloned())
@@ -747,6 +762,30 @@ fn fact<T: Into<Value> + Clone, E: ToString>(r: &Result<T, E>) -> Value {
     }
 }
 
+/// One port's facts, and the GID the engine would select on it.
+fn port_json(p: &PortFacts, gid_index: Option<u32>) -> Value {
+    let selected = p
+        .gids
+        .as_ref()
+        .ok()
+        .and_then(|t| gid::select(t, gid_index, p.port).ok())
+        .map_or(Value::Null, |e| json!(e.index));
+    json!({
+        "port": p.port,
+        "state": p.state.as_ref().map(|s| s.name.clone()).map_or_else(|e| json!({"error": e}), Value::from),
+        "state_code": p.state.as_ref().map(|s| s.code).map_or(Value::Null, Value::from),
+        "active_mtu": fact(&p.active_mtu),
+        "max_mtu": fact(&p.max_mtu),
+        "link_layer": p.link_layer.as_ref().map(|l| l.name()).map_or_else(|e| json!({"error": e}), Value::from),
+        "gids": p.gids.as_ref().map(|t| t.iter().map(|e| json!({
+            "index": e.index,
+            "gid": e.as_ipv6().to_string(),
+            "type": e.kind,
+        })).collect::<Vec<_>>()).map_or_else(|e| json!({"error": e}), Value::from),
+        "selected_gid": selected,
+    })
+}
+
 /// The devices examined, for `--json`.
 pub fn device_facts(inputs: &Inputs<'_>) -> Value {
     let root = inputs.root;
@@ -777,28 +816,7 @@ pub fn device_facts(inputs: &Inputs<'_>) -> Value {
                 Ok(ports) => Value::Array(
                     ports
                         .iter()
-                        .map(|p| {
-                            let selected = p
-                                .gids
-                                .as_ref()
-                                .ok()
-                                .and_then(|t| gid::select(t, inputs.config.qp.gid_index, p.port).ok())
-                                .map_or(Value::Null, |e| json!(e.index));
-                            json!({
-                                "port": p.port,
-                                "state": p.state.as_ref().map(|s| s.name.clone()).map_or_else(|e| json!({"error": e}), Value::from),
-                                "state_code": p.state.as_ref().map(|s| s.code).map_or(Value::Null, Value::from),
-                                "active_mtu": fact(&p.active_mtu),
-                                "max_mtu": fact(&p.max_mtu),
-                                "link_layer": p.link_layer.as_ref().map(|l| l.name()).map_or_else(|e| json!({"error": e}), Value::from),
-                                "gids": p.gids.as_ref().map(|t| t.iter().map(|e| json!({
-                                    "index": e.index,
-                                    "gid": e.as_ipv6().to_string(),
-                                    "type": e.kind,
-                                })).collect::<Vec<_>>()).map_or_else(|e| json!({"error": e}), Value::from),
-                                "selected_gid": selected,
-                            })
-                        })
+                        .map(|p| port_json(p, inputs.config.qp.gid_index))
                         .collect(),
                 ),
                 Err(e) => json!({ "error": e }),
