@@ -613,9 +613,9 @@ fn chunks_that_break_the_rules_fail_the_transfer_and_leave_nothing() {
     assert!(dst.names().is_empty(), "nothing kept: {:?}", dst.names());
 }
 
-// ---- issue 7: malformed messages, symlinks, races, space, memlock ----
+// ---- malformed messages, symlinks, races, space, memlock ----
 
-/// Issue 7, case 8: every malformed or out-of-order control message gets a
+/// Every malformed or out-of-order control message gets a
 /// `Fail` (Protocol) naming the problem, or a disconnect; a silent client
 /// is dropped after the server's `--timeout`; nothing is kept; and good
 /// transfers succeed beside and after the bad clients.
@@ -783,7 +783,7 @@ fn malformed_control_messages_are_refused_and_the_server_goes_on() {
     assert_eq!(dst.names(), ["good-1.bin", "good-2.bin"]);
 }
 
-/// Issue 7, case 9: a symlink in the target directory pointing outside it
+/// A symlink in the target directory pointing outside it
 /// is never followed: sending its name is refused ("exists"), with or
 /// without --overwrite, also when the link appears during the transfer;
 /// the outside file stays as it was, byte for byte.
@@ -837,7 +837,7 @@ fn a_symlink_in_the_target_directory_is_never_followed() {
     }
 }
 
-/// Issue 7, case 10: two clients send the same name at once; exactly one
+/// Two clients send the same name at once; exactly one
 /// wins, the other is told the name exists, no temp file is left.
 #[test]
 #[ignore = "needs an RDMA device"]
@@ -893,7 +893,7 @@ fn two_clients_sending_the_same_name_at_once_one_wins() {
     assert_eq!(dst.names(), ["race.bin", "same.bin"], "no temp file left");
 }
 
-/// Issue 7, case 11: a size larger than the free space of --dir is
+/// A size larger than the free space of --dir is
 /// refused before any data moves.
 #[test]
 #[ignore = "needs an RDMA device"]
@@ -948,7 +948,7 @@ impl Drop for Tmpfs {
     }
 }
 
-/// Issue 7, case 11: a directory too small for the file: the real client
+/// A directory too small for the file: the real client
 /// is told there is no space (ENOSPC) before any data moves, and nothing
 /// is left; the space of a transfer under way is reserved, so a second
 /// file that would fit the free space of the moment is refused too, and
@@ -1007,7 +1007,7 @@ fn a_tmpfs_too_small_gets_enospc_and_keeps_nothing() {
     assert_eq!(std::fs::read(mnt.join("reserved.bin")).unwrap(), reserved);
 }
 
-/// Issue 7, case 11: one bit flipped in one chunk (the client's test-only
+/// One bit flipped in one chunk (the client's test-only
 /// hook, after the chunk's CRC32C was computed) fails the transfer; no
 /// file is put in place; the same file then goes through intact.
 #[test]
@@ -1052,7 +1052,7 @@ fn has_ipc_lock() -> bool {
     u64::from_str_radix(hex, 16).unwrap() & (1 << 14) != 0
 }
 
-/// Issue 7, case 12: a locked-memory limit too small for the registered
+/// A locked-memory limit too small for the registered
 /// rings. As root with CAP_IPC_LOCK (the guest's test runner) the kernel
 /// does not apply the limit to registrations and neither does pinpoll:
 /// the transfer works. Without CAP_IPC_LOCK (dropped with setpriv) every

@@ -200,7 +200,7 @@ both_methods!(
     address_past_the_region_is_refused,
 );
 
-/// Issue 7, case 7: the rkey of a connection that ended is dead. A
+/// The rkey of a connection that ended is dead. A
 /// (one listener, three connections in turn) ends and deregisters its
 /// regions; a write through B to A's old address and rkey is refused by
 /// the NIC and leaves B's region as it was; C, after that, moves data as

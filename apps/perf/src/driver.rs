@@ -80,8 +80,8 @@ impl Spin {
 /// when it fits, and above the inline threshold straight from a send-ring
 /// slot, as perftest posts from its registered buffer. A slot gets the
 /// whole payload on its first use (`primed` counts them) and afterwards
-/// only the last byte, so no operation copies the payload — at 64 KiB the
-/// copy was ~10 % of a TCG guest's round trip.
+/// only the last byte, so no operation copies the payload: a copy per
+/// round trip would be measured as latency (perftest copies none either).
 #[inline]
 fn post_ping(
     conn: &mut Connection,

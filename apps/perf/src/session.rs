@@ -192,7 +192,7 @@ pub fn measure(
             driver.round_trip()?;
         }
         // One TSC read per iteration, as perftest's get_cycles: the OS
-        // clock costs ~1.3 µs per read in the TCG guest (see clock.rs). The
+        // clock is a system call in the TCG guest (see clock.rs). The
         // deltas go into a buffer sized before the loop (perftest keeps its
         // stamps the same way); the histogram is filled afterwards, so its
         // bookkeeping stays out of the measured loop.
