@@ -756,13 +756,27 @@ fn serve_write_lat(
             idle.reset();
             continue;
         }
-        if idle.tick()? && idle.waited() > QUIET {
-            if stop()? {
-                return Ok(served);
-            }
-            conn.reap()?;
+        if quiet_turn(conn, idle, stop)? {
+            return Ok(served);
         }
     }
+}
+
+/// An idle turn of a latency server: once nothing arrived for [`QUIET`],
+/// asks `stop` (true: the server stops) and otherwise reaps completions.
+#[inline]
+fn quiet_turn(
+    conn: &mut Connection,
+    idle: &mut Spin,
+    stop: &mut dyn FnMut() -> Result<bool>,
+) -> Result<bool> {
+    if idle.tick()? && idle.waited() > QUIET {
+        if stop()? {
+            return Ok(true);
+        }
+        conn.reap()?;
+    }
+    Ok(false)
 }
 
 /// send-lat: answers each message with one of the same length.
@@ -782,11 +796,8 @@ fn serve_send_lat(
             idle.reset();
             continue;
         }
-        if idle.tick()? && idle.waited() > QUIET {
-            if stop()? {
-                return Ok(served);
-            }
-            conn.reap()?;
+        if quiet_turn(conn, idle, stop)? {
+            return Ok(served);
         }
     }
 }
