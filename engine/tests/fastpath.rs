@@ -501,7 +501,11 @@ fn single_operations_post_alone_refuse_when_full_and_give_back_what_they_refused
             "slot write {i}"
         );
     }
-    // Batch::send_from, likewise, and a failed fill adds nothing.
+    // Batch::send_from, likewise, and a failed fill adds nothing. The
+    // slot writes may still hold the whole send queue: reap them first.
+    while client.outstanding() > 0 {
+        client.reap().unwrap();
+    }
     let message = pattern(1500, 9);
     let mut b = client.batch();
     assert!(b
