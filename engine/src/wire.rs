@@ -31,8 +31,8 @@ pub struct Header {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Len {
     Exactly(usize),
-    /// This many or more (rdma_cm pads private data with zeros; messages
-    /// with a body of their own check the rest).
+    /// A header of this many bytes, and maybe more after it (rdma_cm pads
+    /// private data with zeros; messages with a body check the rest).
     AtLeast(usize),
 }
 
@@ -49,7 +49,7 @@ impl fmt::Display for Len {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Len::Exactly(n) => write!(f, "expected {n}"),
-            Len::AtLeast(n) => write!(f, "shorter than the {n} at least expected"),
+            Len::AtLeast(n) => write!(f, "shorter than the {n}-byte header"),
         }
     }
 }
@@ -291,7 +291,7 @@ mod tests {
         );
         assert_eq!(
             err(&b[..7], Len::AtLeast(8)),
-            "test message: 7 bytes, shorter than the 8 at least expected"
+            "test message: 7 bytes, shorter than the 8-byte header"
         );
         assert_eq!(
             err(&[0; 12], Len::Exactly(12)),
