@@ -6,24 +6,33 @@
 //! - `readwrite`: the peers swap memory-region descriptors with SEND/RECV,
 //!   then the client RDMA-WRITEs into, or RDMA-READs from, the server's
 //!   region, which is registered with exactly the access that mode needs.
+//! - `filexfer`: file transfer over the engine's fast path, verified end
+//!   to end, with a classic SEND/RECV + READ mode.
 //!
-//! The modules are what both programs share:
+//! The modules:
 //! - [`cli`] — common flags and their parsers.
-//! - [`run`] — `main`: parse, set up logging, run, and turn any failure
-//!   into one `error: ...` line and a non-zero exit status.
 //! - [`output`] — stdout: progress lines (`-q` hides them), and received
 //!   bytes printed safely.
-//! - [`session`] — connecting a client, the server's accept loop, waits on
+//! - [`session`] — connecting a client, the server's accept loop
+//!   ([`session::Accepting`], shared by every server), waits on
 //!   completions that check what completed.
 //! - [`shutdown`] — SIGINT/SIGTERM as a flag the server loop polls.
 //! - [`protocol`] — `readwrite`'s wire formats: the connect header and the
-//!   "done" message.
+//!   "done" message (on [`pinpoll::wire`]).
+//! - [`filexfer`] — the `filexfer` program: its protocol, client, server,
+//!   hashing and file handling.
+//! - [`appkit`] (pinpoll-appkit, re-exported) and [`run`] — what every
+//!   pinpoll program shares: `main`'s shape (one `error: ...` line, exit
+//!   status 2 for bad usage), logging, core pinning.
 #![forbid(unsafe_code)]
 
 pub mod cli;
 pub mod filexfer;
 pub mod output;
 pub mod protocol;
-pub mod run;
 pub mod session;
 pub mod shutdown;
+
+pub use pinpoll_appkit as appkit;
+/// `main`'s shape, shared with every pinpoll program.
+pub use pinpoll_appkit::run;

@@ -12,12 +12,14 @@
 
 use std::fmt;
 
+use pinpoll::wire::{Header, Len, WireError};
 use pinpoll::Access;
 
-const HELLO_MAGIC: [u8; 4] = *b"PPRW";
-const DONE_MAGIC: [u8; 4] = *b"PPDN";
 /// The version of this protocol; a peer with another one is refused.
 pub const VERSION: u8 = 1;
+static HELLO: Header = Header::new("readwrite client", "PPRW", Some(VERSION));
+/// The done message has no version: the hello settled it.
+static DONE: Header = Header::new("readwrite done message", "PPDN", None);
 
 /// What the client does to the server's region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -75,80 +77,23 @@ pub struct Hello {
     pub mode: Mode,
 }
 
-/// Why a connect request's private data is not a [`Hello`] this server
-/// serves. The text goes back to the client in the reject.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HelloError {
-    /// Fewer bytes than a hello.
-    Short(usize),
-    /// Nothing but the zeros rdma_cm pads private data with: the client sent
-    /// none (e.g. a `basic` client).
-    Missing,
-    /// Other magic: not a readwrite client.
-    Magic([u8; 4]),
-    Version(u8),
-    UnknownMode(u8),
-}
-
-impl fmt::Display for HelloError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HelloError::Short(n) => write!(
-                f,
-                "not a readwrite client: {n} bytes of connect private data, expected a {}-byte header",
-                Hello::LEN
-            ),
-            HelloError::Missing => f.write_str(
-                "not a readwrite client: the connect request carries no readwrite header",
-            ),
-            HelloError::Magic(m) => write!(
-                f,
-                "not a readwrite client: header magic {:?}, expected \"PPRW\"",
-                String::from_utf8_lossy(m)
-            ),
-            HelloError::Version(v) => write!(
-                f,
-                "readwrite protocol version {v} is not supported (this server speaks {VERSION})"
-            ),
-            HelloError::UnknownMode(m) => write!(
-                f,
-                "unknown readwrite mode {m} (known: {} = write, {} = read)",
-                Mode::Write.code(),
-                Mode::Read.code()
-            ),
-        }
-    }
-}
-
-impl std::error::Error for HelloError {}
-
 impl Hello {
     pub const LEN: usize = 6;
 
     pub fn encode(&self) -> [u8; Self::LEN] {
         let mut b = [0u8; Self::LEN];
-        b[0..4].copy_from_slice(&HELLO_MAGIC);
-        b[4] = VERSION;
+        HELLO.emit(&mut b);
         b[5] = self.mode.code();
         b
     }
 
     /// Decodes from the front of `b`: rdma_cm pads private data with zeros.
-    pub fn decode(b: &[u8]) -> Result<Hello, HelloError> {
-        if b.iter().all(|x| *x == 0) {
-            return Err(HelloError::Missing);
-        }
-        if b.len() < Self::LEN {
-            return Err(HelloError::Short(b.len()));
-        }
-        let magic: [u8; 4] = b[0..4].try_into().expect("4 bytes");
-        if magic != HELLO_MAGIC {
-            return Err(HelloError::Magic(magic));
-        }
-        if b[4] != VERSION {
-            return Err(HelloError::Version(b[4]));
-        }
-        let mode = Mode::from_code(b[5]).ok_or(HelloError::UnknownMode(b[5]))?;
+    /// The error's text goes back to the client in the reject (it fits the
+    /// 148 bytes rdma_cm carries).
+    pub fn decode(b: &[u8]) -> Result<Hello, WireError> {
+        let v = HELLO.check(b, Len::AtLeast(Self::LEN))?;
+        let mode = Mode::from_code(v.u8(5))
+            .ok_or_else(|| v.field_error("mode", v.u8(5), "1 (write) or 2 (read)"))?;
         Ok(Hello { mode })
     }
 }
@@ -165,26 +110,14 @@ impl Done {
 
     pub fn encode(&self) -> [u8; Self::LEN] {
         let mut b = [0u8; Self::LEN];
-        b[0..4].copy_from_slice(&DONE_MAGIC);
+        DONE.emit(&mut b);
         b[4..8].copy_from_slice(&self.len.to_be_bytes());
         b
     }
 
-    pub fn decode(b: &[u8]) -> anyhow::Result<Done> {
-        anyhow::ensure!(
-            b.len() == Self::LEN,
-            "a done message has {} bytes, got {}",
-            Self::LEN,
-            b.len()
-        );
-        anyhow::ensure!(
-            b[0..4] == DONE_MAGIC,
-            "not a done message (magic {:?})",
-            String::from_utf8_lossy(&b[0..4])
-        );
-        Ok(Done {
-            len: u32::from_be_bytes(b[4..8].try_into().expect("4 bytes")),
-        })
+    pub fn decode(b: &[u8]) -> Result<Done, WireError> {
+        let v = DONE.check(b, Len::Exactly(Self::LEN))?;
+        Ok(Done { len: v.u32(4) })
     }
 }
 
@@ -204,34 +137,49 @@ mod tests {
     #[test]
     fn hello_rejects_each_bad_field_with_a_reason() {
         let good = Hello { mode: Mode::Read }.encode();
-        assert_eq!(Hello::decode(&[]), Err(HelloError::Missing));
-        assert_eq!(Hello::decode(&[0; 56]), Err(HelloError::Missing));
-        assert_eq!(Hello::decode(&good[..5]), Err(HelloError::Short(5)));
+        let absent = |e| matches!(e, Err(WireError::Absent { .. }));
+        assert!(absent(Hello::decode(&[])));
+        assert!(absent(Hello::decode(&[0; 56])));
+        assert!(matches!(
+            Hello::decode(&good[..5]),
+            Err(WireError::Length { got: 5, .. })
+        ));
         let mut b = good;
         b[0] = b'X';
-        assert!(matches!(Hello::decode(&b), Err(HelloError::Magic(_))));
+        assert!(matches!(Hello::decode(&b), Err(WireError::Magic { .. })));
         let mut b = good;
         b[4] = 2;
-        assert_eq!(Hello::decode(&b), Err(HelloError::Version(2)));
+        assert!(matches!(
+            Hello::decode(&b),
+            Err(WireError::Version { got: 2, .. })
+        ));
+        let mut reasons = Vec::new();
         for code in [0u8, 3, 9, 255] {
             let mut b = good;
             b[5] = code;
             let err = Hello::decode(&b).unwrap_err();
-            assert_eq!(err, HelloError::UnknownMode(code));
             assert!(
-                err.to_string()
-                    .starts_with(&format!("unknown readwrite mode {code} ")),
+                err.to_string().starts_with(&format!(
+                    "readwrite client: mode {code} is out of range: allowed 1 (write) or 2 (read)"
+                )),
                 "{err}"
             );
+            reasons.push(err);
+        }
+        // The reasons of foreign clients say so first.
+        let foreign = [Hello::decode(&[]), Hello::decode(b"PPFX\x02\0")];
+        for err in foreign {
+            let err = err.unwrap_err().to_string();
+            assert!(err.starts_with("not a readwrite client: "), "{err}");
         }
         // Every reason fits an rdma_cm reject (148 bytes with the NUL).
-        for err in [
-            HelloError::Short(0),
-            HelloError::Missing,
-            HelloError::Magic([0xff; 4]),
-            HelloError::Version(255),
-            HelloError::UnknownMode(255),
-        ] {
+        reasons.extend([
+            Hello::decode(&good[..1]).unwrap_err(),
+            Hello::decode(&[]).unwrap_err(),
+            Hello::decode(&[0xff; 6]).unwrap_err(),
+            Hello::decode(&[b'P', b'P', b'R', b'W', 255, 1]).unwrap_err(),
+        ]);
+        for err in reasons {
             assert!(err.to_string().len() < 148, "{err}");
         }
     }

@@ -143,27 +143,12 @@ pub fn serve(
     if let Some(device) = &common.device {
         device_exists(device)?;
     }
-    let shutdown = Shutdown::install()?;
-    let listener = Listener::bind(addr)
-        .map_err(explain)
-        .with_context(|| format!("listening on {addr}"))?;
-    out.progress(format_args!(
-        "listening on {}",
-        show_addr(listener.local_addr().or(Some(addr)))
-    ))?;
-    let cfg = qp_config(common.timeout);
-    let (mut served, mut failed) = (0u64, 0u64);
-    while !matches!(args.count, Some(n) if served >= n) && !shutdown.requested() {
-        let mut req = match next_request(&listener, &cfg)? {
-            Incoming::Request(req) => *req,
-            Incoming::Idle => continue,
-            Incoming::Refused => {
-                served += 1;
-                failed += 1;
-                continue;
-            }
+    let mut server = Accepting::listen(addr, args.count, qp_config(common.timeout), out)?;
+    while server.open() {
+        let Some(mut req) = server.next_client()? else {
+            continue;
         };
-        served += 1;
+        server.take();
         let peer = show_addr(req.peer_addr());
         let result = match check_device(req.endpoint(), common.device.as_deref()) {
             Ok(()) => {
@@ -174,19 +159,122 @@ pub fn serve(
         };
         match result {
             Ok(()) => out.progress(format_args!("client {peer}: done"))?,
-            Err(err) => {
-                failed += 1;
-                eprintln!("error: client {peer}: {}", error_line(&err));
+            Err(err) => server.failed(&peer, &err),
+        }
+    }
+    server.finish()
+}
+
+/// A server's accept loop, shared by every server: the listener, the stop
+/// conditions (`--count` clients served, SIGINT or SIGTERM), the count of
+/// clients served and failed, one `error: client ADDR: ...` line per
+/// failed client, and the closing report.
+pub struct Accepting {
+    /// `None` once the server stopped listening (it only finishes).
+    listener: Option<Listener>,
+    shutdown: Shutdown,
+    count: Option<u64>,
+    qp: QpConfig,
+    out: Output,
+    served: u64,
+    failed: u64,
+}
+
+impl Accepting {
+    /// Listens on `addr` (rdma_cm) for clients whose queue pairs take `qp`,
+    /// and says so on stdout (`listening on ADDR`); SIGINT and SIGTERM end
+    /// the loop from here on.
+    pub fn listen(
+        addr: SocketAddr,
+        count: Option<u64>,
+        qp: QpConfig,
+        out: Output,
+    ) -> anyhow::Result<Accepting> {
+        let shutdown = Shutdown::install()?;
+        let listener = Listener::bind(addr)
+            .map_err(explain)
+            .with_context(|| format!("listening on {addr}"))?;
+        out.progress(format_args!(
+            "listening on {}",
+            show_addr(listener.local_addr().or(Some(addr)))
+        ))?;
+        Ok(Accepting {
+            listener: Some(listener),
+            shutdown,
+            count,
+            qp,
+            out,
+            served: 0,
+            failed: 0,
+        })
+    }
+
+    /// Whether to wait for another client: `--count` not reached, no
+    /// signal, still listening.
+    pub fn open(&self) -> bool {
+        self.listener.is_some()
+            && !matches!(self.count, Some(n) if self.served >= n)
+            && !self.shutdown.requested()
+    }
+
+    /// The next connect request, waiting a short slice. `None` when none
+    /// came (look at the stop conditions and call again) or when one
+    /// failed on its own, which is reported and counted as a failed client.
+    pub fn next_client(&mut self) -> anyhow::Result<Option<Request>> {
+        let Some(listener) = &self.listener else {
+            return Ok(None);
+        };
+        match next_request(listener, &self.qp)? {
+            Incoming::Request(req) => Ok(Some(*req)),
+            Incoming::Idle => Ok(None),
+            Incoming::Refused => {
+                self.served += 1;
+                self.failed += 1;
+                Ok(None)
             }
         }
     }
-    if shutdown.requested() {
-        out.progress(format_args!("interrupted: served {served} client(s)"))?;
+
+    /// Counts a request as a client served (towards `--count`).
+    pub fn take(&mut self) {
+        self.served += 1;
     }
-    if failed > 0 {
-        return Err(AlreadyReported.into());
+
+    /// Reports client `peer`'s failure, one line on stderr, and counts it.
+    pub fn failed(&mut self, peer: &str, err: &anyhow::Error) {
+        self.failed += 1;
+        eprintln!("error: client {peer}: {}", error_line(err));
     }
-    Ok(())
+
+    /// Counts `n` failed clients that were reported elsewhere.
+    pub fn count_failed(&mut self, n: u64) {
+        self.failed += n;
+    }
+
+    /// The listener, while listening.
+    pub fn listener(&self) -> Option<&Listener> {
+        self.listener.as_ref()
+    }
+
+    /// Stops listening: new clients are refused by the system from here on.
+    pub fn stop_listening(&mut self) {
+        self.listener = None;
+    }
+
+    /// Says how many clients were served when a signal ended the loop; an
+    /// error (already reported) when any client failed.
+    pub fn finish(self) -> anyhow::Result<()> {
+        if self.shutdown.requested() {
+            self.out.progress(format_args!(
+                "interrupted: served {} client(s)",
+                self.served
+            ))?;
+        }
+        if self.failed > 0 {
+            return Err(AlreadyReported.into());
+        }
+        Ok(())
+    }
 }
 
 /// What one bounded wait on a listener produced.
@@ -198,7 +286,8 @@ pub enum Incoming {
     Refused,
 }
 
-/// Waits up to a short slice for the next connect request. A broken
+/// Waits up to a short slice for the next connect request (for a loop of
+/// its own; [`Accepting::next_client`] counts what this reports). A broken
 /// listener (nothing more will come) is an error; a request that failed
 /// on its own is reported on stderr as one line and counted by the caller.
 pub fn next_request(listener: &Listener, cfg: &QpConfig) -> anyhow::Result<Incoming> {

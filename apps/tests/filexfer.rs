@@ -4,13 +4,13 @@
 //! would. No assertion depends on timing.
 
 mod common;
-#[path = "common/fxutil.rs"]
-mod fxutil;
 
 use std::time::Duration;
 
-use common::{addr4, serial, Finished, Running, Server};
-use fxutil::{random_file, run_bounded, run_bounded_env, sha256, Scratch, FILEXFER};
+use common::{
+    addr4, random_file, run_within, run_within_env, serial, sha256, Finished, Running, Scratch,
+    Server, FILEXFER,
+};
 use pinpoll::{Access, Connection, EngineConfig};
 use pinpoll_apps::filexfer::protocol::{FailCode, Msg, HELLO};
 use pinpoll_apps::filexfer::{engine_config, CHUNK, SLOT_SIZE};
@@ -38,7 +38,7 @@ fn client_errors(done: &Finished) -> Vec<&str> {
         .collect()
 }
 
-fn send(server: &Server, file: &std::path::Path, extra: &[&str]) -> fxutil::Out {
+fn send(server: &Server, file: &std::path::Path, extra: &[&str]) -> Finished {
     let port = server.port_arg();
     let path = file.display().to_string();
     let host = addr4();
@@ -52,7 +52,7 @@ fn send(server: &Server, file: &std::path::Path, extra: &[&str]) -> fxutil::Out 
         "20",
     ];
     args.extend_from_slice(extra);
-    run_bounded(FILEXFER, &args, BOUND)
+    run_within(FILEXFER, &args, BOUND)
 }
 
 fn send_proc(server: &Server, file: &std::path::Path) -> Running {
@@ -125,7 +125,7 @@ fn a_terminal_gets_a_progress_bar_and_quiet_or_a_pipe_gets_none() {
             "{FILEXFER} send {host} {} --port {port} --timeout 20 {extra}",
             path.display()
         );
-        let out = run_bounded(
+        let out = run_within(
             "script",
             &["-q", "-e", "-c", &cmd, typescript.to_str().unwrap()],
             BOUND,
@@ -173,7 +173,7 @@ fn an_existing_target_is_refused_unless_overwrite() {
     random_file(&src.join("taken.txt"), 1000, 1);
     let server = start_server(&dst, &["--count", "1"]);
     let out = send(&server, &src.join("taken.txt"), &[]);
-    let line = out.one_error_line("client");
+    let line = out.assert_one_error_line("client");
     assert!(line.contains("already exists"), "{line}");
     let done = server.finish();
     assert!(done.stderr.contains("already exists"), "{done:#?}");
@@ -190,7 +190,7 @@ fn an_existing_target_is_refused_unless_overwrite() {
         sha256(&src.join("taken.txt"))
     );
     let line = send(&server, &src.join("link"), &[])
-        .one_error_line("symlink")
+        .assert_one_error_line("symlink")
         .to_owned();
     assert!(line.contains("symbolic link"), "{line}");
     server.finish();
@@ -206,12 +206,12 @@ fn no_server_fails_within_the_timeout_with_one_line() {
     let host = addr4();
     // Port 9 (discard): nothing listens there over rdma_cm in the guest.
     let path = src.join("f").display().to_string();
-    let out = run_bounded(
+    let out = run_within(
         FILEXFER,
         &["send", &host, &path, "--port", "9", "--timeout", "5"],
         Duration::from_secs(120),
     );
-    let line = out.one_error_line("client");
+    let line = out.assert_one_error_line("client");
     assert!(line.contains("connecting to"), "{line}");
 }
 
@@ -299,8 +299,8 @@ fn wait_for_file_sends_a_file_that_appears_later_over_the_idle_connection() {
     let mut args = args;
     args[2] = never.as_str();
     args[8] = "1";
-    let out = run_bounded(FILEXFER, &args, BOUND);
-    let line = out.one_error_line("client");
+    let out = run_within(FILEXFER, &args, BOUND);
+    let line = out.assert_one_error_line("client");
     assert!(
         line.contains("did not appear within --wait-for-file 1 s"),
         "{line}"
@@ -338,7 +338,7 @@ fn a_server_finishing_its_count_refuses_newcomers_at_once() {
         .expect("the first client connected");
     // --count is reached: a newcomer is refused at once, not left to time out.
     let out = send(&server, &src.join("late.bin"), &[]);
-    let line = out.one_error_line("newcomer");
+    let line = out.assert_one_error_line("newcomer");
     assert!(line.contains("server busy: finishing"), "{line}");
     random_file(&src.join("held.tmp"), 5000, 32);
     std::fs::rename(src.join("held.tmp"), src.join("held.bin")).unwrap();
@@ -367,7 +367,7 @@ fn a_busy_server_refuses_extra_clients() {
         .wait_for_line(|l| l.contains("receiving big.bin"))
         .expect("the server started receiving");
     let out = send(&server, &src.join("small.bin"), &[]);
-    let line = out.one_error_line("second client");
+    let line = out.assert_one_error_line("second client");
     assert!(line.contains("server busy"), "{line}");
     drop(first);
     drop(server);
@@ -613,9 +613,9 @@ fn chunks_that_break_the_rules_fail_the_transfer_and_leave_nothing() {
     assert!(dst.names().is_empty(), "nothing kept: {:?}", dst.names());
 }
 
-// ---- issue 7: malformed messages, symlinks, races, space, memlock ----
+// ---- malformed messages, symlinks, races, space, memlock ----
 
-/// Issue 7, case 8: every malformed or out-of-order control message gets a
+/// Every malformed or out-of-order control message gets a
 /// `Fail` (Protocol) naming the problem, or a disconnect; a silent client
 /// is dropped after the server's `--timeout`; nothing is kept; and good
 /// transfers succeed beside and after the bad clients.
@@ -783,7 +783,7 @@ fn malformed_control_messages_are_refused_and_the_server_goes_on() {
     assert_eq!(dst.names(), ["good-1.bin", "good-2.bin"]);
 }
 
-/// Issue 7, case 9: a symlink in the target directory pointing outside it
+/// A symlink in the target directory pointing outside it
 /// is never followed: sending its name is refused ("exists"), with or
 /// without --overwrite, also when the link appears during the transfer;
 /// the outside file stays as it was, byte for byte.
@@ -811,7 +811,7 @@ fn a_symlink_in_the_target_directory_is_never_followed() {
         }
         let server = start_server(&dst, &extra);
         let out = send(&server, &src.join("evil"), &[]);
-        let line = out.one_error_line("client").to_owned();
+        let line = out.assert_one_error_line("client").to_owned();
         assert!(
             line.contains("evil exists on the server as a symbolic link"),
             "--overwrite {overwrite}: {line}"
@@ -837,7 +837,7 @@ fn a_symlink_in_the_target_directory_is_never_followed() {
     }
 }
 
-/// Issue 7, case 10: two clients send the same name at once; exactly one
+/// Two clients send the same name at once; exactly one
 /// wins, the other is told the name exists, no temp file is left.
 #[test]
 #[ignore = "needs an RDMA device"]
@@ -893,7 +893,7 @@ fn two_clients_sending_the_same_name_at_once_one_wins() {
     assert_eq!(dst.names(), ["race.bin", "same.bin"], "no temp file left");
 }
 
-/// Issue 7, case 11: a size larger than the free space of --dir is
+/// A size larger than the free space of --dir is
 /// refused before any data moves.
 #[test]
 #[ignore = "needs an RDMA device"]
@@ -948,7 +948,7 @@ impl Drop for Tmpfs {
     }
 }
 
-/// Issue 7, case 11: a directory too small for the file: the real client
+/// A directory too small for the file: the real client
 /// is told there is no space (ENOSPC) before any data moves, and nothing
 /// is left; the space of a transfer under way is reserved, so a second
 /// file that would fit the free space of the moment is refused too, and
@@ -975,7 +975,7 @@ fn a_tmpfs_too_small_gets_enospc_and_keeps_nothing() {
     let server = start_server_in(dir, "20", &["--max-clients", "4"]);
 
     let out = send(&server, &src.join("big.bin"), &[]);
-    let line = out.one_error_line("client");
+    let line = out.assert_one_error_line("client");
     assert!(
         line.contains("no space left on the server for big.bin (ENOSPC)"),
         "{line}"
@@ -987,7 +987,7 @@ fn a_tmpfs_too_small_gets_enospc_and_keeps_nothing() {
     // 500 KiB would fit the free space, were it not reserved for the
     // transfer under way.
     let out = send(&server, &src.join("fits.bin"), &[]);
-    let line = out.one_error_line("second client");
+    let line = out.assert_one_error_line("second client");
     assert!(
         line.contains("no space left on the server for fits.bin (ENOSPC)"),
         "{line}"
@@ -1007,7 +1007,7 @@ fn a_tmpfs_too_small_gets_enospc_and_keeps_nothing() {
     assert_eq!(std::fs::read(mnt.join("reserved.bin")).unwrap(), reserved);
 }
 
-/// Issue 7, case 11: one bit flipped in one chunk (the client's test-only
+/// One bit flipped in one chunk (the client's test-only
 /// hook, after the chunk's CRC32C was computed) fails the transfer; no
 /// file is put in place; the same file then goes through intact.
 #[test]
@@ -1026,8 +1026,8 @@ fn a_flipped_bit_in_one_chunk_fails_the_transfer_and_keeps_nothing() {
     let path = file.display().to_string();
     let (host, port) = (addr4(), server.port_arg());
     let args = ["send", &host, &path, "--port", &port, "--timeout", "20"];
-    let out = run_bounded_env(FILEXFER, &args, &[(FLIP_BIT_ENV, "2")], BOUND);
-    let line = out.one_error_line("client");
+    let out = run_within_env(FILEXFER, &args, &[(FLIP_BIT_ENV, "2")], BOUND);
+    let line = out.assert_one_error_line("client");
     assert!(
         line.contains("flip.bin")
             && line.contains("chunk 2 (bytes 524280..) failed its CRC32C check"),
@@ -1052,7 +1052,7 @@ fn has_ipc_lock() -> bool {
     u64::from_str_radix(hex, 16).unwrap() & (1 << 14) != 0
 }
 
-/// Issue 7, case 12: a locked-memory limit too small for the registered
+/// A locked-memory limit too small for the registered
 /// rings. As root with CAP_IPC_LOCK (the guest's test runner) the kernel
 /// does not apply the limit to registrations and neither does pinpoll:
 /// the transfer works. Without CAP_IPC_LOCK (dropped with setpriv) every
@@ -1090,7 +1090,7 @@ fn a_memlock_limit_too_small_is_one_clear_error() {
         ],
     );
     let port = server.port_arg();
-    let out = run_bounded(
+    let out = run_within(
         "prlimit",
         &[
             limit,
@@ -1147,8 +1147,8 @@ fn a_memlock_limit_too_small_is_one_clear_error() {
     for (who, args, expected) in runs {
         let mut all = no_cap.to_vec();
         all.extend(args);
-        let out = run_bounded("setpriv", &all, Duration::from_secs(120));
-        let line = out.one_error_line(who);
+        let out = run_within("setpriv", &all, Duration::from_secs(120));
+        let line = out.assert_one_error_line(who);
         assert!(line.contains(expected), "{who}: {line}");
         assert!(
             line.contains("locked-memory limit (ulimit -l, RLIMIT_MEMLOCK) is")

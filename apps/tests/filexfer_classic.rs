@@ -5,13 +5,10 @@
 //! its length, a zero-length write to end.
 
 mod common;
-#[path = "common/fxutil.rs"]
-mod fxutil;
 
 use std::time::Duration;
 
-use common::{addr4, serial, Server};
-use fxutil::{random_file, sha256, Scratch, FILEXFER};
+use common::{addr4, random_file, serial, sha256, Scratch, Server, FILEXFER};
 use pinpoll::connect::cm::Connector;
 use pinpoll::{Access, Endpoint, PageSize, QpConfig, RegionOp, RemoteSlice, WcOpcode};
 use pinpoll_apps::filexfer::classic::{decode, BUFFER, MSG_DONE, MSG_LEN, MSG_MR, MSG_READY};
@@ -199,7 +196,7 @@ fn send_classic_talks_to_a_classic_server() {
     let port = port.to_string();
     let host = addr4();
     let p = path.display().to_string();
-    let out = fxutil::run_bounded(
+    let out = common::run_within(
         FILEXFER,
         &[
             "send",

@@ -2,19 +2,18 @@
 //! client refuses before connecting, and a `--dir` the server cannot use.
 //! Each failure is one `error: ...` line and a non-zero exit status.
 
-#[path = "common/fxutil.rs"]
-mod fxutil;
+mod common;
 
 use std::os::unix::ffi::OsStrExt as _;
 use std::time::Duration;
 
-use fxutil::{run_bounded, Scratch, FILEXFER};
+use common::{run_within, Scratch, FILEXFER};
 
 const BOUND: Duration = Duration::from_secs(60);
 
 #[test]
 fn help_explains_every_flag() {
-    let top = run_bounded(FILEXFER, &["--help"], BOUND);
+    let top = run_within(FILEXFER, &["--help"], BOUND);
     assert!(top.status.success(), "{top:#?}");
     for flag in [
         "--port",
@@ -27,7 +26,7 @@ fn help_explains_every_flag() {
     ] {
         assert!(top.stdout.contains(flag), "{flag} missing: {}", top.stdout);
     }
-    let serve = run_bounded(FILEXFER, &["serve", "--help"], BOUND);
+    let serve = run_within(FILEXFER, &["serve", "--help"], BOUND);
     for flag in ["--dir", "--max-clients", "--count", "--overwrite", "--bind"] {
         assert!(
             serve.stdout.contains(flag),
@@ -35,7 +34,7 @@ fn help_explains_every_flag() {
             serve.stdout
         );
     }
-    let send = run_bounded(FILEXFER, &["send", "--help"], BOUND);
+    let send = run_within(FILEXFER, &["send", "--help"], BOUND);
     assert!(
         send.stdout.contains("<HOST>") && send.stdout.contains("<FILE>"),
         "{}",
@@ -67,8 +66,8 @@ fn bad_command_lines_exit_2_with_one_line() {
         &["send", "h", "f", "--wait-for-file", "5", "--classic"][..],
         &["frob"][..],
     ] {
-        let out = run_bounded(FILEXFER, args, BOUND);
-        out.one_error_line(&format!("filexfer {args:?}"));
+        let out = run_within(FILEXFER, args, BOUND);
+        out.assert_one_error_line(&format!("filexfer {args:?}"));
         assert_eq!(out.status.code(), Some(2), "{args:?}: {out:#?}");
     }
 }
@@ -88,8 +87,8 @@ fn the_client_refuses_bad_names_before_connecting() {
         (dir.join(".filexfer-x").display().to_string(), "reserved"),
     ];
     for (path, expected) in cases {
-        let out = run_bounded(FILEXFER, &["send", "169.254.0.1", &path], BOUND);
-        let line = out.one_error_line(&path);
+        let out = run_within(FILEXFER, &["send", "169.254.0.1", &path], BOUND);
+        let line = out.assert_one_error_line(&path);
         assert!(line.contains(expected), "{path}: {line}");
     }
     let out = std::process::Command::new(FILEXFER)
@@ -102,7 +101,7 @@ fn the_client_refuses_bad_names_before_connecting() {
     assert!(!out.status.success() && err.lines().count() == 1, "{err}");
     assert!(err.contains("not UTF-8"), "{err}");
     // A missing file fails before any connection too.
-    let out = run_bounded(
+    let out = run_within(
         FILEXFER,
         &[
             "send",
@@ -112,7 +111,7 @@ fn the_client_refuses_bad_names_before_connecting() {
         BOUND,
     );
     assert!(
-        out.one_error_line("missing").contains("opening"),
+        out.assert_one_error_line("missing").contains("opening"),
         "{out:#?}"
     );
 }
@@ -123,7 +122,7 @@ fn wait_for_file_connects_before_it_needs_the_file() {
     // --wait-for-file that is the first thing tried, not opening the file.
     let dir = Scratch::new("wait");
     let missing = dir.join("later.bin").display().to_string();
-    let out = run_bounded(
+    let out = run_within(
         FILEXFER,
         &[
             "send",
@@ -136,7 +135,7 @@ fn wait_for_file_connects_before_it_needs_the_file() {
         ],
         BOUND,
     );
-    let line = out.one_error_line("--wait-for-file");
+    let line = out.assert_one_error_line("--wait-for-file");
     assert!(!line.contains("opening"), "{line}");
     assert!(
         line.contains("connecting to") || line.contains("no RDMA device"),
@@ -161,8 +160,8 @@ fn a_profile_that_does_not_exist_is_one_error_line() {
         ][..],
         &["send", "169.254.0.1", dir.str(), "--profile", "nosuch"][..],
     ] {
-        let out = run_bounded(FILEXFER, args, BOUND);
-        let line = out.one_error_line("--profile nosuch");
+        let out = run_within(FILEXFER, args, BOUND);
+        let line = out.assert_one_error_line("--profile nosuch");
         assert!(
             line.starts_with("error: --profile: ") && line.contains("no profile named \"nosuch\""),
             "{line}"
@@ -172,7 +171,7 @@ fn a_profile_that_does_not_exist_is_one_error_line() {
     // A real one loads: the failure is then the connection's.
     std::fs::write(dir.join("f.bin"), b"x").unwrap();
     let file = dir.join("f.bin").display().to_string();
-    let out = run_bounded(
+    let out = run_within(
         FILEXFER,
         &[
             "send",
@@ -185,7 +184,7 @@ fn a_profile_that_does_not_exist_is_one_error_line() {
         ],
         BOUND,
     );
-    let line = out.one_error_line("--profile softroce");
+    let line = out.assert_one_error_line("--profile softroce");
     assert!(!line.contains("--profile"), "{line}");
 }
 
@@ -206,8 +205,8 @@ fn the_server_refuses_a_dir_it_cannot_use() {
         ("/proc".to_owned(), "cannot create files there"),
     ];
     for (dir, expected) in cases {
-        let out = run_bounded(FILEXFER, &["serve", "--dir", &dir, "--port", "0"], BOUND);
-        let line = out.one_error_line(&dir);
+        let out = run_within(FILEXFER, &["serve", "--dir", &dir, "--port", "0"], BOUND);
+        let line = out.assert_one_error_line(&dir);
         assert!(line.contains(expected), "{dir}: {line}");
         assert_eq!(out.status.code(), Some(1));
     }

@@ -189,7 +189,7 @@ fn the_server_refuses_unknown_modes_and_foreign_clients_with_a_reason() {
     let mut hello = Hello { mode: Mode::Read }.encode();
     hello[5] = 9;
     let err = hand_made_client(server.port, &hello).unwrap_err();
-    let reason = "unknown readwrite mode 9 (known: 1 = write, 2 = read)";
+    let reason = "readwrite client: mode 9 is out of range: allowed 1 (write) or 2 (read)";
     assert!(matches!(err, Error::Rejected { .. }), "{err}");
     assert!(err.to_string().contains(reason), "{err}");
     let out = server.finish();

@@ -44,8 +44,7 @@ struct Connected {
 }
 
 fn connected(signal_interval: u32, batch_size: u32) -> Pair {
-    let device = std::env::var("PINPOLL_DEVICE")
-        .expect("PINPOLL_DEVICE is not set: run inside scripts/softroce-vm");
+    let device = pinpoll_testkit::device();
     let mut cfg = EngineConfig::load("latency").expect("the built-in latency profile");
     cfg.signal_interval = signal_interval;
     cfg.batch_size = batch_size;

@@ -9,14 +9,14 @@ use pinpoll::EngineConfig;
 use pinpoll_perf::session::{pin, Loopback};
 use pinpoll_perf::{data_config, Kind, Mode, Overrides, Plan};
 
-/// The device to run on: `$PINPOLL_DEVICE`, else the first one found.
-/// `None` after printing one line saying how to get one — the bench then
-/// exits successfully, so `cargo bench` never fails for want of a NIC.
+/// The device to run on: `$PINPOLL_DEVICE` (as every test finds it, set
+/// in the SoftRoCE guest where scripts/test.sh runs the device benches),
+/// else the first one found. `None` after printing one line saying how to
+/// get one: `cargo bench` on a host without a NIC succeeds, measuring
+/// nothing on the device.
 pub fn device(bench: &str) -> Option<String> {
-    if let Ok(d) = std::env::var("PINPOLL_DEVICE") {
-        if !d.is_empty() {
-            return Some(d);
-        }
+    if let Some(d) = pinpoll_testkit::env::device_if_set() {
+        return Some(d);
     }
     match pinpoll::device::list_devices() {
         Ok(list) if !list.is_empty() => Some(list[0].name.clone()),

@@ -12,6 +12,8 @@
 //! - [`gid`] — which GID to use on RoCE, read from sysfs.
 //! - [`connect`] — two ways to a connected queue pair: rdma_cm, and an
 //!   out-of-band TCP exchange of a [`connect::ConnectionRecord`].
+//! - [`wire`] — how every fixed wire format (the connection records, the
+//!   applications' headers) checks its magic, version and length.
 //! - [`endpoint`] — a connected queue pair with its CQs, bounded waits, and
 //!   stop-and-wait posting of whole [`MemoryRegion`]s.
 //! - [`datapath`] — the fast path: rings, pre-built chains, selective
@@ -77,6 +79,7 @@ pub mod memory;
 pub mod status;
 mod sys;
 mod wait;
+pub mod wire;
 pub mod worker;
 
 /// A counting global allocator, for proving that a data path never

@@ -1,8 +1,8 @@
 //! Bounded busy-waits: every wait in pinpoll has a deadline, but reading
-//! the clock costs more than an empty poll (a vDSO call on hardware; a
-//! system call and an emulated HPET read, ~1.3 µs, in a TCG guest), so it is
-//! read only every [`SPINS_PER_CLOCK_CHECK`] turns — and never for a wait
-//! that ends within the first of them, the common case on the fast path.
+//! the clock costs more than an empty poll (a vDSO call on hardware, a
+//! system call and an emulated timer read in a TCG guest), so it is read
+//! only every [`SPINS_PER_CLOCK_CHECK`] turns — and never for a wait that
+//! ends within the first of them, the common case on the fast path.
 
 use std::time::{Duration, Instant};
 
@@ -11,15 +11,14 @@ use crate::error::{Error, Result};
 /// Polls between two reads of the clock.
 pub(crate) const SPINS_PER_CLOCK_CHECK: u32 = 64;
 
-// Why the fast turns of a busy-poll have no `spin_loop()` (PAUSE): on
-// Skylake and later cores PAUSE takes ~140 cycles (Intel's optimization
-// manual, 2.5.4), which is how late a completion is noticed — tens of
-// nanoseconds on a microsecond budget — and a thread pinned alone to its
-// core has no hyper-thread sibling for it to make room for. In a TCG guest
-// each PAUSE even leaves the translated code to let another vCPU run;
-// removing it moved write/send/read-lat p50 by 3–5 % against perftest,
-// which does not pause either. Waits that last yield or nap (below), and
-// `IdlePolicy::Backoff` keeps its PAUSE for workers that share a core.
+// Why the fast turns of a busy-poll have no `spin_loop()` (PAUSE): a
+// completion is noticed only after the PAUSE ends, which on recent x86
+// cores is over a hundred cycles, and a thread pinned alone to its core
+// has no hyper-thread sibling for it to make room for. In a TCG guest each
+// PAUSE even leaves the translated code to let another vCPU run. perftest,
+// the yardstick, does not pause either. Waits that last yield or nap
+// (below), and `IdlePolicy::Backoff` keeps its PAUSE for workers that
+// share a core.
 
 /// A wait that has lasted this long yields the CPU at every clock check.
 /// By then what it waits for is the peer or the kernel's own work — on

@@ -487,9 +487,9 @@ impl Worker {
     }
 
     /// One op waiting — a latency-bound application, one request per
-    /// round trip — goes out on the connection's batch-of-one fast path:
-    /// no `Batch` state, which is several hundred instructions per request
-    /// (`BENCHMARKS.md`), the cost engine mode paid over direct mode.
+    /// round trip — goes out on the connection's batch-of-one fast path,
+    /// the one direct mode uses: no `Batch` state is set up and torn down
+    /// for a single request, so engine mode adds only the hand-off.
     fn submit_alone(&mut self) -> Result<usize> {
         let Ok(op) = self.ops.pop() else {
             return Ok(0);

@@ -1,10 +1,9 @@
 //! Every opcode moving real data, and remote access errors, on a real RDMA
 //! device — over both connection methods.
 
-mod common;
-
-use common::*;
 use pinpoll::{Error, RegionOp, WcOpcode, WcStatus};
+use pinpoll_testkit::pair::*;
+use pinpoll_testkit::{cm_addr, device, pattern};
 
 fn send_recv_moves_bytes(method: Method) {
     let (mut client, mut server) = pair(method);
@@ -201,7 +200,7 @@ both_methods!(
     address_past_the_region_is_refused,
 );
 
-/// Issue 7, case 7: the rkey of a connection that ended is dead. A
+/// The rkey of a connection that ended is dead. A
 /// (one listener, three connections in turn) ends and deregisters its
 /// regions; a write through B to A's old address and rkey is refused by
 /// the NIC and leaves B's region as it was; C, after that, moves data as

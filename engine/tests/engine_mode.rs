@@ -1,16 +1,15 @@
 //! Engine mode on a real device: a pinned worker thread owns the queue
 //! pair; this thread hands it operations and takes completions back.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{cm_pair, pattern, target_bytes};
 use pinpoll::{Engine, EngineConfig, EngineEvent, Error, QpConfig, WcOpcode};
+use pinpoll_testkit::pair::{cm_pair, target_bytes};
+use pinpoll_testkit::pattern;
 
 /// Deeper queues than the fast-path tests: the worker batches what it takes.
 fn engine_config() -> EngineConfig {
-    let base = common::engine_config();
+    let base = pinpoll_testkit::pair::engine_config();
     EngineConfig {
         qp: QpConfig {
             max_send_wr: 64,

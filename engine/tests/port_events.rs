@@ -4,19 +4,13 @@
 //! takes the guest's RDMA netdev down and up (scripts/softroce-vm runs the
 //! binaries one after another).
 
-mod common;
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{device, engine_config, oob_pair};
 use pinpoll::device::Device;
 use pinpoll::Error;
-
-fn netdev() -> String {
-    std::env::var("PINPOLL_NETDEV")
-        .expect("PINPOLL_NETDEV is not set; run under scripts/softroce-vm")
-}
+use pinpoll_testkit::pair::{engine_config, oob_pair};
+use pinpoll_testkit::{addr6, device, netdev};
 
 fn ip(args: &[&str]) {
     let status = Command::new("ip")
@@ -29,7 +23,7 @@ fn ip(args: &[&str]) {
 /// Link down drops the netdev's IPv6 link-local address (which
 /// scripts/softroce-vm set by hand, without DAD): put it back.
 fn restore_link_local(netdev: &str) {
-    let addr6 = std::env::var("PINPOLL_ADDR6").expect("PINPOLL_ADDR6 is not set");
+    let addr6 = addr6();
     let ip6 = addr6.split('%').next().unwrap_or(&addr6);
     let out = Command::new("ip")
         .args([

@@ -5,15 +5,14 @@
 //! Its own test binary, so nothing else in this process holds verbs
 //! resources while it counts; the one test inside runs the cases in order.
 
-mod common;
-
 use std::net::SocketAddr;
 
-use common::*;
 use pinpoll::connect::cm::{Connector, Listener};
 use pinpoll::connect::oob::Prepared;
 use pinpoll::device::Device;
 use pinpoll::{Access, Error, PageSize, QpConfig};
+use pinpoll_testkit::pair::{config, pair, Method};
+use pinpoll_testkit::{cm_addr, device};
 
 /// (pd, cq, qp, cm_id, mr, ctx) of `device`, as the kernel counts them.
 fn kernel_counts(device: &str) -> [u64; 6] {

@@ -22,17 +22,15 @@
 //! and runs itself again under the interposer. Like a harnessed device
 //! test it runs only with `--include-ignored`.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::cm_addr;
 use pinpoll::alloc::CountingAllocator;
 use pinpoll::connect::cm::Listener;
 use pinpoll::{Connection, Engine, EngineConfig, EngineEvent, Error, Event, QpConfig, Stats};
 use pinpoll_malloc_count::{is_counted_run, run_counted, CHeap, Calls};
+use pinpoll_testkit::cm_addr;
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator::new();

@@ -9,6 +9,8 @@
 //!
 //! - [`sweep`] — measure `pinpoll-perf` workloads over a grid of engine
 //!   parameters (medians of repeats), plot them, recommend a profile.
+//! - [`topology`] — NUMA nodes, the bus device behind an RDMA device, its
+//!   NUMA node and interrupts, from sysfs and procfs.
 //! - [`plot`] — every chart (the sweep's, and the perftest comparison of
 //!   `pinpoll-tune plot`), drawn with plotters as SVG.
 //!
@@ -22,5 +24,6 @@ pub mod plot;
 pub mod profile;
 pub mod root;
 pub mod sweep;
+pub mod topology;
 
 pub use root::SystemRoot;

@@ -193,28 +193,21 @@ fn parse_cores(text: &str) -> Result<CpuSet, String> {
     Ok(set)
 }
 
+/// Every failure of pinpoll-tune that is not a check's verdict is bad
+/// usage (exit status 2): a root, profile, grid or summary it cannot use.
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Doctor(args) => doctor_cmd(args),
-        Command::Profile(ProfileCommand::Check { profile }) => profile_check(&profile),
-        Command::Sweep(args) => sweep_cmd::run(args),
-        Command::Plot(args) => plot_cmd(&args),
-    };
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(2)
-        }
-    }
+    pinpoll_appkit::main(
+        |_: &Cli| Some("warn"),
+        |cli: Cli| {
+            match cli.command {
+                Command::Doctor(args) => doctor_cmd(args),
+                Command::Profile(ProfileCommand::Check { profile }) => profile_check(&profile),
+                Command::Sweep(args) => sweep_cmd::run(args),
+                Command::Plot(args) => plot_cmd(&args),
+            }
+            .map_err(pinpoll_appkit::usage)
+        },
+    )
 }
 
 fn doctor_cmd(args: DoctorArgs) -> anyhow::Result<ExitCode> {

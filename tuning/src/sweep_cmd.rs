@@ -11,7 +11,7 @@ use pinpoll_tune::doctor::{classify, DeviceKind};
 use pinpoll_tune::facts::{self, DeviceFacts};
 use pinpoll_tune::sweep::grid::Grid;
 use pinpoll_tune::sweep::measure::{Outcome, Run, Workload};
-use pinpoll_tune::sweep::recommend::HostInfo;
+use pinpoll_tune::sweep::recommend::{Choice, HostInfo};
 use pinpoll_tune::sweep::runner::{find_perf, Invocation};
 use pinpoll_tune::sweep::{self, Job, OutputInfo, Sweep};
 use pinpoll_tune::{profile, SystemRoot};
@@ -115,7 +115,136 @@ fn describe(run: &Run) -> String {
     }
 }
 
+/// What the sweep learned about the device before measuring.
+struct Target {
+    /// `--device`, else `$PINPOLL_DEVICE`; `None` leaves the choice to
+    /// pinpoll-perf.
+    device: Option<String>,
+    /// The name to report (the device chosen, or the first active one).
+    name: String,
+    /// Its inline limit: points beyond it are skipped.
+    max_inline: Option<u32>,
+    host: HostInfo,
+}
+
 pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
+    check_args(&args)?;
+    let workloads = unique(&args.workloads);
+    let sizes = unique(&args.sizes);
+    let grid = grid_of(&args)?;
+    let perf = if args.dry_run {
+        find_perf(args.perf.as_deref()).ok()
+    } else {
+        Some(find_perf(args.perf.as_deref()).map_err(|e| anyhow!(e))?)
+    };
+    let target = probe_target(&args);
+    let bases = base_profiles(&args, &workloads, &target.name)?;
+    let base = |w: Workload| {
+        let (_, n, c) = bases
+            .iter()
+            .find(|b| b.0 == w)
+            .expect("a base per workload");
+        (n.clone(), c.clone())
+    };
+    let scratch = args.out.join("points");
+    let sweep = Sweep::plan(
+        &workloads,
+        &sizes,
+        grid,
+        args.repeat,
+        &base,
+        target.max_inline,
+        &scratch,
+    )
+    .map_err(|e| anyhow!(e))?;
+    warn_about_keys(&sweep, &args.mode);
+    let jobs = sweep.jobs();
+    let invalid = sweep.invalid();
+    for (w, p, why) in &invalid {
+        eprintln!(
+            "skipped: {w} point {} ({}): {why}",
+            p + 1,
+            sweep.points[*p].label()
+        );
+    }
+    if args.dry_run {
+        write_stdout(&dry_run_text(
+            &sweep,
+            jobs.len(),
+            sizes.len(),
+            args.repeat,
+            perf.as_deref(),
+        ))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let perf = perf.expect("found above unless --dry-run");
+    if jobs.is_empty() {
+        return Err(anyhow!("every grid point is invalid: nothing to run"));
+    }
+    let runs = measure(
+        &args,
+        &sweep,
+        &jobs,
+        &perf,
+        target.device.as_deref(),
+        &scratch,
+    );
+    report(
+        &args,
+        &sweep,
+        &workloads,
+        &runs,
+        invalid.len(),
+        &target.host,
+    )
+}
+
+/// Writes the outputs into `--out` and says what the sweep found; exit 1
+/// when a workload has no recommendation.
+fn report(
+    args: &SweepArgs,
+    sweep: &Sweep,
+    workloads: &[Workload],
+    runs: &[Run],
+    invalid: usize,
+    host: &HostInfo,
+) -> anyhow::Result<ExitCode> {
+    let summaries = sweep.summarize(runs);
+    let choices = sweep.recommend(&summaries);
+    let date = today();
+    let written = sweep::write_outputs(
+        &args.out,
+        sweep,
+        runs,
+        &summaries,
+        &choices,
+        &OutputInfo {
+            host,
+            iterations: Some(args.iterations),
+            mode: &args.mode,
+            date: &date,
+        },
+    )
+    .map_err(|e| anyhow!(e))?;
+    let mut text = outcome_text(sweep, workloads, runs, invalid, &choices);
+    text.push_str("wrote:\n");
+    for p in &written {
+        text.push_str(&format!("  {}\n", p.display()));
+    }
+    write_stdout(&text)?;
+    Ok(if choices.len() == workloads.len() {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!(
+            "error: some workloads have no recommendation (see {})",
+            args.out.join("runs.csv").display()
+        );
+        ExitCode::from(1)
+    })
+}
+
+/// The ranges of the flags clap cannot check by itself.
+fn check_args(args: &SweepArgs) -> anyhow::Result<()> {
     if !args.timeout.is_finite() || args.timeout <= 0.0 {
         return Err(anyhow!(
             "--timeout {}: give a positive number of seconds",
@@ -132,31 +261,27 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
             "--iterations: give at least 5 (pinpoll-perf's minimum)"
         ));
     }
-    let mut workloads: Vec<Workload> = Vec::new();
-    for w in &args.workloads {
-        if !workloads.contains(w) {
-            workloads.push(*w);
+    Ok(())
+}
+
+/// `items` without repeats, in their first order.
+fn unique<T: PartialEq + Copy>(items: &[T]) -> Vec<T> {
+    let mut out: Vec<T> = Vec::new();
+    for item in items {
+        if !out.contains(item) {
+            out.push(*item);
         }
     }
-    let mut sizes: Vec<usize> = Vec::new();
-    for s in &args.sizes {
-        if !sizes.contains(s) {
-            sizes.push(*s);
-        }
-    }
-    let grid = grid_of(&args)?;
+    out
+}
+
+/// The device to sweep on and the host it sits in, from verbs.
+fn probe_target(args: &SweepArgs) -> Target {
     let device = args.device.clone().or_else(|| {
         std::env::var("PINPOLL_DEVICE")
             .ok()
             .filter(|d| !d.is_empty())
     });
-    let perf = if args.dry_run {
-        find_perf(args.perf.as_deref()).ok()
-    } else {
-        Some(find_perf(args.perf.as_deref()).map_err(|e| anyhow!(e))?)
-    };
-
-    // The device's facts: its inline limit skips points it would refuse.
     let root = SystemRoot::host();
     let inventory = facts::gather_verbs(&root, device.as_deref());
     let dev_facts = inventory.devices.iter().find(|d| {
@@ -171,7 +296,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
         )
     });
     let max_inline = dev_facts.and_then(|d| d.max_inline_data.clone().ok());
-    let device_name = device
+    let name = device
         .clone()
         .or_else(|| dev_facts.map(|d| d.name.clone()))
         .unwrap_or_default();
@@ -179,18 +304,32 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
         hostname: read_trimmed("/proc/sys/kernel/hostname"),
         kernel: read_trimmed("/proc/sys/kernel/osrelease"),
         cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
-        device: if device_name.is_empty() {
+        device: if name.is_empty() {
             "(pinpoll-perf's first active device)".into()
         } else {
-            device_name.clone()
+            name.clone()
         },
         device_facts: dev_facts
             .map(|d| device_facts(&root, d))
             .unwrap_or_default(),
     };
+    Target {
+        device,
+        name,
+        max_inline,
+        host,
+    }
+}
 
-    let mut bases: Vec<(Workload, String, EngineConfig)> = Vec::new();
-    for &w in &workloads {
+/// Each workload's base profile: `--base-profile`, else softroce on rxe,
+/// else the workload's own.
+fn base_profiles(
+    args: &SweepArgs,
+    workloads: &[Workload],
+    device_name: &str,
+) -> anyhow::Result<Vec<(Workload, String, EngineConfig)>> {
+    let mut bases = Vec::new();
+    for &w in workloads {
         let name = args.base_profile.clone().unwrap_or_else(|| {
             if device_name.starts_with("rxe") {
                 "softroce".into()
@@ -202,84 +341,63 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
             .map_err(|e| anyhow!("--base-profile: {}", profile::load_error(&e)))?;
         bases.push((w, name, cfg));
     }
-    let base = |w: Workload| {
-        let (_, n, c) = bases
-            .iter()
-            .find(|b| b.0 == w)
-            .expect("a base per workload");
-        (n.clone(), c.clone())
-    };
-    let scratch = args.out.join("points");
-    let sweep = Sweep::plan(
-        &workloads,
-        &sizes,
-        grid,
-        args.repeat,
-        &base,
-        max_inline,
-        &scratch,
-    )
-    .map_err(|e| anyhow!(e))?;
+    Ok(bases)
+}
+
+/// Keys that pinpoll-perf cannot vary in this sweep.
+fn warn_about_keys(sweep: &Sweep, mode: &str) {
     let keys = sweep.grid.keys();
-    if keys.contains(&"idle") && args.mode == "direct" {
+    if keys.contains(&"idle") && mode == "direct" {
         eprintln!("warning: idle is the engine worker's policy: it has no effect in --mode direct (use --mode engine)");
     }
     if keys.contains(&"slot_size") {
         eprintln!("warning: pinpoll-perf sizes slots to the message, so slot_size has no effect (runs.csv shows conn_slot_size)");
     }
-    let jobs = sweep.jobs();
-    let invalid = sweep.invalid();
-    for (w, p, why) in &invalid {
-        eprintln!(
-            "skipped: {w} point {} ({}): {why}",
-            p + 1,
-            sweep.points[*p].label()
-        );
-    }
+}
 
-    if args.dry_run {
-        let mut text = String::new();
-        for prep in &sweep.prepared {
-            text.push_str(&format!(
-                "{} (base profile {}):\n",
-                prep.workload, prep.base_name
-            ));
-            for (p, c) in sweep.points.iter().zip(&prep.configs) {
-                text.push_str(&format!(
-                    "  point {:>3}  {:<48} {}\n",
-                    p.index + 1,
-                    p.label(),
-                    match c {
-                        Ok((path, _)) => format!("ok  {}", path.display()),
-                        Err(e) => format!("invalid: {e}"),
-                    }
-                ));
-            }
-        }
+/// `--dry-run`'s listing: every point of every workload, and the count of
+/// runs a real sweep would make.
+fn dry_run_text(
+    sweep: &Sweep,
+    jobs: usize,
+    sizes: usize,
+    repeat: u32,
+    perf: Option<&std::path::Path>,
+) -> String {
+    let mut text = String::new();
+    for prep in &sweep.prepared {
         text.push_str(&format!(
-            "{} runs: {} valid points x {} sizes x {} repeats; pinpoll-perf: {}\n",
-            jobs.len(),
-            sweep
-                .prepared
-                .iter()
-                .map(|p| p.configs.iter().filter(|c| c.is_ok()).count())
-                .sum::<usize>(),
-            sizes.len(),
-            args.repeat,
-            perf.as_ref()
-                .map_or("not found".into(), |p| p.display().to_string())
+            "{} (base profile {}):\n",
+            prep.workload, prep.base_name
         ));
-        write_stdout(&text)?;
-        return Ok(ExitCode::SUCCESS);
+        for (p, c) in sweep.points.iter().zip(&prep.configs) {
+            text.push_str(&format!(
+                "  point {:>3}  {:<48} {}\n",
+                p.index + 1,
+                p.label(),
+                match c {
+                    Ok((path, _)) => format!("ok  {}", path.display()),
+                    Err(e) => format!("invalid: {e}"),
+                }
+            ));
+        }
     }
-    let perf = perf.expect("found above unless --dry-run");
-    if jobs.is_empty() {
-        return Err(anyhow!("every grid point is invalid: nothing to run"));
-    }
+    text.push_str(&format!(
+        "{jobs} runs: {} valid points x {sizes} sizes x {repeat} repeats; pinpoll-perf: {}\n",
+        sweep
+            .prepared
+            .iter()
+            .map(|p| p.configs.iter().filter(|c| c.is_ok()).count())
+            .sum::<usize>(),
+        perf.map_or("not found".into(), |p| p.display().to_string())
+    ));
+    text
+}
 
-    let terminal = std::io::stderr().is_terminal();
+/// A progress bar on stderr when it is a terminal (hidden otherwise).
+fn progress_bar(len: usize, terminal: bool) -> ProgressBar {
     let bar = ProgressBar::with_draw_target(
-        Some(jobs.len() as u64),
+        Some(len as u64),
         if terminal {
             ProgressDrawTarget::stderr()
         } else {
@@ -291,6 +409,20 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
             .expect("a valid template")
             .progress_chars("=> "),
     );
+    bar
+}
+
+/// Runs every job through pinpoll-perf, one line per run on stderr.
+fn measure(
+    args: &SweepArgs,
+    sweep: &Sweep,
+    jobs: &[Job],
+    perf: &std::path::Path,
+    device: Option<&str>,
+    scratch: &std::path::Path,
+) -> Vec<Run> {
+    let terminal = std::io::stderr().is_terminal();
+    let bar = progress_bar(jobs.len(), terminal);
     let total = jobs.len();
     let timeout = Duration::from_secs_f64(args.timeout);
     let mut done = 0usize;
@@ -303,11 +435,11 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
         ));
         let scratch_file = scratch.join(format!("run-{}", std::process::id()));
         Invocation {
-            perf: &perf,
+            perf,
             workload: job.workload,
             size: job.size,
             iterations: Some(args.iterations),
-            device: device.as_deref(),
+            device,
             profile: &job.profile,
             signal_interval: job.workload.is_latency().then_some(job.signal_interval),
             mode: &args.mode,
@@ -336,35 +468,27 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
     };
     let runs = sweep.run(&mut runner, &mut progress);
     bar.finish_and_clear();
+    runs
+}
 
-    let summaries = sweep.summarize(&runs);
-    let choices = sweep.recommend(&summaries);
-    let date = today();
-    let written = sweep::write_outputs(
-        &args.out,
-        &sweep,
-        &runs,
-        &summaries,
-        &choices,
-        &OutputInfo {
-            host: &host,
-            iterations: Some(args.iterations),
-            mode: &args.mode,
-            date: &date,
-        },
-    )
-    .map_err(|e| anyhow!(e))?;
-
+/// The closing report: runs measured, and each workload's recommendation
+/// with its medians.
+fn outcome_text(
+    sweep: &Sweep,
+    workloads: &[Workload],
+    runs: &[Run],
+    invalid: usize,
+    choices: &[Choice],
+) -> String {
     let ok = runs
         .iter()
         .filter(|r| matches!(r.outcome, Outcome::Ok(_)))
         .count();
     let mut text = format!(
-        "sweep: {ok} of {} runs measured, {} point(s) skipped as invalid\n",
+        "sweep: {ok} of {} runs measured, {invalid} point(s) skipped as invalid\n",
         runs.len(),
-        invalid.len()
     );
-    for w in &workloads {
+    for w in workloads {
         match choices.iter().find(|c| c.workload == *w) {
             Some(c) => {
                 text.push_str(&format!(
@@ -389,18 +513,5 @@ pub fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
             )),
         }
     }
-    text.push_str("wrote:\n");
-    for p in &written {
-        text.push_str(&format!("  {}\n", p.display()));
-    }
-    write_stdout(&text)?;
-    Ok(if choices.len() == workloads.len() {
-        ExitCode::SUCCESS
-    } else {
-        eprintln!(
-            "error: some workloads have no recommendation (see {})",
-            args.out.join("runs.csv").display()
-        );
-        ExitCode::from(1)
-    })
+    text
 }

@@ -1,36 +1,23 @@
 //! `pinpoll-tune doctor --json` on a real RDMA device: inside
 //! `scripts/softroce-vm` (PINPOLL_DEVICE=rxe0, 256 reserved 2 MiB pages).
-//! Run with `scripts/test.sh --device-only`, or
-//! `scripts/softroce-vm -- cargo test -p pinpoll-tune --test device -- --include-ignored`.
+//! Run with `scripts/test.sh --device-only`.
 //! Without a device these fail with the reason instead of passing silently.
 
 mod common;
 
-use serde_json::Value;
+use std::time::Duration;
 
-fn device() -> String {
-    std::env::var("PINPOLL_DEVICE").unwrap_or_else(|_| {
-        panic!(
-            "PINPOLL_DEVICE is not set: device tests need an RDMA device. Run them with \
-             `scripts/softroce-vm -- cargo test -p pinpoll-tune -- --include-ignored` (scripts/test.sh does)"
-        )
-    })
-}
+use pinpoll_testkit::{device, netdev, Running};
+use serde_json::Value;
 
 /// Runs the doctor; returns its JSON and exit code.
 fn doctor(args: &[&str]) -> (Value, i32) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pinpoll-tune"))
-        .arg("doctor")
-        .arg("--json")
-        .args(args)
-        .output()
-        .expect("pinpoll-tune runs");
+    let out = common::tune(&[&["doctor", "--json"], args].concat());
     let code = out.status.code().expect("exit code");
-    let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+    let json: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "doctor --json printed no valid JSON ({e}): stdout {:?}, stderr {:?}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+            out.stdout, out.stderr
         )
     });
     (json, code)
@@ -104,10 +91,7 @@ fn doctor_reports_the_softroce_guest() {
         .unwrap_or_else(|| panic!("{dev} not among the devices: {json:#}"));
     assert_eq!(d["softroce"], true, "{d:#}");
     assert_eq!(d["kind"], "softroce");
-    assert_eq!(
-        d["netdev"],
-        std::env::var("PINPOLL_NETDEV").unwrap_or("rxenet0".into())
-    );
+    assert_eq!(d["netdev"], netdev());
     assert_eq!(
         d["limits"]["vendor_id"], 0x00ff_ffff,
         "rxe's vendor id, from ibv_query_device"
@@ -204,35 +188,33 @@ fn a_tiny_sweep_runs_end_to_end() {
     let dev = device();
     let fx = common::Fixture::empty("sweep-device");
     let out = fx.path().join("out");
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_pinpoll-tune"))
-        .args([
-            "sweep",
-            "-d",
-            &dev,
-            "--workloads",
-            "write-lat,write-bw",
-            "--sizes",
-            "64",
-            "--grid",
-            "signal_interval=1,16",
-            "inline_threshold=64,8192",
-            "--repeat",
-            "2",
-            "-n",
-            "100",
-            "--timeout",
-            "120",
-            "--out",
-            out.to_str().unwrap(),
-        ])
-        .output()
-        .expect("pinpoll-tune runs");
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    let stderr = String::from_utf8_lossy(&o.stderr);
+    let o = common::tune_command(&[
+        "sweep",
+        "-d",
+        &dev,
+        "--workloads",
+        "write-lat,write-bw",
+        "--sizes",
+        "64",
+        "--grid",
+        "signal_interval=1,16",
+        "inline_threshold=64,8192",
+        "--repeat",
+        "2",
+        "-n",
+        "100",
+        "--timeout",
+        "120",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    // Sixteen runs of `--timeout 120` at most; far beyond them is a hang.
+    let o = Running::spawn(o).finish_within(Duration::from_secs(3600));
+    let (stdout, stderr) = (o.stdout.as_str(), o.stderr.as_str());
     assert!(o.status.success(), "{stdout}\n{stderr}");
     // inline_threshold=8192 is beyond the probe's 4096 cap: skipped, reported.
     assert_eq!(stderr.matches("skipped:").count(), 4, "{stderr}");
-    common::assert_contains(&stderr, "max_inline_data");
+    common::assert_contains(stderr, "max_inline_data");
 
     // runs.csv: header + 2 workloads x 2 valid points x 1 size x 2 repeats.
     let runs = std::fs::read_to_string(out.join("runs.csv")).unwrap();

@@ -720,26 +720,13 @@ fn asking_for_a_missing_device_fails() {
 
 // ---- the binary, over a fixture root
 
-fn tune(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_pinpoll-tune"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap()
-}
-
 #[test]
 fn the_cli_reads_a_fixture_root_and_exits_by_status() {
     let fx = guest();
     let root = fx.path().to_str().unwrap();
     let out = tune(&["doctor", "--root", root, "--json"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", out.stderr.as_str());
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(json["context"]["source"], "sysfs");
     assert_eq!(json["devices"][0]["softroce"], true);
     assert_eq!(json["devices"][0]["ports"][0]["state"], "ACTIVE");
@@ -749,7 +736,7 @@ fn the_cli_reads_a_fixture_root_and_exits_by_status() {
         .contains("verbs queries are skipped with --root"));
 
     let out = tune(&["doctor", "--root", root, "--cores", "1"]);
-    let table = String::from_utf8(out.stdout).unwrap();
+    let table = out.stdout;
     assert!(table.starts_with("pinpoll-tune doctor: the default configuration (no --profile), worker cores 1 (--cores)"), "{table}");
     assert_contains(&table, "CHECK                   STATUS  FINDING\n");
     assert_contains(
@@ -769,7 +756,7 @@ fn the_cli_reads_a_fixture_root_and_exits_by_status() {
     assert_eq!(tune(&["doctor", "--root", root]).status.code(), Some(1));
     let out = tune(&["doctor", "--root", root, "--json"]);
     assert_eq!(out.status.code(), Some(1));
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(json["status"], "fail");
 }
 
@@ -777,14 +764,14 @@ fn the_cli_reads_a_fixture_root_and_exits_by_status() {
 fn cli_usage_errors_are_one_line() {
     let out = tune(&["doctor", "--root", "/nonexistent-pinpoll-root"]);
     assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8(out.stderr).unwrap();
+    let err = out.stderr;
     assert_eq!(
         err,
         "error: --root /nonexistent-pinpoll-root: not a directory\n"
     );
     let out = tune(&["doctor", "--profile", "no-such-profile", "--root", "/tmp"]);
     assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8(out.stderr).unwrap();
+    let err = out.stderr;
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
         err.starts_with(
@@ -795,7 +782,7 @@ fn cli_usage_errors_are_one_line() {
     let out = tune(&["doctor", "--cores", "3-1"]);
     assert_eq!(out.status.code(), Some(2));
     assert_contains(
-        &String::from_utf8(out.stderr).unwrap(),
+        &out.stderr,
         "\"3-1\" in \"3-1\" is not a CPU number or range",
     );
 }
@@ -803,7 +790,7 @@ fn cli_usage_errors_are_one_line() {
 #[test]
 fn help_explains_every_flag() {
     let out = tune(&["doctor", "--help"]);
-    let help = String::from_utf8(out.stdout).unwrap();
+    let help = out.stdout;
     for flag in [
         "--profile <NAME|FILE>",
         "--cores <LIST>",

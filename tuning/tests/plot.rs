@@ -6,7 +6,7 @@
 mod common;
 
 use common::{
-    assert_contains, assert_text_fits, assert_well_formed, svg_labels, svg_texts, Fixture,
+    assert_contains, assert_text_fits, assert_well_formed, svg_labels, svg_texts, tune, Fixture,
 };
 use pinpoll_tune::plot::benchmarks::{ComparisonSummary, SummaryError};
 use pinpoll_tune::plot::scale::{self, tick_label};
@@ -355,30 +355,20 @@ fn a_panel_is_as_tall_as_its_legend() {
 
 // ---- the command ----------------------------------------------------------------------
 
-fn tune(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_pinpoll-tune"))
-        .args(args)
-        .output()
-        .expect("pinpoll-tune runs")
-}
-
 #[test]
 fn the_plot_command_writes_the_svg_beside_the_summary_or_where_told() {
     let fx = Fixture::empty("plot-cli");
     let input = fx.path().join("summary.json");
     std::fs::write(&input, summary().to_string()).unwrap();
     let o = tune(&["plot", input.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{}", o.stderr.as_str());
     let beside = fx.path().join("benchmarks.svg");
-    assert_contains(
-        &String::from_utf8_lossy(&o.stdout),
-        &format!("wrote {}", beside.display()),
-    );
+    assert_contains(o.stdout.as_str(), &format!("wrote {}", beside.display()));
     let svg = std::fs::read_to_string(&beside).unwrap();
     assert_eq!(svg, parse(&summary()).unwrap().chart().unwrap());
     let out = fx.path().join("elsewhere.svg");
     let o = tune(&["plot", input.to_str().unwrap(), "-o", out.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{}", o.stderr.as_str());
     assert_eq!(std::fs::read_to_string(&out).unwrap(), svg);
 }
 
@@ -388,9 +378,9 @@ fn the_plot_command_names_a_missing_file_or_field() {
     let absent = fx.path().join("absent.json");
     let o = tune(&["plot", absent.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_contains(&stderr, &format!("error: cannot read {}", absent.display()));
-    assert_contains(&stderr, "No such file or directory");
+    let stderr = o.stderr.as_str();
+    assert_contains(stderr, &format!("error: cannot read {}", absent.display()));
+    assert_contains(stderr, "No such file or directory");
 
     let mut v = summary();
     v["sweep"]["write_lat"][2]["pinpoll"]
@@ -401,9 +391,9 @@ fn the_plot_command_names_a_missing_file_or_field() {
     std::fs::write(&input, v.to_string()).unwrap();
     let o = tune(&["plot", input.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&o.stderr);
+    let stderr = o.stderr.as_str();
     assert_contains(
-        &stderr,
+        stderr,
         &format!(
             "error: {}: field `sweep.write_lat[2].pinpoll.p99_9` is missing",
             input.display()
@@ -412,8 +402,8 @@ fn the_plot_command_names_a_missing_file_or_field() {
     assert!(!fx.path().join("benchmarks.svg").exists());
 
     let help = tune(&["plot", "--help"]);
-    let text = String::from_utf8_lossy(&help.stdout);
-    assert_contains(&text, "Usage: pinpoll-tune plot [OPTIONS] <SUMMARY.json>");
-    assert_contains(&text, "-o, --out <OUT.svg>");
-    assert_contains(&text, "sweep.write_lat[].{bytes, pinpoll, perftest}");
+    let text = help.stdout.as_str();
+    assert_contains(text, "Usage: pinpoll-tune plot [OPTIONS] <SUMMARY.json>");
+    assert_contains(text, "-o, --out <OUT.svg>");
+    assert_contains(text, "sweep.write_lat[].{bytes, pinpoll, perftest}");
 }

@@ -2,11 +2,15 @@
 //! character their names promise; `pinpoll-tune profile check` validates
 //! and prints the effective configuration.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use common::tune;
 use pinpoll::config::profile::{ProfileSource, BUILTIN};
 use pinpoll::{EngineConfig, IdlePolicy};
+use pinpoll_testkit::Scratch;
 use pinpoll_tune::profile;
 
 /// The profile files in the engine's source tree, which the crate compiles in.
@@ -20,14 +24,6 @@ fn shipped() -> Vec<(String, PathBuf)> {
         .collect();
     out.sort();
     out
-}
-
-fn tune(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_pinpoll-tune"))
-        .args(args)
-        .env_remove("PINPOLL_PROFILE_DIR")
-        .output()
-        .unwrap()
 }
 
 #[test]
@@ -169,7 +165,7 @@ fn the_effective_configuration_names_every_key_the_engine_accepts() {
 fn profile_check_prints_every_key_and_marks_the_defaults() {
     let out = tune(&["profile", "check", "softroce"]);
     assert_eq!(out.status.code(), Some(0));
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = out.stdout;
     let first = text.lines().next().unwrap();
     assert!(first.starts_with("# profile softroce ("), "{first}");
     assert!(
@@ -201,8 +197,7 @@ fn profile_check_prints_every_key_and_marks_the_defaults() {
 
 #[test]
 fn profile_check_rejects_bad_profiles_in_one_line_naming_key_and_range() {
-    let dir = std::env::temp_dir().join(format!("pinpoll-tune-profiles-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("pinpoll-tune-profiles");
     let cases = [
         (
             "unknown.toml",
@@ -231,7 +226,7 @@ fn profile_check_rejects_bad_profiles_in_one_line_naming_key_and_range() {
         let out = tune(&["profile", "check", path.to_str().unwrap()]);
         assert_eq!(out.status.code(), Some(1), "{file}");
         assert!(out.stdout.is_empty());
-        let err = String::from_utf8(out.stderr).unwrap();
+        let err = out.stderr;
         assert_eq!(err.lines().count(), 1, "{file}: {err}");
         assert!(
             err.starts_with(&format!("error: profile {}: ", path.display())),
@@ -242,11 +237,10 @@ fn profile_check_rejects_bad_profiles_in_one_line_naming_key_and_range() {
             "{file}: {err:?} should contain {expected:?}"
         );
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 
     let out = tune(&["profile", "check", "no-such-profile"]);
     assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8(out.stderr).unwrap();
+    let err = out.stderr;
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
         err.starts_with("error: no profile named \"no-such-profile\""),

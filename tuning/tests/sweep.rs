@@ -7,9 +7,11 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{
-    assert_contains, assert_text_fits, assert_well_formed, csv_fields, svg_labels, Fixture,
+    assert_contains, assert_text_fits, assert_well_formed, csv_fields, svg_labels, tune_command,
+    Fixture, BOUND,
 };
 use pinpoll::{EngineConfig, IdlePolicy};
+use pinpoll_testkit::{Finished, Running};
 use pinpoll_tune::plot::{self, Dash, Series, XAxis, YScale};
 use pinpoll_tune::sweep::csv;
 use pinpoll_tune::sweep::grid::{self, Grid, Value};
@@ -630,55 +632,11 @@ fn check_outputs(out: &Path, points: usize, sizes: usize, repeat: usize) {
 
 // ---- the command, over a fake pinpoll-perf --------------------------------
 
-fn tune(args: &[&str]) -> std::process::Output {
-    output_or_hang(
-        std::process::Command::new(env!("CARGO_BIN_EXE_pinpoll-tune"))
-            .args(args)
-            .env_remove("PINPOLL_PROFILE_DIR")
-            .env_remove("PINPOLL_DEVICE"),
-    )
-}
-
-/// Runs `cmd` to completion; one that is still running after `HANG` is
-/// killed and the test fails as hung. The process under test owns the
-/// real bound (its `--timeout`); this only keeps a hang from stalling the
-/// suite, and judges no speed.
-fn output_or_hang(cmd: &mut std::process::Command) -> std::process::Output {
-    use std::io::Read as _;
-    const HANG: std::time::Duration = std::time::Duration::from_secs(300);
-    let mut child = cmd
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Drained meanwhile, so a chatty child never blocks on a full pipe.
-    let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
-        std::thread::spawn(move || {
-            let mut bytes = Vec::new();
-            pipe.read_to_end(&mut bytes).unwrap();
-            bytes
-        })
-    };
-    let stdout = drain(Box::new(child.stdout.take().unwrap()));
-    let stderr = drain(Box::new(child.stderr.take().unwrap()));
-    let began = std::time::Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if began.elapsed() > HANG {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            let stderr = String::from_utf8_lossy(&stderr.join().unwrap()).into_owned();
-            panic!("hung: killed after {HANG:?}; stderr: {stderr}");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
-    std::process::Output {
-        status,
-        stdout: stdout.join().unwrap(),
-        stderr: stderr.join().unwrap(),
-    }
+/// `pinpoll-tune args`, with no device from the environment.
+fn tune(args: &[&str]) -> Finished {
+    let mut cmd = tune_command(args);
+    cmd.env_remove("PINPOLL_DEVICE");
+    Running::spawn(cmd).finish_within(BOUND)
 }
 
 /// A `pinpoll-perf` stand-in: prints a latency or bandwidth document
@@ -733,16 +691,16 @@ fn the_command_runs_a_fake_perf_end_to_end() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    let stderr = String::from_utf8_lossy(&o.stderr);
+    let stdout = o.stdout.as_str();
+    let stderr = o.stderr.as_str();
     assert!(o.status.success(), "{stdout}\n{stderr}");
-    assert_contains(&stderr, "skipped: write-lat point 3 (signal_interval=200)");
+    assert_contains(stderr, "skipped: write-lat point 3 (signal_interval=200)");
     assert_contains(
-        &stderr,
+        stderr,
         "[1/16] write-lat 8 B point 1 (signal_interval=1) repeat 1: p50 11.00 us",
     );
-    assert_contains(&stdout, "write-lat: recommended signal_interval=1");
-    assert_contains(&stdout, "write-bw: recommended signal_interval=8");
+    assert_contains(stdout, "write-lat: recommended signal_interval=1");
+    assert_contains(stdout, "write-bw: recommended signal_interval=8");
     check_outputs(&out, 2, 2, 2);
     let cfg = EngineConfig::load(out.join("recommended.toml").to_str().unwrap()).unwrap();
     assert_eq!(cfg.signal_interval, 1);
@@ -773,8 +731,8 @@ fn failed_and_hung_runs_are_recorded_not_fatal() {
         out.to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(1), "no point measured at every size");
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert_contains(&stdout, "write-lat: no point measured at every size");
+    let stdout = o.stdout.as_str();
+    assert_contains(stdout, "write-lat: no point measured at every size");
     let runs = std::fs::read_to_string(out.join("runs.csv")).unwrap();
     assert_contains(&runs, "write-lat,8,1,1,1,ok,");
     assert_contains(&runs, "failed");
@@ -801,12 +759,12 @@ fn dry_run_lists_points_and_a_missing_perf_is_a_clear_error() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stdout = o.stdout.as_str();
     assert!(o.status.success(), "{stdout}");
-    assert_contains(&stdout, "send-lat (base profile softroce):");
-    assert_contains(&stdout, "batch_size=120 signal_interval=16");
-    assert_contains(&stdout, "invalid: signal_interval = 16 is out of range");
-    assert_contains(&stdout, "18 runs: 3 valid points x 2 sizes x 3 repeats");
+    assert_contains(stdout, "send-lat (base profile softroce):");
+    assert_contains(stdout, "batch_size=120 signal_interval=16");
+    assert_contains(stdout, "invalid: signal_interval = 16 is out of range");
+    assert_contains(stdout, "18 runs: 3 valid points x 2 sizes x 3 repeats");
 
     let o = tune(&[
         "sweep",
@@ -816,18 +774,12 @@ fn dry_run_lists_points_and_a_missing_perf_is_a_clear_error() {
         out.to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(2));
-    assert_contains(
-        &String::from_utf8_lossy(&o.stderr),
-        "cargo build -p pinpoll-perf",
-    );
+    assert_contains(o.stderr.as_str(), "cargo build -p pinpoll-perf");
 
     let o = tune(&["sweep", "--grid", "nope=1", "--dry-run"]);
     assert_eq!(o.status.code(), Some(2));
-    assert_contains(
-        &String::from_utf8_lossy(&o.stderr),
-        "\"nope\" cannot be swept",
-    );
+    assert_contains(o.stderr.as_str(), "\"nope\" cannot be swept");
     let o = tune(&["sweep", "--workloads", "write-latency", "--dry-run"]);
     assert_eq!(o.status.code(), Some(2));
-    assert_contains(&String::from_utf8_lossy(&o.stderr), "is not a workload");
+    assert_contains(o.stderr.as_str(), "is not a workload");
 }

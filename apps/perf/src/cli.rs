@@ -270,118 +270,18 @@ impl Settings {
     /// Checks the flags of `kind`; `cores` is how many cores this process
     /// may use. The error is one line, for `error: ...`.
     pub fn from_args(kind: Kind, a: &PerfArgs, cores: usize) -> Result<Settings, String> {
-        let role = match (&a.host, a.loopback) {
-            (Some(h), false) => Role::Client { host: h.clone() },
-            (None, true) => Role::Loopback,
-            (None, false) => Role::Server,
-            (Some(_), true) => return Err("--loopback takes no HOST".into()),
-        };
+        let role = role_of(a)?;
         if !a.timeout.is_finite() || a.timeout <= 0.0 || a.timeout > 86_400.0 {
             return Err(format!(
                 "--timeout {} is out of range: give 0 < SECONDS <= 86400",
                 a.timeout
             ));
         }
-        if role == Role::Server {
-            let given: Vec<&str> = [
-                (a.size.is_some(), "-s"),
-                (a.iters.is_some(), "-n"),
-                (a.all, "-a"),
-                (a.tx_depth.is_some(), "-t"),
-                (a.post_list.is_some(), "-l"),
-                (a.cq_mod.is_some(), "-Q"),
-                (a.inline_size.is_some(), "-I"),
-                (a.mode != Mode::Direct, "--mode"),
-                (a.hugepages, "--hugepages"),
-                (a.warmup.is_some(), "--warmup"),
-                (a.app_core.is_some(), "--app-core"),
-                (a.server_core.is_some(), "--server-core"),
-                (a.report_gbits, "--report_gbits"),
-            ]
-            .into_iter()
-            .filter_map(|(set, flag)| set.then_some(flag))
-            .collect();
-            if !given.is_empty() {
-                return Err(format!(
-                    "{} chosen by the client: the server follows the client's parameters (give them to the client, or use --loopback)",
-                    if given.len() == 1 {
-                        format!("{} is", given[0])
-                    } else {
-                        format!("{} are", given.join(", "))
-                    }
-                ));
-            }
-        } else if a.bind.is_some() {
-            return Err("--bind is for the server (run without HOST)".into());
-        } else if a.max_registered.is_some() {
-            return Err("--max-registered is for the server (run without HOST)".into());
-        }
-        let sizes = if a.all {
-            all_sizes()
-        } else {
-            vec![a.size.unwrap_or(kind.default_size())]
-        };
-        for &s in &sizes {
-            if s == 0 || s > MAX_SIZE {
-                return Err(format!("-s {s} is out of range: give 1..={MAX_SIZE} bytes"));
-            }
-        }
-        let iters = a.iters.unwrap_or(kind.default_iters());
-        if iters < MIN_ITERS {
-            return Err(format!(
-                "-n {iters} is too small: give at least {MIN_ITERS} iterations"
-            ));
-        }
-        if iters > MAX_ITERS {
-            return Err(format!("-n {iters} is too large: give at most {MAX_ITERS}"));
-        }
-        let warmup = a.warmup.unwrap_or(if kind.is_latency() {
-            (iters / 10).clamp(10, 1000)
-        } else {
-            0
-        });
-        if warmup > MAX_ITERS {
-            return Err(format!(
-                "--warmup {warmup} is too large: give at most {MAX_ITERS}"
-            ));
-        }
-        for (flag, v) in [("-t", a.tx_depth), ("-l", a.post_list), ("-Q", a.cq_mod)] {
-            if v == Some(0) {
-                return Err(format!("{flag} 0 is out of range: give at least 1"));
-            }
-        }
-        if a.tx_depth.is_some_and(|t| t > 1 << 16) {
-            return Err("-t is out of range: give 1..=65536".into());
-        }
-        if a.inline_size.is_some_and(|i| i > 4096) {
-            return Err("-I is out of range: give 0..=4096 bytes".into());
-        }
-        let check_core = |flag: &str, c: Option<usize>| -> Result<(), String> {
-            match c {
-                Some(c) if c >= cores => Err(format!(
-                    "{flag} {c} does not exist: this process may use cores 0..={}",
-                    cores.saturating_sub(1)
-                )),
-                _ => Ok(()),
-            }
-        };
-        check_core("--core", a.core)?;
-        check_core("--app-core", a.app_core)?;
-        check_core("--server-core", a.server_core)?;
-        if a.app_core.is_some() && a.mode != Mode::Engine {
-            return Err("--app-core is for --mode engine".into());
-        }
-        if a.server_core.is_some() && role != Role::Loopback {
-            return Err("--server-core is for --loopback (a server process uses --core)".into());
-        }
-        let (mut core, mut app_core, mut server_core) = (a.core, a.app_core, a.server_core);
-        if role == Role::Loopback {
-            server_core = server_core.or(Some(0));
-            core = core.or(Some(if cores > 1 { 1 } else { 0 }));
-            if a.mode == Mode::Engine && app_core.is_none() && cores >= 3 {
-                app_core = Some(2);
-            }
-        }
+        check_role_flags(a, &role)?;
+        let sizes = sizes_of(kind, a)?;
+        let (iters, warmup) = iterations_of(kind, a)?;
+        check_queue_flags(a)?;
+        let (core, app_core, server_core) = cores_of(a, &role, cores)?;
         let device = a.device.clone().or_else(|| {
             std::env::var("PINPOLL_DEVICE")
                 .ok()
@@ -423,6 +323,145 @@ impl Settings {
             max_registered: a.max_registered,
         })
     }
+}
+
+/// Client (a HOST), server (none) or both in this process (`--loopback`).
+fn role_of(a: &PerfArgs) -> Result<Role, String> {
+    match (&a.host, a.loopback) {
+        (Some(h), false) => Ok(Role::Client { host: h.clone() }),
+        (None, true) => Ok(Role::Loopback),
+        (None, false) => Ok(Role::Server),
+        (Some(_), true) => Err("--loopback takes no HOST".into()),
+    }
+}
+
+/// The server follows the client's parameters, so it takes none of them;
+/// `--bind` and `--max-registered` are the server's alone.
+fn check_role_flags(a: &PerfArgs, role: &Role) -> Result<(), String> {
+    if *role != Role::Server {
+        if a.bind.is_some() {
+            return Err("--bind is for the server (run without HOST)".into());
+        }
+        if a.max_registered.is_some() {
+            return Err("--max-registered is for the server (run without HOST)".into());
+        }
+        return Ok(());
+    }
+    let given: Vec<&str> = [
+        (a.size.is_some(), "-s"),
+        (a.iters.is_some(), "-n"),
+        (a.all, "-a"),
+        (a.tx_depth.is_some(), "-t"),
+        (a.post_list.is_some(), "-l"),
+        (a.cq_mod.is_some(), "-Q"),
+        (a.inline_size.is_some(), "-I"),
+        (a.mode != Mode::Direct, "--mode"),
+        (a.hugepages, "--hugepages"),
+        (a.warmup.is_some(), "--warmup"),
+        (a.app_core.is_some(), "--app-core"),
+        (a.server_core.is_some(), "--server-core"),
+        (a.report_gbits, "--report_gbits"),
+    ]
+    .into_iter()
+    .filter_map(|(set, flag)| set.then_some(flag))
+    .collect();
+    match given.as_slice() {
+        [] => Ok(()),
+        [one] => Err(format!("{one} is {SERVER_FOLLOWS}")),
+        many => Err(format!("{} are {SERVER_FOLLOWS}", many.join(", "))),
+    }
+}
+
+const SERVER_FOLLOWS: &str = "chosen by the client: the server follows the client's parameters (give them to the client, or use --loopback)";
+
+/// The message sizes: `-a`'s, else `-s`, else the kind's default.
+fn sizes_of(kind: Kind, a: &PerfArgs) -> Result<Vec<usize>, String> {
+    let sizes = if a.all {
+        all_sizes()
+    } else {
+        vec![a.size.unwrap_or(kind.default_size())]
+    };
+    match sizes.iter().find(|&&s| s == 0 || s > MAX_SIZE) {
+        Some(s) => Err(format!("-s {s} is out of range: give 1..={MAX_SIZE} bytes")),
+        None => Ok(sizes),
+    }
+}
+
+/// `-n` and `--warmup` (a tenth of the iterations for latency, within
+/// 10..=1000; none for bandwidth).
+fn iterations_of(kind: Kind, a: &PerfArgs) -> Result<(u64, u64), String> {
+    let iters = a.iters.unwrap_or(kind.default_iters());
+    if iters < MIN_ITERS {
+        return Err(format!(
+            "-n {iters} is too small: give at least {MIN_ITERS} iterations"
+        ));
+    }
+    if iters > MAX_ITERS {
+        return Err(format!("-n {iters} is too large: give at most {MAX_ITERS}"));
+    }
+    let warmup = a.warmup.unwrap_or(if kind.is_latency() {
+        (iters / 10).clamp(10, 1000)
+    } else {
+        0
+    });
+    if warmup > MAX_ITERS {
+        return Err(format!(
+            "--warmup {warmup} is too large: give at most {MAX_ITERS}"
+        ));
+    }
+    Ok((iters, warmup))
+}
+
+/// `-t`, `-l`, `-Q` and `-I` within what a queue pair takes.
+fn check_queue_flags(a: &PerfArgs) -> Result<(), String> {
+    for (flag, v) in [("-t", a.tx_depth), ("-l", a.post_list), ("-Q", a.cq_mod)] {
+        if v == Some(0) {
+            return Err(format!("{flag} 0 is out of range: give at least 1"));
+        }
+    }
+    if a.tx_depth.is_some_and(|t| t > 1 << 16) {
+        return Err("-t is out of range: give 1..=65536".into());
+    }
+    if a.inline_size.is_some_and(|i| i > 4096) {
+        return Err("-I is out of range: give 0..=4096 bytes".into());
+    }
+    Ok(())
+}
+
+/// (core, app core, server core).
+type Cores = (Option<usize>, Option<usize>, Option<usize>);
+
+/// The cores, checked against the `cores` this process may use;
+/// `--loopback` puts the server on 0, the measuring thread on 1 and, in
+/// engine mode with three or more cores, the application on 2.
+fn cores_of(a: &PerfArgs, role: &Role, cores: usize) -> Result<Cores, String> {
+    let check_core = |flag: &str, c: Option<usize>| -> Result<(), String> {
+        match c {
+            Some(c) if c >= cores => Err(format!(
+                "{flag} {c} does not exist: this process may use cores 0..={}",
+                cores.saturating_sub(1)
+            )),
+            _ => Ok(()),
+        }
+    };
+    check_core("--core", a.core)?;
+    check_core("--app-core", a.app_core)?;
+    check_core("--server-core", a.server_core)?;
+    if a.app_core.is_some() && a.mode != Mode::Engine {
+        return Err("--app-core is for --mode engine".into());
+    }
+    if a.server_core.is_some() && *role != Role::Loopback {
+        return Err("--server-core is for --loopback (a server process uses --core)".into());
+    }
+    let (mut core, mut app_core, mut server_core) = (a.core, a.app_core, a.server_core);
+    if *role == Role::Loopback {
+        server_core = server_core.or(Some(0));
+        core = core.or(Some(if cores > 1 { 1 } else { 0 }));
+        if a.mode == Mode::Engine && app_core.is_none() && cores >= 3 {
+            app_core = Some(2);
+        }
+    }
+    Ok((core, app_core, server_core))
 }
 
 /// A `--max-registered` value: a positive number of bytes, optionally

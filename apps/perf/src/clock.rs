@@ -1,10 +1,9 @@
 //! A cheap clock for per-iteration timestamps and our own bounded waits.
 //!
-//! `Instant::now()` is `clock_gettime`, which the vDSO answers in ~20 ns
-//! where the kernel's clocksource is the TSC — but in the TCG guest the
-//! clocksource is the HPET, and every call is a system call plus an
-//! emulated device read (~1.3 µs, measured), longer than a tenth of a
-//! round trip. perftest reads the TSC (`get_cycles`); so do we, on
+//! `Instant::now()` is `clock_gettime`, which the vDSO answers without a
+//! system call where the kernel's clocksource is the TSC — but in the TCG
+//! guest the clocksource is the HPET, and every call is a system call plus
+//! an emulated device read, a sizeable share of a round trip. perftest reads the TSC (`get_cycles`); so do we, on
 //! x86_64, calibrated once against `Instant`. Elsewhere this is `Instant`.
 
 use std::sync::OnceLock;

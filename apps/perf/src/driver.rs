@@ -80,8 +80,8 @@ impl Spin {
 /// when it fits, and above the inline threshold straight from a send-ring
 /// slot, as perftest posts from its registered buffer. A slot gets the
 /// whole payload on its first use (`primed` counts them) and afterwards
-/// only the last byte, so no operation copies the payload — at 64 KiB the
-/// copy was ~10 % of a TCG guest's round trip.
+/// only the last byte, so no operation copies the payload: a copy per
+/// round trip would be measured as latency (perftest copies none either).
 #[inline]
 fn post_ping(
     conn: &mut Connection,
@@ -341,45 +341,7 @@ impl Driver for DirectClient {
             // so each slot is filled on its first use and then sent as is.
             let in_place = self.buf.len() > self.conn.inline_threshold()
                 && matches!(kind, Kind::WriteBw | Kind::WriteImmBw | Kind::SendBw);
-            let slots = self.conn.slot_count() as u64;
-            let (conn, buf, primed) = (&mut self.conn, &self.buf[..], &mut self.primed);
-            let mut b = conn.batch();
-            let mut k = 0u64;
-            let last = end - 1;
-            let imm = (self.posted & 0xffff_ffff) as u32;
-            while k < allowed {
-                if self.posted + k == last {
-                    b.signal_next();
-                }
-                let imm = match kind {
-                    Kind::WriteImmBw => Some(imm.wrapping_add(k as u32)),
-                    _ => None,
-                };
-                let fill = in_place && *primed < slots;
-                let prime = |slot: &mut [u8]| {
-                    if fill {
-                        slot.copy_from_slice(buf);
-                    }
-                    Ok(())
-                };
-                let r = match kind {
-                    Kind::WriteBw | Kind::WriteImmBw if in_place => {
-                        b.write_from(buf.len(), 0, imm, prime)
-                    }
-                    Kind::WriteBw | Kind::WriteImmBw => b.write(buf, 0, imm),
-                    Kind::SendBw if in_place => b.send_from(buf.len(), prime),
-                    Kind::SendBw => b.send(buf),
-                    Kind::ReadBw => b.read(0, buf.len()),
-                    _ => unreachable!("latency kinds returned above"),
-                };
-                *primed += u64::from(fill && r.is_ok());
-                match r {
-                    Ok(_) => k += 1,
-                    Err(Error::Full { .. }) => break,
-                    Err(e) => return Err(e),
-                }
-            }
-            let posted = b.post()? as u64;
+            let posted = self.post_batch(end, allowed, in_place)?;
             self.posted += posted;
             if posted == 0 || credits {
                 if self.reap_or_credits(credits)? == 0 && posted == 0 {
@@ -424,6 +386,54 @@ impl DirectClient {
         let mut stats = self.conn.stats();
         stats.wait_turns += self.wait_turns;
         stats
+    }
+
+    /// Posts up to `allowed` operations of the stream ending at `end` as one
+    /// batch (the stream's last one signaled); returns how many were posted.
+    /// `in_place`: WRITEs and SENDs go from send-ring slots, each filled on
+    /// its first use.
+    #[inline]
+    fn post_batch(&mut self, end: u64, allowed: u64, in_place: bool) -> Result<u64> {
+        let kind = self.plan.kind;
+        let slots = self.conn.slot_count() as u64;
+        let (conn, buf, primed) = (&mut self.conn, &self.buf[..], &mut self.primed);
+        let mut b = conn.batch();
+        let mut k = 0u64;
+        let last = end - 1;
+        let imm = (self.posted & 0xffff_ffff) as u32;
+        while k < allowed {
+            if self.posted + k == last {
+                b.signal_next();
+            }
+            let imm = match kind {
+                Kind::WriteImmBw => Some(imm.wrapping_add(k as u32)),
+                _ => None,
+            };
+            let fill = in_place && *primed < slots;
+            let prime = |slot: &mut [u8]| {
+                if fill {
+                    slot.copy_from_slice(buf);
+                }
+                Ok(())
+            };
+            let r = match kind {
+                Kind::WriteBw | Kind::WriteImmBw if in_place => {
+                    b.write_from(buf.len(), 0, imm, prime)
+                }
+                Kind::WriteBw | Kind::WriteImmBw => b.write(buf, 0, imm),
+                Kind::SendBw if in_place => b.send_from(buf.len(), prime),
+                Kind::SendBw => b.send(buf),
+                Kind::ReadBw => b.read(0, buf.len()),
+                _ => unreachable!("stream() refuses latency kinds"),
+            };
+            *primed += u64::from(fill && r.is_ok());
+            match r {
+                Ok(_) => k += 1,
+                Err(Error::Full { .. }) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(b.post()? as u64)
     }
 
     #[inline]
@@ -735,101 +745,144 @@ pub fn serve(
     idle_limit: Duration,
     stop: &mut dyn FnMut() -> Result<bool>,
 ) -> Result<Served> {
-    let size = plan.size;
-    let buf: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
-    let mut buf = buf;
-    let mut served = 0u64;
-    // The server's own waits are not measured: their turns go nowhere.
-    let mut turns = 0u64;
+    let buf: Vec<u8> = (0..plan.size).map(|i| (i % 251) as u8).collect();
     // Idle: our spin's clock starts at its first check; after QUIET the
     // server asks `stop`, after idle_limit it gives up.
     let mut idle = Spin::new(idle_limit, "the client's next operation (server idle)");
-    match plan.kind {
-        Kind::WriteLat => {
-            let last = size - 1;
-            let mut seen = 0u8;
-            let mut primed = 0u64;
-            let reply_imm = plan.reply_with_imm();
-            loop {
-                let v = conn.target_byte(last);
-                if v != seen {
-                    seen = v;
-                    buf[last] = v;
-                    let imm = reply_imm.then_some(u32::from(v));
-                    post_ping(conn, timeout, &buf, imm, &mut primed, &mut turns)?;
-                    served += 1;
-                    idle.reset();
-                    continue;
-                }
-                if idle.tick()? && idle.waited() > QUIET {
-                    if stop()? {
-                        break;
-                    }
-                    conn.reap()?;
-                }
-            }
-        }
-        Kind::SendLat => loop {
-            if let Some(len) = conn.try_recv()?.map(|m| m.data.len()) {
-                let data = &buf[..len.min(size)];
-                post_one(conn, timeout, &mut turns, |c| c.try_send(data))?;
-                served += 1;
-                idle.reset();
-                continue;
-            }
-            if idle.tick()? && idle.waited() > QUIET {
-                if stop()? {
-                    break;
-                }
-                conn.reap()?;
-            }
-        },
-        Kind::ReadLat | Kind::WriteBw | Kind::ReadBw => loop {
-            // The client's READs and WRITEs need nothing from this CPU:
-            // nap, so the core is free for the device (rxe runs in the
-            // kernel) and the client.
-            if stop()? {
-                break;
-            }
-            conn.reap()?;
-            if conn.peer_gone()? {
-                return Err(Error::Disconnected);
-            }
-            std::thread::sleep(PASSIVE_NAP);
-        },
-        Kind::SendBw | Kind::WriteImmBw => {
-            let mut credited = 0u64;
-            loop {
-                let mut got = 0u64;
-                let mut failed = None;
-                conn.poll(|ev| match ev {
-                    Event::Received { .. } | Event::WriteImm { .. } => got += 1,
-                    Event::Failed(e) => failed = Some(e),
-                    _ => {}
-                })?;
-                if let Some(e) = failed {
-                    return Err(Error::Completion(e));
-                }
-                if got > 0 {
-                    served += got;
-                    idle.reset();
-                    if served - credited >= plan.credit_window {
-                        credited = served;
-                        let credit = credited.to_le_bytes();
-                        post_one(conn, timeout, &mut turns, |c| c.try_send(&credit))?;
-                    }
-                    continue;
-                }
-                if idle.tick()? && idle.waited() > QUIET && stop()? {
-                    break;
-                }
-            }
-        }
-    }
+    let served = match plan.kind {
+        Kind::WriteLat => serve_write_lat(conn, &plan, buf, timeout, &mut idle, stop)?,
+        Kind::SendLat => serve_send_lat(conn, &buf, timeout, &mut idle, stop)?,
+        Kind::ReadLat | Kind::WriteBw | Kind::ReadBw => serve_passively(conn, stop)?,
+        Kind::SendBw | Kind::WriteImmBw => serve_stream(conn, &plan, timeout, &mut idle, stop)?,
+    };
     conn.set_completion_timeout(timeout);
     conn.wait_idle(|_| {})?;
     Ok(Served {
         messages: served,
         stats: conn.stats(),
     })
+}
+
+/// write-lat: answers each new last byte of the target ring with a WRITE
+/// of the same byte (and an immediate when the plan asks for one).
+fn serve_write_lat(
+    conn: &mut Connection,
+    plan: &Plan,
+    mut buf: Vec<u8>,
+    timeout: Duration,
+    idle: &mut Spin,
+    stop: &mut dyn FnMut() -> Result<bool>,
+) -> Result<u64> {
+    let last = plan.size - 1;
+    let (mut seen, mut primed, mut served) = (0u8, 0u64, 0u64);
+    let reply_imm = plan.reply_with_imm();
+    loop {
+        let v = conn.target_byte(last);
+        if v != seen {
+            seen = v;
+            buf[last] = v;
+            let imm = reply_imm.then_some(u32::from(v));
+            // The server's waits are not measured: their turns go nowhere.
+            post_ping(conn, timeout, &buf, imm, &mut primed, &mut 0)?;
+            served += 1;
+            idle.reset();
+            continue;
+        }
+        if quiet_turn(conn, idle, stop)? {
+            return Ok(served);
+        }
+    }
+}
+
+/// An idle turn of a latency server: once nothing arrived for [`QUIET`],
+/// asks `stop` (true: the server stops) and otherwise reaps completions.
+#[inline]
+fn quiet_turn(
+    conn: &mut Connection,
+    idle: &mut Spin,
+    stop: &mut dyn FnMut() -> Result<bool>,
+) -> Result<bool> {
+    if idle.tick()? && idle.waited() > QUIET {
+        if stop()? {
+            return Ok(true);
+        }
+        conn.reap()?;
+    }
+    Ok(false)
+}
+
+/// send-lat: answers each message with one of the same length.
+fn serve_send_lat(
+    conn: &mut Connection,
+    buf: &[u8],
+    timeout: Duration,
+    idle: &mut Spin,
+    stop: &mut dyn FnMut() -> Result<bool>,
+) -> Result<u64> {
+    let mut served = 0u64;
+    loop {
+        if let Some(len) = conn.try_recv()?.map(|m| m.data.len()) {
+            let data = &buf[..len.min(buf.len())];
+            post_one(conn, timeout, &mut 0, |c| c.try_send(data))?;
+            served += 1;
+            idle.reset();
+            continue;
+        }
+        if quiet_turn(conn, idle, stop)? {
+            return Ok(served);
+        }
+    }
+}
+
+/// read-lat, write-bw, read-bw: the client's READs and WRITEs need nothing
+/// from this CPU, so the server naps (the core stays free for the device,
+/// rxe runs in the kernel, and for the client) until `stop`.
+fn serve_passively(conn: &mut Connection, stop: &mut dyn FnMut() -> Result<bool>) -> Result<u64> {
+    loop {
+        if stop()? {
+            return Ok(0);
+        }
+        conn.reap()?;
+        if conn.peer_gone()? {
+            return Err(Error::Disconnected);
+        }
+        std::thread::sleep(PASSIVE_NAP);
+    }
+}
+
+/// send-bw, write-imm-bw: counts arrivals and SENDs a credit every
+/// `credit_window` of them.
+fn serve_stream(
+    conn: &mut Connection,
+    plan: &Plan,
+    timeout: Duration,
+    idle: &mut Spin,
+    stop: &mut dyn FnMut() -> Result<bool>,
+) -> Result<u64> {
+    let (mut served, mut credited) = (0u64, 0u64);
+    loop {
+        let mut got = 0u64;
+        let mut failed = None;
+        conn.poll(|ev| match ev {
+            Event::Received { .. } | Event::WriteImm { .. } => got += 1,
+            Event::Failed(e) => failed = Some(e),
+            _ => {}
+        })?;
+        if let Some(e) = failed {
+            return Err(Error::Completion(e));
+        }
+        if got > 0 {
+            served += got;
+            idle.reset();
+            if served - credited >= plan.credit_window {
+                credited = served;
+                let credit = credited.to_le_bytes();
+                post_one(conn, timeout, &mut 0, |c| c.try_send(&credit))?;
+            }
+            continue;
+        }
+        if idle.tick()? && idle.waited() > QUIET && stop()? {
+            return Ok(served);
+        }
+    }
 }

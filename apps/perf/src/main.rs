@@ -4,62 +4,27 @@
 use std::io::Write as _;
 use std::process::ExitCode;
 
-use clap::Parser as _;
+use pinpoll_appkit::usage;
 use pinpoll_perf::{available_cores, session, Cli, Settings};
 
-fn fail(code: u8, message: &str) -> ExitCode {
-    let message = message.trim();
-    let message = message.strip_prefix("error: ").unwrap_or(message);
-    eprintln!("error: {message}");
-    ExitCode::from(code)
+/// pinpoll-perf logs nothing: its stdout is the report, and its stderr
+/// carries only the one line of a failure.
+fn main() -> ExitCode {
+    pinpoll_appkit::main(|_: &Cli| None, run)
 }
 
-fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) => {
-            use clap::error::ErrorKind;
-            match e.kind() {
-                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
-                    let _ = e.print();
-                    return ExitCode::SUCCESS;
-                }
-                ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-                | ErrorKind::MissingSubcommand => {
-                    return fail(
-                        2,
-                        "pinpoll-perf requires a subcommand: write-lat, send-lat, read-lat, \
-                         write-bw, send-bw or read-bw (see pinpoll-perf --help)",
-                    );
-                }
-                _ => {}
-            }
-            // clap's message, on one line, without its usage block.
-            let rendered = e.render().to_string();
-            let first = rendered
-                .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("invalid arguments");
-            return fail(2, &format!("{first} (see pinpoll-perf --help)"));
-        }
-    };
+fn run(cli: Cli) -> anyhow::Result<()> {
     let kind = cli.command.kind();
-    let settings = match Settings::from_args(kind, cli.command.args(), available_cores()) {
-        Ok(s) => s,
-        Err(e) => return fail(2, &e),
-    };
+    let settings = Settings::from_args(kind, cli.command.args(), available_cores())
+        .map_err(|e| usage(anyhow::Error::msg(e)))?;
     let mut out = std::io::stdout().lock();
     let mut emit = |line: &str| {
         let _ = writeln!(out, "{line}");
         let _ = out.flush();
     };
-    match session::run(&settings, &mut emit) {
-        Ok(report) => {
-            if settings.json {
-                println!("{}", report.to_json());
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => fail(1, &format!("{e:#}")),
+    let report = session::run(&settings, &mut emit)?;
+    if settings.json {
+        println!("{}", report.to_json());
     }
+    Ok(())
 }

@@ -20,14 +20,7 @@ use crate::driver::{self, Driver, Served};
 use crate::plan::{data_config, Kind, Mode, Params, Plan, WireConfig};
 use crate::report::{self, Bandwidth, Doorbells, Point, Report, RunInfo, Samples};
 
-/// Pins the calling thread to `core`.
-pub fn pin(core: usize) -> Result<()> {
-    if core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
-        Ok(())
-    } else {
-        bail!("cannot pin a thread to core {core}")
-    }
-}
+pub use pinpoll_appkit::pin;
 
 /// Accepts one TCP connection, waiting at most `timeout`.
 fn accept_within(listener: &TcpListener, timeout: Duration, what: &str) -> Result<TcpStream> {
@@ -199,7 +192,7 @@ pub fn measure(
             driver.round_trip()?;
         }
         // One TSC read per iteration, as perftest's get_cycles: the OS
-        // clock costs ~1.3 µs per read in the TCG guest (see clock.rs). The
+        // clock is a system call in the TCG guest (see clock.rs). The
         // deltas go into a buffer sized before the loop (perftest keeps its
         // stamps the same way); the histogram is filled afterwards, so its
         // bookkeeping stays out of the measured loop.
@@ -499,90 +492,33 @@ fn run_server(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
     let base = base_config(s)?;
     let limits = Limits::new(s.kind, &base, &s.profile, s.max_registered, s.timeout)?;
     let (mut ctl, listener) = match s.transport {
-        Transport::Tcp => {
-            let bind: SocketAddr = match &s.bind {
-                Some(b) => parse_socket_addr(b, s.port)?,
-                None => SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), s.port),
-            };
-            let tcp = TcpListener::bind(bind)
-                .or_else(|e| {
-                    if s.bind.is_none() {
-                        TcpListener::bind((Ipv4Addr::UNSPECIFIED, s.port))
-                    } else {
-                        Err(e)
-                    }
-                })
-                .with_context(|| format!("listening on TCP port {}", s.port))?;
-            if !s.json {
-                emit(&format!(
-                    " Waiting for a client on TCP port {} (--oob); {}",
-                    s.port,
-                    allowance(&limits)
-                ));
-            }
-            let stream = accept_within(&tcp, s.timeout, "a client")?;
-            stream.set_nodelay(true)?;
-            (Control::Tcp(stream), None)
-        }
+        Transport::Tcp => (accept_tcp_control(s, &limits, emit)?, None),
         Transport::RdmaCm => {
-            let bind = match &s.bind {
-                Some(b) => parse_socket_addr(b, s.port)?,
-                None => SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), s.port),
-            };
-            let listener =
-                Listener::bind(bind).with_context(|| format!("rdma_cm listening on {bind}"))?;
-            if !s.json {
-                emit(&format!(
-                    " Waiting for a client on {bind} (rdma_cm); {}",
-                    allowance(&limits)
-                ));
-            }
-            let conn = Connection::accept(&listener, &control_config(s.timeout), s.timeout)
-                .context("accepting the client's control connection")?;
-            (Control::Rdma(Box::new(conn)), Some(listener))
+            let (ctl, listener) = accept_cm_control(s, &limits, emit)?;
+            (ctl, Some(listener))
         }
     };
     let mut served_sizes = 0u64;
     while let Some(params) = next_params(&mut ctl, s.timeout)? {
         let cfg = admit(&mut ctl, &limits, &params, &base)?;
         ctl.send(&Msg::Ready)?;
-        let mut conn = match (&listener, s.transport) {
-            (Some(l), _) => Connection::accept(l, &cfg, s.timeout)
+        let mut conn = match &listener {
+            Some(l) => Connection::accept(l, &cfg, s.timeout)
                 .context("accepting the client's data connection")?,
-            (None, _) => Connection::over_tcp(
+            None => Connection::over_tcp(
                 ctl.stream().expect("a TCP control stream"),
                 s.device.as_deref(),
                 &cfg,
             )
             .context("the TCP exchange of the data connection")?,
         };
-        let mut stopped = false;
-        let served = driver::serve(&mut conn, params.plan(), s.timeout, s.timeout, &mut || {
-            if stopped {
-                return Ok(true);
-            }
-            match ctl.try_recv() {
-                Ok(Some(Msg::Done)) => {
-                    stopped = true;
-                    Ok(true)
-                }
-                Ok(Some(other)) => Err(pinpoll::Error::Config(format!(
-                    "the client sent {other:?} during the measurement"
-                ))),
-                Ok(None) => Ok(false),
-                Err(e) => Err(pinpoll::Error::Config(format!("{e:#}"))),
-            }
-        })
-        .with_context(|| format!("serving {} at {} bytes", params.kind.name(), params.size))?;
-        ctl.send(&Msg::Served {
-            messages: served.messages,
-        })?;
+        let served = serve_one_size(s, &mut ctl, &mut conn, &params)?;
         drop(conn);
         served_sizes += 1;
         if !s.json {
             emit(&format!(
                 " served {} bytes x {} (+{} warm-up): {} messages answered or consumed",
-                params.size, params.iters, params.warmup, served.messages
+                params.size, params.iters, params.warmup, served
             ));
         }
     }
@@ -590,4 +526,91 @@ fn run_server(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
         emit(&format!(" done: {served_sizes} sizes served"));
     }
     Ok(report)
+}
+
+/// The control connection of `--oob`: one TCP client on `--bind`:port
+/// (IPv6 any, else IPv4 any, when no `--bind`).
+fn accept_tcp_control(
+    s: &Settings,
+    limits: &Limits,
+    emit: &mut dyn FnMut(&str),
+) -> Result<Control> {
+    let bind: SocketAddr = match &s.bind {
+        Some(b) => parse_socket_addr(b, s.port)?,
+        None => SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), s.port),
+    };
+    let tcp = TcpListener::bind(bind)
+        .or_else(|e| {
+            if s.bind.is_none() {
+                TcpListener::bind((Ipv4Addr::UNSPECIFIED, s.port))
+            } else {
+                Err(e)
+            }
+        })
+        .with_context(|| format!("listening on TCP port {}", s.port))?;
+    if !s.json {
+        emit(&format!(
+            " Waiting for a client on TCP port {} (--oob); {}",
+            s.port,
+            allowance(limits)
+        ));
+    }
+    let stream = accept_within(&tcp, s.timeout, "a client")?;
+    stream.set_nodelay(true)?;
+    Ok(Control::Tcp(stream))
+}
+
+/// The control connection over rdma_cm, and the listener the data
+/// connections come through after it.
+fn accept_cm_control(
+    s: &Settings,
+    limits: &Limits,
+    emit: &mut dyn FnMut(&str),
+) -> Result<(Control, Listener)> {
+    let bind = match &s.bind {
+        Some(b) => parse_socket_addr(b, s.port)?,
+        None => SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), s.port),
+    };
+    let listener = Listener::bind(bind).with_context(|| format!("rdma_cm listening on {bind}"))?;
+    if !s.json {
+        emit(&format!(
+            " Waiting for a client on {bind} (rdma_cm); {}",
+            allowance(limits)
+        ));
+    }
+    let conn = Connection::accept(&listener, &control_config(s.timeout), s.timeout)
+        .context("accepting the client's control connection")?;
+    Ok((Control::Rdma(Box::new(conn)), listener))
+}
+
+/// Serves one size until the client says `Done`, then tells it how many
+/// messages were served; returns that count.
+fn serve_one_size(
+    s: &Settings,
+    ctl: &mut Control,
+    conn: &mut Connection,
+    params: &Params,
+) -> Result<u64> {
+    let mut stopped = false;
+    let served = driver::serve(conn, params.plan(), s.timeout, s.timeout, &mut || {
+        if stopped {
+            return Ok(true);
+        }
+        match ctl.try_recv() {
+            Ok(Some(Msg::Done)) => {
+                stopped = true;
+                Ok(true)
+            }
+            Ok(Some(other)) => Err(pinpoll::Error::Config(format!(
+                "the client sent {other:?} during the measurement"
+            ))),
+            Ok(None) => Ok(false),
+            Err(e) => Err(pinpoll::Error::Config(format!("{e:#}"))),
+        }
+    })
+    .with_context(|| format!("serving {} at {} bytes", params.kind.name(), params.size))?;
+    ctl.send(&Msg::Served {
+        messages: served.messages,
+    })?;
+    Ok(served.messages)
 }

@@ -2,16 +2,19 @@
 //! anything touches a device, every failure is one `error: ...` line with a
 //! non-zero exit, and the JSON report has the shape scripts rely on.
 
-use std::process::Command;
 use std::time::Duration;
 
 use clap::Parser as _;
 use pinpoll_perf::plan::{data_config, Overrides, WireConfig};
 use pinpoll_perf::report::{Bandwidth, Doorbells, Point, Report, RunInfo, Samples};
 use pinpoll_perf::{Cli, Kind, Mode, Role, Settings, Transport};
+use pinpoll_testkit::{run, Finished};
 
-fn perf() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_pinpoll-perf"))
+const PERF: &str = env!("CARGO_BIN_EXE_pinpoll-perf");
+
+/// Runs pinpoll-perf with `args` to completion (a hang fails the test).
+fn perf(args: &[&str]) -> Finished {
+    run(PERF, args)
 }
 
 fn settings(args: &[&str]) -> Result<Settings, String> {
@@ -23,9 +26,9 @@ fn settings(args: &[&str]) -> Result<Settings, String> {
 
 #[test]
 fn help_explains_every_flag_and_exits_zero() {
-    let out = perf().arg("--help").output().unwrap();
+    let out = perf(&["--help"]);
     assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = out.stdout.as_str();
     for sub in [
         "write-lat",
         "send-lat",
@@ -36,9 +39,9 @@ fn help_explains_every_flag_and_exits_zero() {
     ] {
         assert!(text.contains(sub), "{sub} missing from --help:\n{text}");
     }
-    let out = perf().args(["write-lat", "--help"]).output().unwrap();
+    let out = perf(&["write-lat", "--help"]);
     assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = out.stdout.as_str();
     for flag in [
         "-d, --ib-dev",
         "-p, --port",
@@ -119,8 +122,8 @@ fn bad_command_lines_fail_with_one_error_line() {
         (&[], "requires a subcommand"),
     ];
     for (args, expected) in cases {
-        let out = perf().args(*args).output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let out = perf(args);
+        let stderr = out.stderr.as_str();
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(out.stdout.is_empty(), "{args:?} printed on stdout");
         let lines: Vec<&str> = stderr.lines().collect();
@@ -141,7 +144,7 @@ fn bad_command_lines_fail_with_one_error_line() {
 fn a_client_without_a_server_fails_within_its_timeout() {
     // Nothing listens on this port (and this host may have no device at
     // all): an `error:` line and exit 1, quickly — never a hang.
-    let out = output_or_hang(perf().args([
+    let out = perf(&[
         "write-lat",
         "127.0.0.1",
         "--oob",
@@ -149,53 +152,11 @@ fn a_client_without_a_server_fails_within_its_timeout() {
         "9",
         "--timeout",
         "2",
-    ]));
+    ]);
     assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = out.stderr.as_str();
     assert!(stderr.starts_with("error: "), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
-}
-
-/// Runs `cmd` to completion; one that is still running after `HANG` is
-/// killed and the test fails as hung. The process under test owns the
-/// real bound (its `--timeout`); this only keeps a hang from stalling the
-/// suite, and judges no speed.
-fn output_or_hang(cmd: &mut std::process::Command) -> std::process::Output {
-    use std::io::Read as _;
-    const HANG: std::time::Duration = std::time::Duration::from_secs(300);
-    let mut child = cmd
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Drained meanwhile, so a chatty child never blocks on a full pipe.
-    let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
-        std::thread::spawn(move || {
-            let mut bytes = Vec::new();
-            pipe.read_to_end(&mut bytes).unwrap();
-            bytes
-        })
-    };
-    let stdout = drain(Box::new(child.stdout.take().unwrap()));
-    let stderr = drain(Box::new(child.stderr.take().unwrap()));
-    let began = std::time::Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if began.elapsed() > HANG {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            let stderr = String::from_utf8_lossy(&stderr.join().unwrap()).into_owned();
-            panic!("hung: killed after {HANG:?}; stderr: {stderr}");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
-    std::process::Output {
-        status,
-        stdout: stdout.join().unwrap(),
-        stderr: stderr.join().unwrap(),
-    }
 }
 
 #[test]

@@ -2,36 +2,46 @@
 //! checking that the JSON figures are present and sane (counts, ordering)
 //! — never their values, which depend on the machine.
 //!
-//! Run inside the SoftRoCE guest: `scripts/softroce-vm -- cargo test -p
-//! pinpoll-perf -- --include-ignored` (scripts/test.sh does).
+//! Run inside the SoftRoCE guest: `scripts/test.sh --device-only`.
 
-use std::io::{BufRead, BufReader};
-use std::process::Command;
+use std::time::Duration;
 
+use pinpoll_testkit::{addr4, command, device, run_within, Running};
 use serde_json::Value;
 
-fn device() -> String {
-    std::env::var("PINPOLL_DEVICE").unwrap_or_else(|_| {
-        panic!(
-            "PINPOLL_DEVICE is not set: device tests need an RDMA device. Run them with \
-             `scripts/softroce-vm -- cargo test -p pinpoll-perf -- --include-ignored`"
-        )
-    })
-}
+const PERF: &str = env!("CARGO_BIN_EXE_pinpoll-perf");
 
+/// The bound of one run: far beyond its `--timeout 60`, so only a hang
+/// trips it.
+const BOUND: Duration = Duration::from_secs(300);
+
+/// Runs pinpoll-perf with `args` on the device; returns its JSON report.
 fn run(args: &[&str]) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_pinpoll-perf"))
-        .args(args)
-        .args(["-d", &device(), "--json", "--timeout", "60"])
-        .output()
-        .expect("run pinpoll-perf");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let dev = device();
+    let mut all = args.to_vec();
+    all.extend(["-d", &dev, "--json", "--timeout", "60"]);
+    let out = run_within(PERF, &all, BOUND);
     assert!(
         out.status.success(),
-        "pinpoll-perf {args:?} failed: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
+        "pinpoll-perf {args:?} failed: {}\n{}",
+        out.stderr,
+        out.stdout
     );
-    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {stdout}"))
+    serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {}", out.stdout))
+}
+
+/// A pinpoll-perf server for `test` on `port`, once it says it listens.
+fn server(test: &str, port: &str, oob: bool) -> Running {
+    let dev = device();
+    let mut args = vec![test, "-p", port, "-d", &dev, "--timeout", "60"];
+    if oob {
+        args.push("--oob");
+    }
+    let server = Running::spawn(command(PERF, &args));
+    let listening = server.wait_for_line(|l| l.contains("Waiting for a client"));
+    assert!(listening.is_some(), "the {test} server never listened");
+    server
 }
 
 fn check_latency(v: &Value, iters: u64, measure: &str) {
@@ -142,42 +152,24 @@ fn every_bandwidth_test_in_both_modes() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn client_and_server_processes_agree_on_the_parameters() {
-    let addr4 = std::env::var("PINPOLL_ADDR4").expect("PINPOLL_ADDR4 (set by scripts/softroce-vm)");
+    let addr4 = addr4();
     for (host, port, oob) in [
         (addr4.as_str(), "18611", false),
         ("127.0.0.1", "18612", true),
     ] {
         for test in ["send-lat", "write-bw"] {
-            let mut server = Command::new(env!("CARGO_BIN_EXE_pinpoll-perf"));
-            server.args([test, "-p", port, "-d", &device(), "--timeout", "60"]);
-            if oob {
-                server.arg("--oob");
-            }
-            let mut server = server
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            // The server says when it listens; its other lines are drained.
-            let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-            let listening = lines
-                .by_ref()
-                .map_while(Result::ok)
-                .any(|l| l.contains("Waiting for a client"));
-            assert!(listening, "the {test} server never listened");
-            let drain = std::thread::spawn(move || lines.map_while(Result::ok).count());
+            let server = server(test, port, oob);
             let mut args = vec![test, host, "-p", port, "-n", "200"];
             if oob {
                 args.push("--oob");
             }
             let v = run(&args);
-            let out = server.wait_with_output().unwrap();
-            drain.join().unwrap();
+            let out = server.finish_within(BOUND);
             assert!(
                 out.status.success(),
                 "server of {test} ({}): {}",
                 if oob { "oob" } else { "rdma_cm" },
-                String::from_utf8_lossy(&out.stderr)
+                out.stderr
             );
             assert_eq!(v["config"]["role"], "client");
             if test == "send-lat" {

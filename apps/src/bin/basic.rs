@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use pinpoll::{Access, Endpoint, MemoryRegion, PageSize, Posted, RegionOp, WcOpcode};
+use pinpoll_apps::appkit::logging::level;
 use pinpoll_apps::cli::{CommonArgs, ServerArgs, MAX_MESSAGE};
 use pinpoll_apps::output::{printable, Output};
 use pinpoll_apps::session::{self, Client};
@@ -57,7 +58,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    pinpoll_apps::run::main(|cli: &Cli| cli.common.quiet, run)
+    pinpoll_apps::run::main(|cli: &Cli| Some(level(cli.common.quiet)), run)
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {

@@ -119,33 +119,19 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    pinpoll_apps::run::main(
-        |cli: &Cli| {
-            init_logging(cli.common.quiet);
-            cli.common.quiet
-        },
-        run,
-    )
+    pinpoll_apps::run::main(|cli: &Cli| Some(log_filter(cli.common.quiet)), run)
 }
 
-/// Logging as every pinpoll program does it (`run::init_logging`, which
-/// then finds a subscriber in place), except that the engine's warning
-/// about a connection that did not drain at close is left out: filexfer
-/// closes only after the outcome is settled, and a failure says so in its
-/// `error:` line. RUST_LOG overrides.
-fn init_logging(quiet: bool) {
-    use tracing_subscriber::EnvFilter;
-    let default = if quiet {
+/// Logging as every pinpoll program does it, except that the engine's
+/// warning about a connection that did not drain at close is left out:
+/// filexfer closes only after the outcome is settled, and a failure says
+/// so in its `error:` line. RUST_LOG overrides.
+fn log_filter(quiet: bool) -> &'static str {
+    if quiet {
         "error"
     } else {
         "warn,pinpoll::datapath=error"
-    };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
+    }
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {

@@ -19,6 +19,7 @@ use pinpoll::connect::RegionDescriptor;
 use pinpoll::{
     Access, Endpoint, MemoryRegion, PageSize, Posted, RegionOp, RemoteSlice, SharedRegion, WcOpcode,
 };
+use pinpoll_apps::appkit::logging::level;
 use pinpoll_apps::cli::{parse_message, CommonArgs, ServerArgs, MAX_MESSAGE};
 use pinpoll_apps::output::{printable, Output};
 use pinpoll_apps::protocol::{Done, Hello, Mode};
@@ -85,7 +86,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    pinpoll_apps::run::main(|cli: &Cli| cli.common.quiet, run)
+    pinpoll_apps::run::main(|cli: &Cli| Some(level(cli.common.quiet)), run)
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -268,7 +269,7 @@ fn client(
     let recv = ep
         .register(CONTROL_RECV, PageSize::Base, Access::LOCAL_WRITE)
         .context("registering the receive buffer")?;
-    let mut done = ep
+    let done = ep
         .register(Done::LEN, PageSize::Base, Access::LOCAL_READ)
         .context("registering the done buffer")?;
     // Write mode's source: the NIC only reads it.
@@ -286,9 +287,27 @@ fn client(
     let addr = client.addr();
     let mut ep = client.connect(&Hello { mode }.encode())?;
     out.progress(format_args!("connected to {addr} on {}", ep.device_name()))?;
+    let remote = server_region(&mut ep, recv, timeout)?;
+    out.progress(format_args!(
+        "server region: {} bytes at {:#x}, rkey {:#x}",
+        remote.len, remote.addr, remote.rkey
+    ))?;
+    let moved = match (mode, source) {
+        (Mode::Write, Some(source)) => write_message(&mut ep, source, remote, timeout, out)?,
+        _ => read_message(&mut ep, remote, timeout, out)?,
+    };
+    send_done(&mut ep, done, moved, timeout)?;
+    session::disconnect(ep)
+}
 
+/// The server's region, from the descriptor it SENDs first.
+fn server_region(
+    ep: &mut Endpoint,
+    recv: Posted,
+    timeout: Duration,
+) -> anyhow::Result<RemoteSlice> {
     let got = session::complete(
-        &mut ep,
+        ep,
         recv,
         timeout,
         WcOpcode::RECV,
@@ -302,64 +321,70 @@ fn client(
         bytes.len(),
         RegionDescriptor::LEN
     );
-    let remote = RegionDescriptor::decode(bytes)
+    Ok(RegionDescriptor::decode(bytes)
         .context("the server's region descriptor")?
-        .0;
-    out.progress(format_args!(
-        "server region: {} bytes at {:#x}, rkey {:#x}",
-        remote.len, remote.addr, remote.rkey
-    ))?;
+        .0)
+}
 
-    let moved = match (mode, source) {
-        (Mode::Write, Some(source)) => {
-            let len = source.len();
-            let target = remote
-                .sub(0, len as u64)
-                .context("the message does not fit the server's region")?;
-            let write = RegionOp::Write {
-                remote: target,
-                imm: None,
-            };
-            let posted = ep
-                .post(source, len, write)
-                .context("posting the RDMA WRITE")?;
-            session::complete(
-                &mut ep,
-                posted,
-                timeout,
-                WcOpcode::RDMA_WRITE,
-                "the RDMA WRITE",
-            )?;
-            out.progress(format_args!("wrote {len} bytes into the server's region"))?;
-            len
-        }
-        _ => {
-            let len = usize::try_from(remote.len).unwrap_or(usize::MAX);
-            ensure!(
-                (1..=MAX_MESSAGE).contains(&len),
-                "the server's region has {} bytes; this client reads 1 to {MAX_MESSAGE}",
-                remote.len
-            );
-            // The READ's target: the NIC writes it.
-            let target = ep
-                .register(len, PageSize::Base, Access::LOCAL_WRITE)
-                .context("registering the read buffer")?;
-            let posted = ep
-                .post(target, len, RegionOp::Read { remote })
-                .context("posting the RDMA READ")?;
-            let read = session::complete(
-                &mut ep,
-                posted,
-                timeout,
-                WcOpcode::RDMA_READ,
-                "the RDMA READ",
-            )?;
-            let target = read.region.context("the RDMA READ gave no buffer back")?;
-            out.data(format_args!("{}", printable(target.as_slice())))?;
-            len
-        }
+/// RDMA-WRITEs `source` to the front of the server's region; returns the
+/// bytes written.
+fn write_message(
+    ep: &mut Endpoint,
+    source: MemoryRegion,
+    remote: RemoteSlice,
+    timeout: Duration,
+    out: &Output,
+) -> anyhow::Result<usize> {
+    let len = source.len();
+    let target = remote
+        .sub(0, len as u64)
+        .context("the message does not fit the server's region")?;
+    let write = RegionOp::Write {
+        remote: target,
+        imm: None,
     };
+    let posted = ep
+        .post(source, len, write)
+        .context("posting the RDMA WRITE")?;
+    session::complete(ep, posted, timeout, WcOpcode::RDMA_WRITE, "the RDMA WRITE")?;
+    out.progress(format_args!("wrote {len} bytes into the server's region"))?;
+    Ok(len)
+}
 
+/// RDMA-READs the whole server region and prints it; returns the bytes read.
+fn read_message(
+    ep: &mut Endpoint,
+    remote: RemoteSlice,
+    timeout: Duration,
+    out: &Output,
+) -> anyhow::Result<usize> {
+    let len = usize::try_from(remote.len).unwrap_or(usize::MAX);
+    ensure!(
+        (1..=MAX_MESSAGE).contains(&len),
+        "the server's region has {} bytes; this client reads 1 to {MAX_MESSAGE}",
+        remote.len
+    );
+    // The READ's target: the NIC writes it.
+    let target = ep
+        .register(len, PageSize::Base, Access::LOCAL_WRITE)
+        .context("registering the read buffer")?;
+    let posted = ep
+        .post(target, len, RegionOp::Read { remote })
+        .context("posting the RDMA READ")?;
+    let read = session::complete(ep, posted, timeout, WcOpcode::RDMA_READ, "the RDMA READ")?;
+    let target = read.region.context("the RDMA READ gave no buffer back")?;
+    out.data(format_args!("{}", printable(target.as_slice())))?;
+    Ok(len)
+}
+
+/// SENDs the done message: the client has finished with the region,
+/// having moved `moved` bytes.
+fn send_done(
+    ep: &mut Endpoint,
+    mut done: MemoryRegion,
+    moved: usize,
+    timeout: Duration,
+) -> anyhow::Result<()> {
     done.as_mut_slice().copy_from_slice(
         &Done {
             len: u32::try_from(moved).context("byte count")?,
@@ -370,11 +395,11 @@ fn client(
         .post(done, Done::LEN, RegionOp::Send)
         .context("sending the done message")?;
     session::complete(
-        &mut ep,
+        ep,
         sent,
         timeout,
         WcOpcode::SEND,
         "the done message to be delivered",
     )?;
-    session::disconnect(ep)
+    Ok(())
 }

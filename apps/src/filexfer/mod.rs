@@ -141,15 +141,10 @@ pub fn with_transport(mut cfg: EngineConfig, profile: Option<&EngineConfig>) -> 
 
 /// Pins the calling thread to `core` (`--core`), if given.
 pub fn pin(core: Option<usize>) -> anyhow::Result<()> {
-    let Some(core) = core else { return Ok(()) };
-    let ids = core_affinity::get_core_ids().unwrap_or_default();
-    let Some(id) = ids.into_iter().find(|c| c.id == core) else {
-        anyhow::bail!("--core {core}: no such core available to this process");
-    };
-    if !core_affinity::set_for_current(id) {
-        anyhow::bail!("--core {core}: pinning the thread failed");
+    match core {
+        Some(core) => anyhow::Context::context(pinpoll_appkit::pin(core), "--core"),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// `N bytes in S s (R MiB/s)`.

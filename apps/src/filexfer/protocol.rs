@@ -23,6 +23,7 @@
 use std::fmt;
 
 use pinpoll::connect::RegionDescriptor;
+use pinpoll::wire::{Header, Len};
 
 use crate::filexfer::name::MAX_NAME;
 
@@ -31,6 +32,9 @@ const MAGIC: [u8; 4] = *b"PPFX";
 /// replaced version 1's whole-file SHA-256 with BLAKE3: the hash was ~98 %
 /// of each side's instructions, at ~55 instructions per byte.
 pub const VERSION: u8 = 2;
+/// The header every control message starts with (kind and two reserved
+/// bytes follow).
+static WIRE: Header = Header::new("filexfer message", "PPFX", Some(VERSION));
 /// The client's connect private data, after its ring descriptor.
 pub const HELLO: [u8; 8] = [b'P', b'P', b'F', b'X', VERSION, 0, 0, 0];
 /// The longest `Fail` message.
@@ -155,7 +159,10 @@ impl fmt::Display for BadMessage {
 impl std::error::Error for BadMessage {}
 
 fn header(kind: u8) -> [u8; HEADER] {
-    [MAGIC[0], MAGIC[1], MAGIC[2], MAGIC[3], VERSION, kind, 0, 0]
+    let mut b = [0u8; HEADER];
+    WIRE.emit(&mut b);
+    b[5] = kind;
+    b
 }
 
 /// `Credit{count}` into a fixed array: no allocation per chunk.
@@ -222,17 +229,8 @@ impl Msg {
 
     pub fn decode(b: &[u8]) -> Result<Msg, BadMessage> {
         let bad = |m: String| Err(BadMessage(m));
-        if b.len() < HEADER {
-            return bad(format!(
-                "{} bytes, shorter than the {HEADER}-byte header",
-                b.len()
-            ));
-        }
-        if b[..4] != MAGIC {
-            return bad("wrong magic: not a filexfer message".into());
-        }
-        if b[4] != VERSION {
-            return bad(format!("version {} (this side speaks {VERSION})", b[4]));
+        if let Err(err) = WIRE.check(b, Len::AtLeast(HEADER)) {
+            return bad(err.to_string());
         }
         if b[6..8] != [0, 0] {
             return bad("reserved header bytes are not zero".into());

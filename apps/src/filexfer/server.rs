@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use pinpoll::connect::cm::Listener;
 use pinpoll::{Access, Connection, Endpoint, EngineConfig};
 
 use crate::cli::{show_addr, socket_addr, CommonArgs};
@@ -21,10 +20,9 @@ use crate::filexfer::{
     engine_config, explain_link, is_registration, pin, summary, with_transport, TRAILER,
 };
 use crate::output::{printable, Output};
-use crate::run::{error_line, AlreadyReported};
-use crate::session::Incoming;
+use crate::run::error_line;
 use crate::session::{check_device, device_exists, refuse};
-use crate::shutdown::Shutdown;
+use crate::session::{Accepting, Incoming};
 
 /// What `serve` needs from the command line.
 #[derive(Debug, Clone)]
@@ -106,7 +104,6 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
         device_exists(device)?;
     }
     pin(opts.core)?;
-    let shutdown = Shutdown::install()?;
     let cfg = with_transport(
         engine_config(common.timeout, opts.hugepages),
         opts.profile.as_ref(),
@@ -117,36 +114,18 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
     // every client later.
     pinpoll::memory::check_memlock(cfg.registered_bytes())
         .context("registering the chunk ring of a client")?;
-    let listener = Listener::bind(addr).with_context(|| format!("listening on {addr}"))?;
-    out.progress(format_args!(
-        "listening on {}",
-        show_addr(listener.local_addr().or(Some(addr)))
-    ))?;
+    let mut server = Accepting::listen(addr, opts.count, cfg.qp.clone(), out)?;
     let active = Arc::new(AtomicUsize::new(0));
     // Set by a transfer that ended because its RDMA device went away.
     let device_lost: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
     let serial = Arc::new(AtomicU64::new(0));
     let (done_tx, done_rx) = mpsc::channel::<bool>();
     let mut threads = Vec::new();
-    let (mut served, mut failed) = (0u64, 0u64);
-    let collect = |rx: &mpsc::Receiver<bool>, failed: &mut u64| {
-        while let Ok(ok) = rx.try_recv() {
-            *failed += u64::from(!ok);
-        }
-    };
-    while !matches!(opts.count, Some(n) if served >= n)
-        && !shutdown.requested()
-        && lost(&device_lost).is_none()
-    {
-        collect(&done_rx, &mut failed);
-        let mut req = match crate::session::next_request(&listener, &cfg.qp)? {
-            Incoming::Request(req) => *req,
-            Incoming::Idle => continue,
-            Incoming::Refused => {
-                served += 1;
-                failed += 1;
-                continue;
-            }
+    let collect = |rx: &mpsc::Receiver<bool>| rx.try_iter().filter(|ok| !ok).count() as u64;
+    while server.open() && lost(&device_lost).is_none() {
+        server.count_failed(collect(&done_rx));
+        let Some(mut req) = server.next_client()? else {
+            continue;
         };
         let peer = show_addr(req.peer_addr());
         let hello = classify_hello(req.private_data());
@@ -162,7 +141,7 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
             out.progress(format_args!("client {peer}: refused, server busy"))?;
             continue;
         }
-        served += 1;
+        server.take();
         // Everything up to the accept happens here: a request cannot move
         // to another thread (it holds the raw rdma_cm event).
         let accepted = match (
@@ -197,8 +176,7 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
         let side = match accepted {
             Ok(side) => side,
             Err(err) => {
-                failed += 1;
-                eprintln!("error: client {peer}: {}", error_line(&err));
+                server.failed(&peer, &err);
                 continue;
             }
         };
@@ -248,17 +226,17 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
             });
         match spawned {
             Ok(handle) => threads.push(handle),
-            Err(err) => {
-                failed += 1;
-                eprintln!("error: client {peer}: starting a thread: {err}");
-            }
+            Err(err) => server.failed(&peer, &anyhow::Error::new(err).context("starting a thread")),
         }
     }
     // Clients that come while the last transfers finish (--count reached,
     // a signal, a lost device) are told so at once, not left to time out
     // on a listener that nobody answers.
-    while active.load(Ordering::SeqCst) > 0 {
-        match crate::session::next_request(&listener, &cfg.qp) {
+    while let Some(listener) = server
+        .listener()
+        .filter(|_| active.load(Ordering::SeqCst) > 0)
+    {
+        match crate::session::next_request(listener, &cfg.qp) {
             Ok(Incoming::Request(req)) => {
                 let peer = show_addr(req.peer_addr());
                 let reason =
@@ -275,16 +253,13 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
             }
         }
     }
-    drop(listener);
+    server.stop_listening();
     for handle in threads {
         if handle.join().is_err() {
-            failed += 1;
+            server.count_failed(1);
         }
     }
-    collect(&done_rx, &mut failed);
-    if shutdown.requested() {
-        out.progress(format_args!("interrupted: served {served} client(s)"))?;
-    }
+    server.count_failed(collect(&done_rx));
     if let Some(why) = lost(&device_lost) {
         // The failed transfer said why in its error line. Staying up would
         // keep the dead device open, and removing a device (`rdma link
@@ -293,10 +268,7 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
             "stopping: {why}; start the server again once the device is back"
         ))?;
     }
-    if failed > 0 {
-        return Err(AlreadyReported.into());
-    }
-    Ok(())
+    server.finish()
 }
 
 fn lost(device_lost: &std::sync::Mutex<Option<String>>) -> Option<String> {

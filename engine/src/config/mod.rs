@@ -192,6 +192,13 @@ impl EngineConfig {
     /// Checks every field and the relations between them.
     pub fn validate(&self) -> Result<()> {
         self.qp.validate()?;
+        self.validate_send_side()?;
+        self.validate_rings()?;
+        self.validate_worker()
+    }
+
+    /// Batching, signalling and inlining against the send queue.
+    fn validate_send_side(&self) -> Result<()> {
         let sq = self.qp.max_send_wr;
         if self.batch_size == 0 || self.batch_size > sq {
             return Err(out_of_range(
@@ -214,6 +221,12 @@ impl EngineConfig {
                 &format!("0..={} (max_inline_data)", self.qp.max_inline_data),
             ));
         }
+        Ok(())
+    }
+
+    /// The rings' slots, the receive queue and the completion queue.
+    fn validate_rings(&self) -> Result<()> {
+        let sq = self.qp.max_send_wr;
         if self.slot_size < 64 || self.slot_size > 1 << 30 || !self.slot_size.is_multiple_of(64) {
             return Err(out_of_range(
                 "slot_size",
@@ -254,6 +267,11 @@ impl EngineConfig {
                 "at least max(send_queue_depth, recv_queue_depth)",
             ));
         }
+        Ok(())
+    }
+
+    /// The worker's hand-off ring, heartbeats, timeouts and core.
+    fn validate_worker(&self) -> Result<()> {
         if !(MIN_HANDOFF_DEPTH..=1 << 20).contains(&self.handoff_depth) {
             return Err(out_of_range(
                 "handoff_depth",

@@ -5,10 +5,16 @@
 
 use crate::error::{Error, Result};
 use crate::sys::mr::RemoteSlice;
+use crate::wire::{Checked, Emit, Header, Len, WireError};
 
-const RECORD_MAGIC: [u8; 4] = *b"PPCR";
-const REGION_MAGIC: [u8; 4] = *b"PPRD";
-const VERSION: u8 = 1;
+static RECORD: Header = Header::new("pinpoll out-of-band endpoint", "PPCR", Some(1));
+static REGION: Header = Header::new("pinpoll region descriptor", "PPRD", Some(1));
+
+impl From<WireError> for Error {
+    fn from(e: WireError) -> Error {
+        Error::BadRecord(e.to_string())
+    }
+}
 
 /// Everything a peer needs to move its QP to RTR towards ours, plus the
 /// memory it may RDMA into.
@@ -25,85 +31,77 @@ pub struct ConnectionRecord {
     pub region: Option<RemoteSlice>,
 }
 
+/// The region at bytes `at..at + 20` (address, length, rkey), checked not
+/// to wrap the address space.
+fn region_at(v: &Checked<'_>, at: usize) -> std::result::Result<RemoteSlice, WireError> {
+    let r = RemoteSlice {
+        addr: v.u64(at),
+        len: v.u64(at + 8),
+        rkey: v.u32(at + 16),
+    };
+    if r.addr.checked_add(r.len).is_none() {
+        return Err(v.field_error(
+            "region",
+            format!("{:#x}+{}", r.addr, r.len),
+            "an end that never wraps past 2^64",
+        ));
+    }
+    Ok(r)
+}
+
+fn emit_region(b: &mut [u8], at: usize, r: &RemoteSlice) {
+    Emit(b)
+        .u64(at, r.addr)
+        .u64(at + 8, r.len)
+        .u32(at + 16, r.rkey);
+}
+
 impl ConnectionRecord {
     pub const LEN: usize = 64;
 
     pub fn encode(&self) -> [u8; Self::LEN] {
         let mut b = [0u8; Self::LEN];
-        b[0..4].copy_from_slice(&RECORD_MAGIC);
-        b[4] = VERSION;
-        b[5] = self.gid_index;
-        b[6] = self.mtu;
-        b[7] = u8::from(self.region.is_some());
-        b[8..12].copy_from_slice(&self.qpn.to_be_bytes());
-        b[12..16].copy_from_slice(&self.psn.to_be_bytes());
-        b[16..18].copy_from_slice(&self.lid.to_be_bytes());
-        b[18..34].copy_from_slice(&self.gid);
-        if let Some(r) = self.region {
-            b[34..42].copy_from_slice(&r.addr.to_be_bytes());
-            b[42..50].copy_from_slice(&r.len.to_be_bytes());
-            b[50..54].copy_from_slice(&r.rkey.to_be_bytes());
+        RECORD.emit(&mut b);
+        Emit(&mut b)
+            .u8(5, self.gid_index)
+            .u8(6, self.mtu)
+            .u8(7, u8::from(self.region.is_some()))
+            .u32(8, self.qpn)
+            .u32(12, self.psn)
+            .u16(16, self.lid)
+            .bytes(18, &self.gid);
+        if let Some(r) = &self.region {
+            emit_region(&mut b, 34, r);
         }
         b
     }
 
     pub fn decode(b: &[u8]) -> Result<ConnectionRecord> {
-        let bad = |m: String| Error::BadRecord(m);
-        if b.len() != Self::LEN {
-            return Err(bad(format!("{} bytes, expected {}", b.len(), Self::LEN)));
-        }
-        if b[0..4] != RECORD_MAGIC {
-            return Err(bad(
-                "wrong magic: the peer is not a pinpoll out-of-band endpoint".into(),
-            ));
-        }
-        if b[4] != VERSION {
-            return Err(bad(format!(
-                "version {} (this side speaks {VERSION})",
-                b[4]
-            )));
-        }
-        let u32_at = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-        let u64_at = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        let qpn = u32_at(8);
-        let psn = u32_at(12);
+        Ok(Self::parse(&RECORD.check(b, Len::Exactly(Self::LEN))?)?)
+    }
+
+    fn parse(v: &Checked<'_>) -> std::result::Result<ConnectionRecord, WireError> {
+        let (qpn, psn, mtu) = (v.u32(8), v.u32(12), v.u8(6));
         if qpn == 0 || qpn > 0xff_ffff {
-            return Err(bad(format!(
-                "QP number {qpn:#x} is not a 24-bit non-zero QPN"
-            )));
+            return Err(v.field_error("QP number", format!("{qpn:#x}"), "1..=0xffffff (24 bits)"));
         }
         if psn > 0xff_ffff {
-            return Err(bad(format!("PSN {psn:#x} exceeds 24 bits")));
+            return Err(v.field_error("PSN", format!("{psn:#x}"), "0..=0xffffff (24 bits)"));
         }
-        let mtu = b[6];
         if !(1..=5).contains(&mtu) {
-            return Err(bad(format!(
-                "MTU code {mtu} is not 1 (256 B) ..= 5 (4096 B)"
-            )));
+            return Err(v.field_error("MTU code", mtu, "1 (256 B) ..= 5 (4096 B)"));
         }
-        let region = match b[7] {
+        let region = match v.u8(7) {
             0 => None,
-            1 => Some(RemoteSlice {
-                addr: u64_at(34),
-                len: u64_at(42),
-                rkey: u32_at(50),
-            }),
-            f => return Err(bad(format!("region flag {f} is not 0 or 1"))),
+            1 => Some(region_at(v, 34)?),
+            f => return Err(v.field_error("region flag", f, "0 or 1")),
         };
-        if let Some(r) = region {
-            if r.addr.checked_add(r.len).is_none() {
-                return Err(bad(format!(
-                    "region {:#x}+{} wraps the address space",
-                    r.addr, r.len
-                )));
-            }
-        }
         Ok(ConnectionRecord {
             qpn,
             psn,
-            lid: u16::from_be_bytes([b[16], b[17]]),
-            gid: b[18..34].try_into().expect("16 bytes"),
-            gid_index: b[5],
+            lid: v.u16(16),
+            gid: v.array(18),
+            gid_index: v.u8(5),
             mtu,
             region,
         })
@@ -120,37 +118,15 @@ impl RegionDescriptor {
 
     pub fn encode(&self) -> [u8; Self::LEN] {
         let mut b = [0u8; Self::LEN];
-        b[0..4].copy_from_slice(&REGION_MAGIC);
-        b[4] = VERSION;
-        b[8..16].copy_from_slice(&self.0.addr.to_be_bytes());
-        b[16..24].copy_from_slice(&self.0.len.to_be_bytes());
-        b[24..28].copy_from_slice(&self.0.rkey.to_be_bytes());
+        REGION.emit(&mut b);
+        emit_region(&mut b, 8, &self.0);
         b
     }
 
     /// Decodes from the front of `b` (rdma_cm may pad private data with zeros).
     pub fn decode(b: &[u8]) -> Result<RegionDescriptor> {
-        if b.len() < Self::LEN {
-            return Err(Error::BadRecord(format!(
-                "region descriptor of {} bytes, expected {}",
-                b.len(),
-                Self::LEN
-            )));
-        }
-        if b[0..4] != REGION_MAGIC || b[4] != VERSION {
-            return Err(Error::BadRecord(
-                "the bytes are not a pinpoll region descriptor (wrong magic or version)".into(),
-            ));
-        }
-        let addr = u64::from_be_bytes(b[8..16].try_into().expect("8 bytes"));
-        let len = u64::from_be_bytes(b[16..24].try_into().expect("8 bytes"));
-        let rkey = u32::from_be_bytes(b[24..28].try_into().expect("4 bytes"));
-        if addr.checked_add(len).is_none() {
-            return Err(Error::BadRecord(format!(
-                "region {addr:#x}+{len} wraps the address space"
-            )));
-        }
-        Ok(RegionDescriptor(RemoteSlice { addr, len, rkey }))
+        let v = REGION.check(b, Len::AtLeast(Self::LEN))?;
+        Ok(RegionDescriptor(region_at(&v, 8)?))
     }
 }
 
@@ -195,7 +171,11 @@ mod tests {
             (4, 9, "version 9"),
             (6, 0, "MTU code 0"),
             (7, 2, "region flag 2"),
-            (12, 0x01, "PSN 0x1abcdef exceeds 24 bits"),
+            (
+                12,
+                0x01,
+                "PSN 0x1abcdef is out of range: allowed 0..=0xffffff",
+            ),
         ];
         for (at, value, expected) in cases {
             let mut b = good;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::{CoresFrom, Finding, Inputs};
 use crate::cpulist::{self, CpuSet};
-use crate::root::SystemRoot;
+use crate::root::{ReadError, SystemRoot};
 
 /// Exit latencies above this many µs count as deep C-states (C1/C1E are
 /// 1–10 µs; C3 and deeper are tens to hundreds).
@@ -138,6 +138,50 @@ pub fn check_governor(inputs: &Inputs<'_>) -> Finding {
     )
 }
 
+/// The enabled C-states of some CPUs.
+struct CStates {
+    /// (state name, exit latency) -> CPUs where it is enabled, for states
+    /// whose exit latency exceeds [`DEEP_CSTATE_US`].
+    deep: BTreeMap<(String, u64), CpuSet>,
+    /// The other enabled states by name.
+    shallow: BTreeMap<String, CpuSet>,
+    /// CPUs without cpuidle states.
+    without: CpuSet,
+}
+
+fn enabled_cstates(root: &SystemRoot, cpus: &CpuSet) -> Result<CStates, ReadError> {
+    let mut found = CStates {
+        deep: BTreeMap::new(),
+        shallow: BTreeMap::new(),
+        without: CpuSet::new(),
+    };
+    for cpu in cpus {
+        let dir = format!("/sys/devices/system/cpu/cpu{cpu}/cpuidle");
+        let states = match root.list(&dir) {
+            Ok(s) => s,
+            Err(e) if e.is_not_found() => {
+                found.without.insert(*cpu);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        for state in states.iter().filter(|s| s.starts_with("state")) {
+            let base = format!("{dir}/{state}");
+            let name = root.read_trim(&format!("{base}/name"))?;
+            let latency = root.read_u64(&format!("{base}/latency"))?;
+            if root.read_trim(&format!("{base}/disable"))? != "0" {
+                continue;
+            }
+            if latency > DEEP_CSTATE_US {
+                found.deep.entry((name, latency)).or_default().insert(*cpu);
+            } else {
+                found.shallow.entry(name).or_default().insert(*cpu);
+            }
+        }
+    }
+    Ok(found)
+}
+
 pub fn check_cstates(inputs: &Inputs<'_>) -> Finding {
     const CHECK: &str = "cpu.cstates";
     let root = inputs.root;
@@ -154,44 +198,14 @@ pub fn check_cstates(inputs: &Inputs<'_>) -> Finding {
                 e.to_string()
             }
         });
-    // (state name, exit latency) -> CPUs where it is enabled.
-    let mut deep: BTreeMap<(String, u64), CpuSet> = BTreeMap::new();
-    let mut shallow: BTreeMap<String, CpuSet> = BTreeMap::new();
-    let mut without = CpuSet::new();
-    for cpu in &cpus {
-        let dir = format!("/sys/devices/system/cpu/cpu{cpu}/cpuidle");
-        let states = match root.list(&dir) {
-            Ok(s) => s,
-            Err(e) if e.is_not_found() => {
-                without.insert(*cpu);
-                continue;
-            }
-            Err(e) => return Finding::unreadable(CHECK, e),
-        };
-        for state in states.iter().filter(|s| s.starts_with("state")) {
-            let base = format!("{dir}/{state}");
-            let name = match root.read_trim(&format!("{base}/name")) {
-                Ok(n) => n,
-                Err(e) => return Finding::unreadable(CHECK, e),
-            };
-            let latency = match root.read_u64(&format!("{base}/latency")) {
-                Ok(l) => l,
-                Err(e) => return Finding::unreadable(CHECK, e),
-            };
-            let disabled = match root.read_trim(&format!("{base}/disable")) {
-                Ok(d) => d != "0",
-                Err(e) => return Finding::unreadable(CHECK, e),
-            };
-            if disabled {
-                continue;
-            }
-            if latency > DEEP_CSTATE_US {
-                deep.entry((name, latency)).or_default().insert(*cpu);
-            } else {
-                shallow.entry(name).or_default().insert(*cpu);
-            }
-        }
-    }
+    let CStates {
+        deep,
+        shallow,
+        without,
+    } = match enabled_cstates(root, &cpus) {
+        Ok(states) => states,
+        Err(e) => return Finding::unreadable(CHECK, e),
+    };
     if deep.is_empty() {
         let mut parts = Vec::new();
         if !shallow.is_empty() {
@@ -284,62 +298,79 @@ pub fn check_cmdline(inputs: &Inputs<'_>) -> Vec<Finding> {
         }
     };
     let params = cmdline_params(&text);
-    const HOW: &str = "on the kernel command line (GRUB_CMDLINE_LINUX in /etc/default/grub, then `update-grub` or `grub2-mkconfig -o /boot/grub2/grub.cfg`, and reboot)";
     keys.iter()
-        .map(|&(check, key, cost)| {
-            let cores = &inputs.cores;
-            let (flags, listed, shown) = match params.get(key) {
-                Some(v) => match param_cpus(key, v) {
-                    Ok((f, s)) => (f, s, format!("{key}={v}")),
-                    Err(e) => return Finding::unreadable(check, format!("cannot parse /proc/cmdline: {e}")),
-                },
-                None => (Vec::new(), CpuSet::new(), format!("no {key}=")),
-            };
-            let flags = if key == "isolcpus" && flags.is_empty() {
-                "managed_irq,domain,".to_owned()
-            } else if flags.is_empty() {
-                String::new()
-            } else {
-                format!("{},", flags.join(","))
-            };
-            if cores.is_empty() {
-                if listed.is_empty() {
-                    return Finding::warn(
-                        check,
-                        format!("{shown} on the kernel command line: {cost}"),
-                        format!("choose the worker cores (--cores), then add {key}={flags}<cores> {HOW}"),
-                    );
-                }
-                return Finding::ok(
-                    check,
-                    format!("{shown}: pick worker cores from {}", cpulist::format(&listed)),
-                );
-            }
-            let missing: CpuSet = cores.difference(&listed).copied().collect();
-            if missing.is_empty() {
-                return Finding::ok(
-                    check,
-                    format!("{shown} covers worker core(s) {}", cpulist::format(cores)),
-                );
-            }
-            let want: CpuSet = listed.union(cores).copied().collect();
-            let shown = if listed.is_empty() {
-                format!("{shown} on the kernel command line, so it does not cover")
-            } else {
-                format!("{shown} does not cover")
-            };
-            Finding::warn(
-                check,
-                format!(
-                    "{shown} worker core(s) {}: {cost}",
-                    cpulist::format(&missing)
-                ),
-                format!(
-                    "{} {key}={flags}{} {HOW}",
-                    if listed.is_empty() { "add" } else { "make it" },
-                    cpulist::format(&want)
-                ),
-            )
-        })
+        .map(|&(check, key, cost)| check_param(&inputs.cores, &params, check, key, cost))
         .collect()
+}
+
+/// Where to put a kernel parameter.
+const HOW: &str = "on the kernel command line (GRUB_CMDLINE_LINUX in /etc/default/grub, then `update-grub` or `grub2-mkconfig -o /boot/grub2/grub.cfg`, and reboot)";
+
+/// Covers the kernel command line's `key` (isolcpus, nohz_full,
+/// rcu_nocbs) the worker `cores`? `cost` says what a core outside it
+/// suffers.
+fn check_param(
+    cores: &CpuSet,
+    params: &BTreeMap<String, String>,
+    check: &'static str,
+    key: &str,
+    cost: &str,
+) -> Finding {
+    let (flags, listed, shown) = match params.get(key) {
+        Some(v) => match param_cpus(key, v) {
+            Ok((f, s)) => (f, s, format!("{key}={v}")),
+            Err(e) => {
+                return Finding::unreadable(check, format!("cannot parse /proc/cmdline: {e}"))
+            }
+        },
+        None => (Vec::new(), CpuSet::new(), format!("no {key}=")),
+    };
+    let flags = if key == "isolcpus" && flags.is_empty() {
+        "managed_irq,domain,".to_owned()
+    } else if flags.is_empty() {
+        String::new()
+    } else {
+        format!("{},", flags.join(","))
+    };
+    if cores.is_empty() {
+        if listed.is_empty() {
+            return Finding::warn(
+                check,
+                format!("{shown} on the kernel command line: {cost}"),
+                format!("choose the worker cores (--cores), then add {key}={flags}<cores> {HOW}"),
+            );
+        }
+        return Finding::ok(
+            check,
+            format!(
+                "{shown}: pick worker cores from {}",
+                cpulist::format(&listed)
+            ),
+        );
+    }
+    let missing: CpuSet = cores.difference(&listed).copied().collect();
+    if missing.is_empty() {
+        return Finding::ok(
+            check,
+            format!("{shown} covers worker core(s) {}", cpulist::format(cores)),
+        );
+    }
+    let want: CpuSet = listed.union(cores).copied().collect();
+    let shown = if listed.is_empty() {
+        format!("{shown} on the kernel command line, so it does not cover")
+    } else {
+        format!("{shown} does not cover")
+    };
+    Finding::warn(
+        check,
+        format!(
+            "{shown} worker core(s) {}: {cost}",
+            cpulist::format(&missing)
+        ),
+        format!(
+            "{} {key}={flags}{} {HOW}",
+            if listed.is_empty() { "add" } else { "make it" },
+            cpulist::format(&want)
+        ),
+    )
 }

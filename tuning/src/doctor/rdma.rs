@@ -2,7 +2,7 @@
 //! SoftRoCE), port state, MTU, link layer, GID, whether the profile fits the
 //! device, NUMA locality and interrupt affinity.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use pinpoll::gid::{self, GidEntry, SYSFS_INFINIBAND};
 use serde_json::{json, Value};
@@ -11,6 +11,9 @@ use super::{Finding, Inputs};
 use crate::cpulist::{self, CpuSet};
 use crate::facts::{DeviceFacts, LinkLayer, PortFacts, Source};
 use crate::root::{basename, ReadError, SystemRoot};
+use crate::topology::{
+    bus_device, device_irqs, device_numa, ib_dir, numa_nodes, online_cpus, DeviceIrqs, IrqLine,
+};
 
 /// rxe's `vendor_id` (`RXE_VENDOR_ID`, drivers/infiniband/sw/rxe).
 pub const RXE_VENDOR_ID: u32 = 0x00ff_ffff;
@@ -42,18 +45,14 @@ impl DeviceKind {
     }
 }
 
-fn ib(dev: &str) -> String {
-    format!("{SYSFS_INFINIBAND}/{dev}")
-}
-
 /// Tells SoftRoCE from hardware: `/sys/class/infiniband/DEV` resolves under
 /// `/sys/devices/virtual/` for software devices, and rxe adds a `parent`
 /// attribute naming its netdev; hardware has a `device` symlink to its bus
 /// device, whose `driver` link names the driver.
 pub fn classify(root: &SystemRoot, dev: &str) -> Result<DeviceKind, ReadError> {
-    let path = root.canonical(&ib(dev))?;
+    let path = root.canonical(&ib_dir(dev))?;
     if path.starts_with("/sys/devices/virtual/") {
-        let parent = format!("{}/parent", ib(dev));
+        let parent = format!("{}/parent", ib_dir(dev));
         if root.exists(&parent) {
             return Ok(DeviceKind::SoftRoce {
                 netdev: root.read_trim(&parent)?,
@@ -62,9 +61,9 @@ pub fn classify(root: &SystemRoot, dev: &str) -> Result<DeviceKind, ReadError> {
         }
         return Ok(DeviceKind::Software { path });
     }
-    let bus = root.canonical(&format!("{}/device", ib(dev)))?;
+    let bus = root.canonical(&format!("{}/device", ib_dir(dev)))?;
     let driver = root
-        .read_link(&format!("{}/device/driver", ib(dev)))
+        .read_link(&format!("{}/device/driver", ib_dir(dev)))
         .map(|p| basename(&p.to_string_lossy()).to_owned());
     Ok(DeviceKind::Hardware {
         path,
@@ -79,17 +78,64 @@ fn netdev_of(root: &SystemRoot, dev: &str, kind: Option<&DeviceKind>) -> Option<
     if let Some(DeviceKind::SoftRoce { netdev, .. }) = kind {
         return Some(netdev.clone());
     }
-    if let Ok(names) = root.list(&format!("{}/device/net", ib(dev))) {
+    if let Ok(names) = root.list(&format!("{}/device/net", ib_dir(dev))) {
         if let Some(first) = names.into_iter().next() {
             return Some(first);
         }
     }
-    root.read_trim(&format!("{}/ports/1/gid_attrs/ndevs/0", ib(dev)))
+    root.read_trim(&format!("{}/ports/1/gid_attrs/ndevs/0", ib_dir(dev)))
         .ok()
         .filter(|s| !s.is_empty())
 }
 
 /// Checks the device list itself.
+/// The failure of a host whose libibverbs (or sysfs) lists no device,
+/// saying what sysfs has.
+fn no_device(inputs: &Inputs<'_>) -> Finding {
+    let sysfs = match inputs.root.list(SYSFS_INFINIBAND) {
+        Ok(n) if n.is_empty() => "/sys/class/infiniband is empty".to_owned(),
+        Ok(n) => format!("/sys/class/infiniband has {}", n.join(", ")),
+        Err(e) if e.is_not_found() => {
+            "no /sys/class/infiniband: no RDMA driver is loaded".to_owned()
+        }
+        Err(e) => e.to_string(),
+    };
+    let via = match inputs.inventory.source {
+        Source::Verbs => "ibv_get_device_list lists none",
+        Source::Sysfs => "none in sysfs",
+    };
+    Finding::fail(
+        "rdma.devices",
+        format!("no RDMA device ({via}; {sysfs})"),
+        HOW_TO_GET_A_DEVICE,
+    )
+}
+
+/// A device the kernel has but libibverbs does not list has no user-space
+/// provider.
+fn without_provider(inputs: &Inputs<'_>, listed: &[String]) -> Option<Finding> {
+    if inputs.inventory.source != Source::Verbs {
+        return None;
+    }
+    let sysfs = inputs.root.list(SYSFS_INFINIBAND).ok()?;
+    let missing: Vec<&str> = sysfs
+        .iter()
+        .filter(|n| !listed.contains(n))
+        .map(String::as_str)
+        .collect();
+    if missing.is_empty() {
+        return None;
+    }
+    Some(Finding::warn(
+        "rdma.devices",
+        format!(
+            "{} in /sys/class/infiniband but not listed by libibverbs (no user-space provider, or ib_uverbs not loaded)",
+            missing.join(", ")
+        ),
+        "`modprobe ib_uverbs` and install the provider library (`apt install ibverbs-providers` / `dnf install libibverbs`)",
+    ))
+}
+
 pub fn check_devices(inputs: &Inputs<'_>) -> Vec<Finding> {
     const CHECK: &str = "rdma.devices";
     let inv = inputs.inventory;
@@ -104,23 +150,7 @@ pub fn check_devices(inputs: &Inputs<'_>) -> Vec<Finding> {
         }
     };
     if listed.is_empty() {
-        let sysfs = match inputs.root.list(SYSFS_INFINIBAND) {
-            Ok(n) if n.is_empty() => "/sys/class/infiniband is empty".to_owned(),
-            Ok(n) => format!("/sys/class/infiniband has {}", n.join(", ")),
-            Err(e) if e.is_not_found() => {
-                "no /sys/class/infiniband: no RDMA driver is loaded".to_owned()
-            }
-            Err(e) => e.to_string(),
-        };
-        let via = match inv.source {
-            Source::Verbs => "ibv_get_device_list lists none",
-            Source::Sysfs => "none in sysfs",
-        };
-        return vec![Finding::fail(
-            CHECK,
-            format!("no RDMA device ({via}; {sysfs})"),
-            HOW_TO_GET_A_DEVICE,
-        )];
+        return vec![no_device(inputs)];
     }
     let mut out = Vec::new();
     if let Some(wanted) = &inputs.device {
@@ -154,23 +184,7 @@ pub fn check_devices(inputs: &Inputs<'_>) -> Vec<Finding> {
             }
         ),
     ));
-    // A device the kernel has but libibverbs does not list has no
-    // user-space provider.
-    if inv.source == Source::Verbs {
-        if let Ok(sysfs) = inputs.root.list(SYSFS_INFINIBAND) {
-            let missing: Vec<&String> = sysfs.iter().filter(|n| !listed.contains(n)).collect();
-            if !missing.is_empty() {
-                out.push(Finding::warn(
-                    CHECK,
-                    format!(
-                        "{} in /sys/class/infiniband but not listed by libibverbs (no user-space provider, or ib_uverbs not loaded)",
-                        missing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
-                    ),
-                    "`modprobe ib_uverbs` and install the provider library (`apt install ibverbs-providers` / `dnf install libibverbs`)",
-                ));
-            }
-        }
-    }
+    out.extend(without_provider(inputs, &listed));
     out
 }
 
@@ -214,7 +228,7 @@ fn check_kind(dev: &DeviceFacts, kind: &Result<DeviceKind, ReadError>) -> Findin
             CHECK,
             format!(
                 "SoftRoCE (rxe) over netdev {netdev} ({} -> {path}, no hardware device; `parent` = {netdev}{vendor}): figures measured on it are functional, not hardware",
-                ib(&dev.name)
+                ib_dir(&dev.name)
             ),
             "nothing to fix for functional tests; for performance figures run on a hardware RDMA NIC",
         ),
@@ -222,7 +236,7 @@ fn check_kind(dev: &DeviceFacts, kind: &Result<DeviceKind, ReadError>) -> Findin
             CHECK,
             format!(
                 "software RDMA device ({} -> {path}, no hardware device{vendor}): figures measured on it are functional, not hardware",
-                ib(&dev.name)
+                ib_dir(&dev.name)
             ),
             "for performance figures run on a hardware RDMA NIC",
         ),
@@ -255,7 +269,11 @@ fn check_port_state(
     };
     let phys = inputs
         .root
-        .read_trim(&format!("{}/ports/{}/phys_state", ib(&dev.name), port.port))
+        .read_trim(&format!(
+            "{}/ports/{}/phys_state",
+            ib_dir(&dev.name),
+            port.port
+        ))
         .map(|p| format!(" (phys_state {p})"))
         .unwrap_or_default();
     if state.is_active() {
@@ -340,7 +358,7 @@ fn describe_gid(root: &SystemRoot, dev: &str, port: u8, e: &GidEntry) -> String 
     let ndev = root
         .read_trim(&format!(
             "{}/ports/{port}/gid_attrs/ndevs/{}",
-            ib(dev),
+            ib_dir(dev),
             e.index
         ))
         .ok()
@@ -502,54 +520,6 @@ fn check_fit(inputs: &Inputs<'_>, dev: &DeviceFacts) -> Finding {
     )
 }
 
-/// NUMA nodes and their CPUs (`/sys/devices/system/node/nodeN/cpulist`).
-/// An absent node directory is a kernel without NUMA: one node.
-pub(crate) fn numa_nodes(root: &SystemRoot) -> Result<BTreeMap<u32, CpuSet>, String> {
-    let names = match root.list("/sys/devices/system/node") {
-        Ok(n) => n,
-        Err(e) if e.is_not_found() => return Ok(BTreeMap::new()),
-        Err(e) => return Err(e.to_string()),
-    };
-    let mut nodes = BTreeMap::new();
-    for name in names {
-        let Some(n) = name
-            .strip_prefix("node")
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let path = format!("/sys/devices/system/node/{name}/cpulist");
-        let text = root.read_trim(&path).map_err(|e| e.to_string())?;
-        nodes.insert(
-            n,
-            cpulist::parse(&text).map_err(|e| format!("{path}: {e}"))?,
-        );
-    }
-    Ok(nodes)
-}
-
-/// The NUMA node a device's traffic is local to: `numa_node` of its bus
-/// device (for SoftRoCE, of its netdev's device). `Ok(None)`: there is no
-/// device (a virtual netdev).
-fn device_numa(
-    root: &SystemRoot,
-    dev: &str,
-    kind: &DeviceKind,
-) -> Result<Option<(i64, String)>, ReadError> {
-    let dir = match bus_device(root, dev, kind) {
-        None => return Ok(None),
-        Some(d) => d?,
-    };
-    let file = format!("{dir}/numa_node");
-    let text = root.read_trim(&file)?;
-    let node = text.parse::<i64>().map_err(|_| ReadError {
-        path: root.path(&file).display().to_string(),
-        kind: std::io::ErrorKind::InvalidData,
-        reason: format!("{text:?} is not a number"),
-    })?;
-    Ok(Some((node, file)))
-}
-
 fn check_numa(inputs: &Inputs<'_>, dev: &str, kind: &Result<DeviceKind, ReadError>) -> Finding {
     const CHECK: &str = "numa.locality";
     let kind = match kind {
@@ -630,92 +600,6 @@ fn check_numa(inputs: &Inputs<'_>, dev: &str, kind: &Result<DeviceKind, ReadErro
     )
 }
 
-/// One line of /proc/interrupts: the IRQ number and its description (chip,
-/// hwirq, name).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct IrqLine {
-    pub irq: u32,
-    pub desc: String,
-}
-
-pub(crate) fn parse_interrupts(text: &str) -> Vec<IrqLine> {
-    let mut lines = text.lines();
-    let ncpu = lines
-        .next()
-        .map(|h| {
-            h.split_whitespace()
-                .filter(|w| w.starts_with("CPU"))
-                .count()
-        })
-        .unwrap_or(0);
-    lines
-        .filter_map(|line| {
-            let (num, rest) = line.trim_start().split_once(':')?;
-            let irq = num.trim().parse::<u32>().ok()?;
-            let desc: Vec<&str> = rest.split_whitespace().skip(ncpu).collect();
-            Some(IrqLine {
-                irq,
-                desc: desc.join(" "),
-            })
-        })
-        .collect()
-}
-
-/// `0000:3b:00.0`: a PCI function's address.
-fn is_pci_id(name: &str) -> bool {
-    let b = name.as_bytes();
-    b.len() == 12
-        && b[4] == b':'
-        && b[7] == b':'
-        && b[10] == b'.'
-        && name
-            .chars()
-            .enumerate()
-            .all(|(i, c)| matches!(i, 4 | 7 | 10) || c.is_ascii_hexdigit())
-}
-
-/// The bus device (a path under /sys/devices) that carries a device's
-/// traffic: the NIC itself, or (SoftRoCE) its netdev's device; walks up from
-/// a virtio device to the PCI function that owns the MSI vectors and the
-/// NUMA node. `None`: there is none (a virtual netdev, a software device).
-fn bus_device(
-    root: &SystemRoot,
-    dev: &str,
-    kind: &DeviceKind,
-) -> Option<Result<String, ReadError>> {
-    let link = match kind {
-        DeviceKind::Hardware { .. } => format!("{}/device", ib(dev)),
-        DeviceKind::SoftRoce { netdev, .. } => {
-            let d = format!("/sys/class/net/{netdev}/device");
-            if !root.exists(&d) {
-                return None;
-            }
-            d
-        }
-        DeviceKind::Software { .. } => return None,
-    };
-    let mut path = match root.canonical(&link) {
-        Ok(p) => p,
-        Err(e) => return Some(Err(e)),
-    };
-    // A virtio (or other bus) device under a PCI function: the function
-    // owns the interrupts.
-    let mut up = path.clone();
-    for _ in 0..2 {
-        if is_pci_id(basename(&path)) {
-            break;
-        }
-        match up.rfind('/') {
-            Some(i) if i > "/sys/devices".len() => up.truncate(i),
-            _ => break,
-        }
-        if is_pci_id(basename(&up)) {
-            path = up.clone();
-        }
-    }
-    Some(Ok(path))
-}
-
 fn check_irqs(inputs: &Inputs<'_>, dev: &str, kind: &Result<DeviceKind, ReadError>) -> Finding {
     const CHECK: &str = "irq.affinity";
     let root = inputs.root;
@@ -737,86 +621,35 @@ fn check_irqs(inputs: &Inputs<'_>, dev: &str, kind: &Result<DeviceKind, ReadErro
         Some(Ok(p)) => p,
     };
     let bus_id = basename(&bus_path).to_owned();
-    let msi: BTreeSet<u32> = match root.list(&format!("{bus_path}/msi_irqs")) {
-        Ok(names) => names.iter().filter_map(|n| n.parse().ok()).collect(),
-        Err(e) if e.is_not_found() => BTreeSet::new(),
-        Err(e) => return Finding::unreadable(CHECK, e),
-    };
-    let table = match root.read("/proc/interrupts") {
-        Ok(t) => parse_interrupts(&t),
-        Err(e) => return Finding::unreadable(CHECK, e),
-    };
-    let mut matched: Vec<&IrqLine> = table
-        .iter()
-        .filter(|l| l.desc.contains(&bus_id) || msi.contains(&l.irq))
-        .collect();
-    let by_name = matched.iter().any(|l| l.desc.contains(&bus_id));
-    let by_msi = matched.iter().any(|l| msi.contains(&l.irq));
-    let mut how = match (by_name, by_msi) {
-        (true, true) => "matched by PCI address and msi_irqs".to_owned(),
-        (true, false) => "matched by PCI address".to_owned(),
-        _ => "matched by msi_irqs".to_owned(),
-    };
-    if matched.is_empty() {
-        // Some drivers name vectors without the address: fall back to the
-        // driver's completion-vector names (mlx5_core -> mlx5_comp).
-        if let DeviceKind::Hardware {
+    let driver = match kind {
+        DeviceKind::Hardware {
             driver: Ok(driver), ..
-        } = kind
-        {
-            let stem = driver.trim_end_matches("_core");
-            let pattern = format!("{stem}_comp");
-            matched = table.iter().filter(|l| l.desc.contains(&pattern)).collect();
-            how = format!("matched by driver name {pattern} (no line names {bus_id})");
-        }
-    }
-    if matched.is_empty() {
+        } => Some(driver.as_str()),
+        _ => None,
+    };
+    let irqs = match device_irqs(root, &bus_path, driver) {
+        Ok(irqs) => irqs,
+        Err(why) => return Finding::unreadable(CHECK, why),
+    };
+    if irqs.lines.is_empty() {
         return Finding::warn(
             CHECK,
             format!("no interrupt of {bus_id} in /proc/interrupts (nor in {bus_path}/msi_irqs)"),
             format!("check that the driver is bound and up: `ls {bus_path}/msi_irqs`, `grep {bus_id} /proc/interrupts`"),
         );
     }
-    let mut on_workers = Vec::new();
-    let mut spread: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-    for line in &matched {
-        let file = format!("/proc/irq/{}/smp_affinity_list", line.irq);
-        let aff = match root.read_trim(&file) {
-            Ok(a) => a,
-            Err(e) => return Finding::unreadable(CHECK, e),
-        };
-        let set = match cpulist::parse(&aff) {
-            Ok(s) => s,
-            Err(e) => return Finding::unreadable(CHECK, format!("{file}: {e}")),
-        };
-        if !set.is_disjoint(&inputs.cores) {
-            on_workers.push(line.irq);
-        }
-        spread.entry(aff).or_default().push(line.irq);
-    }
-    let names: Vec<String> = matched
-        .iter()
-        .take(3)
-        .map(|l| l.desc.rsplit(' ').next().unwrap_or("").to_owned())
-        .collect();
-    let summary = format!(
-        "{} IRQ(s) of {bus_id} ({how}: {}{}); affinity {}",
-        matched.len(),
-        names.join(", "),
-        if matched.len() > 3 { ", ..." } else { "" },
-        spread
-            .iter()
-            .map(|(aff, irqs)| format!("{aff} for {} IRQ(s)", irqs.len()))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
+    let affinity = match irq_affinity(root, &irqs.lines, &inputs.cores) {
+        Ok(a) => a,
+        Err(why) => return Finding::unreadable(CHECK, why),
+    };
+    let summary = irq_summary(&bus_id, &irqs, &affinity.spread);
     if inputs.cores.is_empty() {
         return Finding::ok(
             CHECK,
             format!("{summary}; no worker cores chosen to keep them off"),
         );
     }
-    if on_workers.is_empty() {
+    if affinity.on_workers.is_empty() {
         return Finding::ok(
             CHECK,
             format!(
@@ -825,13 +658,68 @@ fn check_irqs(inputs: &Inputs<'_>, dev: &str, kind: &Result<DeviceKind, ReadErro
             ),
         );
     }
-    // Where the IRQs may go instead: the NIC's node (else every online CPU)
-    // minus the workers.
-    let online = root
-        .read_trim("/sys/devices/system/cpu/online")
-        .ok()
-        .and_then(|s| cpulist::parse(&s).ok())
-        .unwrap_or_default();
+    irqs_on_workers(inputs, dev, kind, &summary, &affinity.on_workers)
+}
+
+/// Where each IRQ may fire: those that may fire on a worker core, and the
+/// IRQs by affinity list.
+struct IrqAffinity {
+    on_workers: Vec<u32>,
+    spread: BTreeMap<String, Vec<u32>>,
+}
+
+fn irq_affinity(
+    root: &SystemRoot,
+    lines: &[IrqLine],
+    workers: &CpuSet,
+) -> Result<IrqAffinity, String> {
+    let mut on_workers = Vec::new();
+    let mut spread: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for line in lines {
+        let file = format!("/proc/irq/{}/smp_affinity_list", line.irq);
+        let aff = root.read_trim(&file).map_err(|e| e.to_string())?;
+        let set = cpulist::parse(&aff).map_err(|e| format!("{file}: {e}"))?;
+        if !set.is_disjoint(workers) {
+            on_workers.push(line.irq);
+        }
+        spread.entry(aff).or_default().push(line.irq);
+    }
+    Ok(IrqAffinity { on_workers, spread })
+}
+
+/// `N IRQ(s) of BUS (how: names...); affinity LIST for N IRQ(s), ...`.
+fn irq_summary(bus_id: &str, irqs: &DeviceIrqs, spread: &BTreeMap<String, Vec<u32>>) -> String {
+    let names: Vec<String> = irqs
+        .lines
+        .iter()
+        .take(3)
+        .map(|l| l.desc.rsplit(' ').next().unwrap_or("").to_owned())
+        .collect();
+    format!(
+        "{} IRQ(s) of {bus_id} ({}: {}{}); affinity {}",
+        irqs.lines.len(),
+        irqs.how,
+        names.join(", "),
+        if irqs.lines.len() > 3 { ", ..." } else { "" },
+        spread
+            .iter()
+            .map(|(aff, irqs)| format!("{aff} for {} IRQ(s)", irqs.len()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// The warning for IRQs that may fire on worker cores, and the fix: steer
+/// them to the NIC's node (else every online CPU) minus the workers.
+fn irqs_on_workers(
+    inputs: &Inputs<'_>,
+    dev: &str,
+    kind: &DeviceKind,
+    summary: &str,
+    on_workers: &[u32],
+) -> Finding {
+    let root = inputs.root;
+    let online = online_cpus(root);
     let local = match device_numa(root, dev, kind) {
         Ok(Some((n, _))) if n >= 0 => numa_nodes(root)
             .ok()
@@ -858,7 +746,7 @@ fn check_irqs(inputs: &Inputs<'_>, dev: &str, kind: &Result<DeviceKind, ReadErro
         )
     };
     Finding::warn(
-        CHECK,
+        "irq.affinity",
         format!(
             "{summary}: IRQ(s) {irqs} may fire on worker core(s) {}, stealing cycles from the busy-poll loop",
             cpulist::format(&inputs.cores)
@@ -872,6 +760,30 @@ fn fact<T: Into<Value> + Clone, E: ToString>(r: &Result<T, E>) -> Value {
         Ok(v) => v.clone().into(),
         Err(e) => json!({ "error": e.to_string() }),
     }
+}
+
+/// One port's facts, and the GID the engine would select on it.
+fn port_json(p: &PortFacts, gid_index: Option<u32>) -> Value {
+    let selected = p
+        .gids
+        .as_ref()
+        .ok()
+        .and_then(|t| gid::select(t, gid_index, p.port).ok())
+        .map_or(Value::Null, |e| json!(e.index));
+    json!({
+        "port": p.port,
+        "state": p.state.as_ref().map(|s| s.name.clone()).map_or_else(|e| json!({"error": e}), Value::from),
+        "state_code": p.state.as_ref().map(|s| s.code).map_or(Value::Null, Value::from),
+        "active_mtu": fact(&p.active_mtu),
+        "max_mtu": fact(&p.max_mtu),
+        "link_layer": p.link_layer.as_ref().map(|l| l.name()).map_or_else(|e| json!({"error": e}), Value::from),
+        "gids": p.gids.as_ref().map(|t| t.iter().map(|e| json!({
+            "index": e.index,
+            "gid": e.as_ipv6().to_string(),
+            "type": e.kind,
+        })).collect::<Vec<_>>()).map_or_else(|e| json!({"error": e}), Value::from),
+        "selected_gid": selected,
+    })
 }
 
 /// The devices examined, for `--json`.
@@ -904,28 +816,7 @@ pub fn device_facts(inputs: &Inputs<'_>) -> Value {
                 Ok(ports) => Value::Array(
                     ports
                         .iter()
-                        .map(|p| {
-                            let selected = p
-                                .gids
-                                .as_ref()
-                                .ok()
-                                .and_then(|t| gid::select(t, inputs.config.qp.gid_index, p.port).ok())
-                                .map_or(Value::Null, |e| json!(e.index));
-                            json!({
-                                "port": p.port,
-                                "state": p.state.as_ref().map(|s| s.name.clone()).map_or_else(|e| json!({"error": e}), Value::from),
-                                "state_code": p.state.as_ref().map(|s| s.code).map_or(Value::Null, Value::from),
-                                "active_mtu": fact(&p.active_mtu),
-                                "max_mtu": fact(&p.max_mtu),
-                                "link_layer": p.link_layer.as_ref().map(|l| l.name()).map_or_else(|e| json!({"error": e}), Value::from),
-                                "gids": p.gids.as_ref().map(|t| t.iter().map(|e| json!({
-                                    "index": e.index,
-                                    "gid": e.as_ipv6().to_string(),
-                                    "type": e.kind,
-                                })).collect::<Vec<_>>()).map_or_else(|e| json!({"error": e}), Value::from),
-                                "selected_gid": selected,
-                            })
-                        })
+                        .map(|p| port_json(p, inputs.config.qp.gid_index))
                         .collect(),
                 ),
                 Err(e) => json!({ "error": e }),

@@ -101,18 +101,7 @@ pub fn recommend(workload: Workload, summaries: &[Summary], sizes: &[usize]) -> 
             (p, score / n, tie / n)
         })
         .collect();
-    ranking.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
-    let top = ranking[0].1;
-    let chosen = ranking
-        .iter()
-        .filter(|r| r.1 <= top * (1.0 + TIE_BAND))
-        .min_by(|a, b| a.2.total_cmp(&b.2).then(a.0.cmp(&b.0)))
-        .expect("at least the top point")
-        .0;
-    // The chosen point first, then the rest in score order.
-    let pos = ranking.iter().position(|r| r.0 == chosen).expect("ranked");
-    let c = ranking.remove(pos);
-    ranking.insert(0, c);
+    let chosen = choose(&mut ranking);
     Some(Choice {
         workload,
         point: chosen,
@@ -123,6 +112,24 @@ pub fn recommend(workload: Workload, summaries: &[Summary], sizes: &[usize]) -> 
         ranking,
         best,
     })
+}
+
+/// Ranks the (point, score, tie-break) rows by score and picks, among the
+/// points within [`TIE_BAND`] of the best score, the one with the best
+/// tie-break; the chosen row moves first, the rest stay in score order.
+fn choose(ranking: &mut Vec<(usize, f64, f64)>) -> usize {
+    ranking.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+    let top = ranking[0].1;
+    let chosen = ranking
+        .iter()
+        .filter(|r| r.1 <= top * (1.0 + TIE_BAND))
+        .min_by(|a, b| a.2.total_cmp(&b.2).then(a.0.cmp(&b.0)))
+        .expect("at least the top point")
+        .0;
+    let pos = ranking.iter().position(|r| r.0 == chosen).expect("ranked");
+    let c = ranking.remove(pos);
+    ranking.insert(0, c);
+    chosen
 }
 
 /// What is known about the measured host, for the profile's header.
@@ -172,14 +179,23 @@ pub fn profile_toml(
     host: &HostInfo,
     ev: &Evidence<'_>,
 ) -> String {
-    let w = choice.workload;
-    let point = &ev.points[choice.point];
-    let sizes: Vec<String> = ev.sizes.iter().map(|s| format!("{s} B")).collect();
     let mut out = String::new();
     let mut c = |line: &str| {
         out.push_str(line.trim_end());
         out.push('\n');
     };
+    profile_header(&mut c, choice, host, ev);
+    c("");
+    profile_keys(&mut c, &ev.points[choice.point], config, ev);
+    out
+}
+
+/// The comment header: host, device, sweep, objective, the chosen point
+/// and its figures, the ranking.
+fn profile_header(c: &mut impl FnMut(&str), choice: &Choice, host: &HostInfo, ev: &Evidence<'_>) {
+    let w = choice.workload;
+    let point = &ev.points[choice.point];
+    let sizes: Vec<String> = ev.sizes.iter().map(|s| format!("{s} B")).collect();
     c(&format!(
         "# recommended ({w}): measured by `pinpoll-tune sweep` on {}, device {}{}.",
         if host.hostname.is_empty() {
@@ -245,7 +261,10 @@ pub fn profile_toml(
     c("# pinpoll-perf sizes slots to the message (slot_size, slot_count) and");
     c("# keeps the receive queue small for one-sided tests: those keys are the");
     c("# base profile's unless swept. Check: `pinpoll-tune profile check FILE`.");
-    c("");
+}
+
+/// Every key of `config`, commented with where its value comes from.
+fn profile_keys(c: &mut impl FnMut(&str), point: &Point, config: &EngineConfig, ev: &Evidence<'_>) {
     let swept: BTreeSet<&str> = point.settings.iter().map(|(k, _)| k.as_str()).collect();
     let keys = profile::effective_keys(config);
     let width = keys
@@ -271,5 +290,4 @@ pub fn profile_toml(
         };
         c(&format!("{line:<width$}  # {why}"));
     }
-    out
 }

@@ -4,10 +4,12 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::process::Command;
+use std::time::Duration;
 
 use pinpoll::gid::GidEntry;
 use pinpoll::EngineConfig;
+use pinpoll_testkit::{command, Finished, Running, Scratch};
 use pinpoll_tune::cpulist::CpuSet;
 use pinpoll_tune::doctor::{self, CoresFrom, Finding, Inputs, Report};
 use pinpoll_tune::facts::{
@@ -17,24 +19,18 @@ use pinpoll_tune::SystemRoot;
 
 /// A temp directory laid out like `/`, removed on drop.
 pub struct Fixture {
-    pub dir: PathBuf,
+    scratch: Scratch,
 }
 
 impl Fixture {
     pub fn empty(name: &str) -> Fixture {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "pinpoll-tune-{name}-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Fixture { dir }
+        Fixture {
+            scratch: Scratch::new(&format!("pinpoll-tune-{name}")),
+        }
     }
 
     fn at(&self, path: &str) -> PathBuf {
-        self.dir.join(path.trim_start_matches('/'))
+        self.scratch.join(path.trim_start_matches('/'))
     }
 
     /// Writes `content` (a trailing newline added, as sysfs has) at `path`.
@@ -86,18 +82,29 @@ impl Fixture {
     }
 
     pub fn root(&self) -> SystemRoot {
-        SystemRoot::new(&self.dir)
+        SystemRoot::new(self.path())
     }
 
     pub fn path(&self) -> &Path {
-        &self.dir
+        self.scratch.path()
     }
 }
 
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// The bound of one `pinpoll-tune` run on the host: the program owns the
+/// real bounds (its `--timeout`); this only turns a hang into a failure.
+pub const BOUND: Duration = Duration::from_secs(300);
+
+/// `pinpoll-tune args` as [`tune`] runs it: without the caller's profile
+/// directory, so only the built-in and shipped profiles count.
+pub fn tune_command(args: &[&str]) -> Command {
+    let mut cmd = command(env!("CARGO_BIN_EXE_pinpoll-tune"), args);
+    cmd.env_remove("PINPOLL_PROFILE_DIR");
+    cmd
+}
+
+/// Runs `pinpoll-tune args` to completion (a hang fails after [`BOUND`]).
+pub fn tune(args: &[&str]) -> Finished {
+    Running::spawn(tune_command(args)).finish_within(BOUND)
 }
 
 /// The host-wide part of a well-tuned two-node machine with CPUs 0-3

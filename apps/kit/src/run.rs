@@ -1,12 +1,15 @@
 //! The shape of every `main`: parse the command line, set up logging, run,
 //! and report. Any failure is exactly one line on stderr, `error: ` and the
 //! error's causes joined by `: `, with exit status 1 (2 for a bad command
-//! line); help and version print and exit 0. No panic, no backtrace.
+//! line or a failure marked [`usage`]); help and version print and exit 0.
+//! No panic, no backtrace.
 
 use std::process::ExitCode;
 
 use clap::error::ErrorKind;
 use clap::Parser;
+
+use crate::logging::init_logging;
 
 /// A failure already reported on stderr (the server prints one line per
 /// failed client as it happens): exit 1 without another line.
@@ -21,24 +24,66 @@ impl std::fmt::Display for AlreadyReported {
 
 impl std::error::Error for AlreadyReported {}
 
-/// Parses `C` from the command line, calls `init_logging(quiet)` with the
-/// quiet flag `quiet_of` finds, then runs `body`.
-pub fn main<C: Parser>(
-    quiet_of: impl FnOnce(&C) -> bool,
-    body: impl FnOnce(C) -> anyhow::Result<()>,
+/// A failure that is the user's (a bad value the command line parser could
+/// not catch): exit status 2, as for a bad command line. Attach it with
+/// [`usage`]; it adds nothing to the error line.
+#[derive(Debug)]
+pub struct BadUsage;
+
+impl std::fmt::Display for BadUsage {
+    fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        Ok(())
+    }
+}
+
+/// Marks `err` as bad usage: `main` exits with status 2.
+pub fn usage(err: impl Into<anyhow::Error>) -> anyhow::Error {
+    err.into().context(BadUsage)
+}
+
+/// What a program's body returns on success: nothing (exit 0) or its own
+/// exit status.
+pub trait Success {
+    fn exit_code(self) -> ExitCode;
+}
+
+impl Success for () {
+    fn exit_code(self) -> ExitCode {
+        ExitCode::SUCCESS
+    }
+}
+
+impl Success for ExitCode {
+    fn exit_code(self) -> ExitCode {
+        self
+    }
+}
+
+/// Parses `C` from the command line, installs the stderr logger with the
+/// filter `log_filter` finds (none: the program logs nothing), then runs
+/// `body`. An error is one `error: ` line and exit status 1, or 2 when it
+/// is marked [`usage`]; an [`AlreadyReported`] one exits 1 silently.
+pub fn main<C: Parser, S: Success>(
+    log_filter: impl FnOnce(&C) -> Option<&'static str>,
+    body: impl FnOnce(C) -> anyhow::Result<S>,
 ) -> ExitCode {
     let cli = match C::try_parse() {
         Ok(cli) => cli,
         Err(err) => return usage_error::<C>(&err),
     };
-    init_logging(quiet_of(&cli));
+    if let Some(filter) = log_filter(&cli) {
+        init_logging(filter);
+    }
     match body(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(done) => done.exit_code(),
+        Err(err) if err.downcast_ref::<AlreadyReported>().is_some() => ExitCode::FAILURE,
         Err(err) => {
-            if err.downcast_ref::<AlreadyReported>().is_none() {
-                eprintln!("error: {}", error_line(&err));
+            eprintln!("error: {}", error_line(&err));
+            if err.downcast_ref::<BadUsage>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
             }
-            ExitCode::FAILURE
         }
     }
 }
@@ -50,7 +95,7 @@ fn usage_error<C: Parser>(err: &clap::Error) -> ExitCode {
             let _ = err.print();
             ExitCode::SUCCESS
         }
-        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => {
             // A bare `basic`: clap would print the whole help to stderr.
             let cmd = C::command();
             let names: Vec<&str> = cmd
@@ -59,7 +104,8 @@ fn usage_error<C: Parser>(err: &clap::Error) -> ExitCode {
                 .filter(|n| *n != "help")
                 .collect();
             eprintln!(
-                "error: no subcommand given: use one of {} (see --help)",
+                "error: {} requires a subcommand; no subcommand given: use one of {} (see --help)",
+                cmd.get_name(),
                 names.join(", ")
             );
             ExitCode::from(2)
@@ -116,19 +162,6 @@ pub fn error_line(err: &anyhow::Error) -> String {
         line.push_str(&text);
     }
     line
-}
-
-/// Logs (via `tracing`) go to stderr: warnings and errors by default, only
-/// errors with `-q`, whatever `RUST_LOG` says when it is set.
-pub fn init_logging(quiet: bool) {
-    use tracing_subscriber::EnvFilter;
-    let default = if quiet { "error" } else { "warn" };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
 }
 
 #[cfg(test)]

@@ -1,8 +1,6 @@
-//! Shared set-up for the device tests: a connected pair of endpoints on the
-//! RDMA device named by `PINPOLL_DEVICE`, by either connection method.
-//! These tests run inside `scripts/softroce-vm`; without a device they fail
-//! with the reason instead of passing silently.
-#![allow(dead_code)]
+//! Connected pairs on the device of [`crate::env`], by either connection
+//! method: endpoints with an exposed region and posted receives
+//! ([`pair`]), and fast-path connections ([`cm_pair`], [`oob_pair`]).
 
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -10,16 +8,20 @@ use std::time::Duration;
 
 use pinpoll::connect::cm::{Connector, Listener};
 use pinpoll::connect::oob::Prepared;
-use pinpoll::connect::{parse_socket_addr, RegionDescriptor};
+use pinpoll::connect::RegionDescriptor;
 use pinpoll::{
     Access, Connection, Endpoint, EngineConfig, MemoryRegion, PageSize, Posted, QpConfig,
     RemoteSlice, SharedRegion, WorkDone,
 };
 
+use crate::env::{cm_addr, device};
+
+/// The size of the region each side exposes to its peer.
 pub const REGION: usize = 64 * 1024;
-/// Each side keeps this many receives posted, each into its own region.
+/// Each side keeps [`RECVS`] receives posted, each into its own region.
 pub const RECV_SLOT: usize = 4096;
 pub const RECVS: usize = 8;
+/// The bound of every wait for a completion or a connection.
 pub const WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,49 +74,70 @@ impl Side {
     }
 }
 
-pub fn device() -> String {
-    std::env::var("PINPOLL_DEVICE").unwrap_or_else(|_| {
-        panic!(
-            "PINPOLL_DEVICE is not set: device tests need an RDMA device. Run them with \
-             `scripts/softroce-vm -- cargo test -- --include-ignored` (scripts/test.sh does)"
-        )
-    })
-}
-
-/// The IPv4 link-local address of the rxe netdev (rdma_cm cannot use
-/// 127.0.0.0/8 on rxe).
-pub fn cm_addr() -> SocketAddr {
-    let host = std::env::var("PINPOLL_ADDR4")
-        .expect("PINPOLL_ADDR4 is not set; run under scripts/softroce-vm");
-    parse_socket_addr(&host, 0).expect("PINPOLL_ADDR4 parses")
-}
-
+/// Short retry and timeouts, but never 0: errors surface in well under a
+/// second.
 pub fn config() -> QpConfig {
     QpConfig {
         max_inline_data: 64,
-        // Short, but never 0: errors surface in well under a second.
         timeout: 10,
         retry_count: 3,
         rnr_retry: 3,
-        connect_timeout: Duration::from_secs(10),
+        connect_timeout: WAIT,
         ..QpConfig::default()
     }
 }
 
-fn exposed(ep: &Endpoint) -> SharedRegion {
-    ep.register_shared(REGION, PageSize::Base, true)
-        .expect("register exposed region")
+/// What a side sets up on its endpoint before it connects: the exposed
+/// region (fresh, so a fresh rkey) and the posted receives.
+struct Before {
+    exposed: SharedRegion,
+    receives: VecDeque<Posted>,
 }
 
-fn post_receives(ep: &mut Endpoint) -> VecDeque<Posted> {
-    (0..RECVS)
-        .map(|_| {
-            let region = ep
-                .register(RECV_SLOT, PageSize::Base, Access::LOCAL_WRITE)
-                .expect("register a receive buffer");
-            ep.post_recv(Some(region)).expect("post_recv")
-        })
-        .collect()
+impl Before {
+    fn on(ep: &mut Endpoint) -> Before {
+        let exposed = ep
+            .register_shared(REGION, PageSize::Base, true)
+            .expect("register exposed region");
+        let receives = (0..RECVS)
+            .map(|_| {
+                let region = ep
+                    .register(RECV_SLOT, PageSize::Base, Access::LOCAL_WRITE)
+                    .expect("register a receive buffer");
+                ep.post_recv(Some(region)).expect("post_recv")
+            })
+            .collect();
+        Before { exposed, receives }
+    }
+
+    fn exposed_remote(&self) -> RemoteSlice {
+        self.exposed
+            .remote(0..REGION)
+            .expect("the whole exposed region")
+    }
+
+    /// The rdma_cm private data announcing the exposed region.
+    fn descriptor(&self) -> [u8; RegionDescriptor::LEN] {
+        RegionDescriptor(self.exposed_remote()).encode()
+    }
+
+    fn connected(self, ep: Endpoint, remote: RemoteSlice) -> Side {
+        Side {
+            ep,
+            exposed: self.exposed,
+            remote,
+            receives: self.receives,
+        }
+    }
+
+    /// The side, once rdma_cm connected `ep`: the peer's region comes in
+    /// its private data.
+    fn connected_cm(self, ep: Endpoint) -> Side {
+        let remote = RegionDescriptor::decode(ep.peer_private_data())
+            .expect("the peer's region in its private data")
+            .0;
+        self.connected(ep, remote)
+    }
 }
 
 /// A connected (client, server) pair.
@@ -139,37 +162,17 @@ pub fn cm_server_side(listener: &Listener) -> Side {
     let mut req = listener
         .next_request(&config(), WAIT)
         .expect("connect request");
-    let exposed = exposed(req.endpoint());
-    let receives = post_receives(req.endpoint());
-    let descriptor = RegionDescriptor(exposed.remote(0..REGION).unwrap()).encode();
-    let ep = req.accept(&descriptor).expect("accept");
-    let remote = RegionDescriptor::decode(ep.peer_private_data())
-        .expect("client's region")
-        .0;
-    Side {
-        ep,
-        exposed,
-        remote,
-        receives,
-    }
+    let before = Before::on(req.endpoint());
+    let ep = req.accept(&before.descriptor()).expect("accept");
+    before.connected_cm(ep)
 }
 
 /// The client side of a connection to an rdma_cm listener at `addr`.
 pub fn cm_client_side(addr: SocketAddr) -> Side {
     let mut conn = Connector::resolve(addr, &config()).expect("resolve");
-    let exposed = exposed(conn.endpoint());
-    let receives = post_receives(conn.endpoint());
-    let descriptor = RegionDescriptor(exposed.remote(0..REGION).unwrap()).encode();
-    let ep = conn.connect(&descriptor).expect("connect");
-    let remote = RegionDescriptor::decode(ep.peer_private_data())
-        .expect("server's region")
-        .0;
-    Side {
-        ep,
-        exposed,
-        remote,
-        receives,
-    }
+    let before = Before::on(conn.endpoint());
+    let ep = conn.connect(&before.descriptor()).expect("connect");
+    before.connected_cm(ep)
 }
 
 fn oob_side(stream: &mut TcpStream) -> Side {
@@ -179,37 +182,30 @@ fn oob_side(stream: &mut TcpStream) -> Side {
         Access::REMOTE_WRITE | Access::REMOTE_READ,
     )
     .expect("prepare QP");
-    let exposed = exposed(prepared.endpoint());
-    let receives = post_receives(prepared.endpoint());
+    let before = Before::on(prepared.endpoint());
     let ep = prepared
-        .handshake(stream, Some(exposed.remote(0..REGION).unwrap()))
+        .handshake(stream, Some(before.exposed_remote()))
         .expect("handshake");
     let remote = ep.remote_region().expect("peer exposed a region");
-    Side {
-        ep,
-        exposed,
-        remote,
-        receives,
-    }
+    before.connected(ep, remote)
 }
 
 fn oob_sides() -> (Side, Side) {
-    let tcp = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind loopback");
-    let addr = tcp.local_addr().unwrap();
-    let server = std::thread::spawn(move || {
-        let (mut stream, _) = tcp.accept().expect("accept TCP");
-        oob_side(&mut stream)
-    });
-    let mut stream = TcpStream::connect(addr).expect("connect TCP");
-    let client = oob_side(&mut stream);
-    (client, server.join().expect("server thread"))
+    over_loopback_tcp(oob_side)
 }
 
-/// A deterministic, position-dependent pattern, different per `seed`.
-pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
-        .collect()
+/// Runs `side` on both ends of a fresh loopback TCP connection, the server
+/// end on a thread; returns (client, server).
+fn over_loopback_tcp<T: Send + 'static>(side: fn(&mut TcpStream) -> T) -> (T, T) {
+    let tcp = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind loopback");
+    let addr = tcp.local_addr().expect("bound address");
+    let server = std::thread::spawn(move || {
+        let (mut stream, _) = tcp.accept().expect("accept TCP");
+        side(&mut stream)
+    });
+    let mut stream = TcpStream::connect(addr).expect("connect TCP");
+    let client = side(&mut stream);
+    (client, server.join().expect("server thread"))
 }
 
 /// Small queues and rings, short timeouts: back-pressure and errors show
@@ -227,36 +223,35 @@ pub fn engine_config() -> EngineConfig {
         inline_threshold: 64,
         slot_size: 4096,
         slot_count: 32,
-        completion_timeout: Duration::from_secs(10),
+        completion_timeout: WAIT,
         ..EngineConfig::default()
     }
 }
 
 /// A connected (client, server) pair of fast-path connections over rdma_cm.
 pub fn cm_pair(cfg: &EngineConfig) -> (Connection, Connection) {
-    let listener = Listener::bind(cm_addr()).unwrap();
-    let addr = listener.local_addr().unwrap();
+    let listener = Listener::bind(cm_addr()).expect("rdma_cm listen on the rxe address");
+    let addr = listener.local_addr().expect("bound address");
     let scfg = cfg.clone();
-    let server = std::thread::spawn(move || {
-        Connection::accept(&listener, &scfg, Duration::from_secs(10)).unwrap()
-    });
-    let client = Connection::connect(addr, cfg).unwrap();
-    (client, server.join().unwrap())
+    let server =
+        std::thread::spawn(move || Connection::accept(&listener, &scfg, WAIT).expect("accept"));
+    let client = Connection::connect(addr, cfg).expect("connect");
+    (client, server.join().expect("server thread"))
 }
 
 /// The same over the out-of-band TCP exchange.
 pub fn oob_pair(cfg: &EngineConfig) -> (Connection, Connection) {
-    let tcp = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-    let addr = tcp.local_addr().unwrap();
+    let tcp = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind loopback");
+    let addr = tcp.local_addr().expect("bound address");
     let scfg = cfg.clone();
     let dev = device();
     let server = std::thread::spawn(move || {
-        let (mut s, _) = tcp.accept().unwrap();
-        Connection::over_tcp(&mut s, Some(&dev), &scfg).unwrap()
+        let (mut s, _) = tcp.accept().expect("accept TCP");
+        Connection::over_tcp(&mut s, Some(&dev), &scfg).expect("server over_tcp")
     });
-    let mut stream = TcpStream::connect(addr).unwrap();
-    let client = Connection::over_tcp(&mut stream, Some(&device()), cfg).unwrap();
-    (client, server.join().unwrap())
+    let mut stream = TcpStream::connect(addr).expect("connect TCP");
+    let client = Connection::over_tcp(&mut stream, Some(&device()), cfg).expect("client over_tcp");
+    (client, server.join().expect("server thread"))
 }
 
 /// Bytes `range` of `conn`'s target ring, copied out (the peer may write

@@ -1,0 +1,318 @@
+//! Fixed-size, big-endian wire formats that start with a 4-byte magic and
+//! (most) a version byte: the connection records of [`crate::connect`],
+//! and the applications' own (readwrite, filexfer). These bytes come from
+//! the network, so every format checks them the same way, in the pattern
+//! of smoltcp's `wire` module:
+//!
+//! - a [`Header`] describes a format (its name, magic and version) and
+//!   writes itself to the front of a buffer ([`Header::emit`]);
+//! - [`Header::check`] turns bytes into a [`Checked`] view only once their
+//!   length, magic and version are right, and the view reads the fields;
+//! - each format's parsed representation (a plain struct) is built from
+//!   the view, checking its own fields with [`Checked::field_error`].
+//!
+//! Every failure is a [`WireError`] naming the format, the field, what it
+//! held and what is allowed.
+
+use std::fmt;
+use std::ops::Range;
+
+/// The header of a wire format: a 4-byte ASCII `magic` at bytes 0..4, then
+/// `version` at byte 4 when the format has one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// What the bytes are, for messages ("pinpoll region descriptor").
+    pub name: &'static str,
+    magic: &'static str,
+    pub version: Option<u8>,
+}
+
+/// The lengths a format accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Len {
+    Exactly(usize),
+    /// A header of this many bytes, and maybe more after it (rdma_cm pads
+    /// private data with zeros; messages with a body check the rest).
+    AtLeast(usize),
+}
+
+impl Len {
+    fn accepts(self, len: usize) -> bool {
+        match self {
+            Len::Exactly(n) => len == n,
+            Len::AtLeast(n) => len >= n,
+        }
+    }
+}
+
+impl fmt::Display for Len {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Len::Exactly(n) => write!(f, "expected {n}"),
+            Len::AtLeast(n) => write!(f, "shorter than the {n}-byte header"),
+        }
+    }
+}
+
+/// Why bytes are not a valid message of a format.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("{format}: {got} bytes, {expected}")]
+    Length {
+        format: &'static str,
+        got: usize,
+        expected: Len,
+    },
+    /// Nothing but zeros (rdma_cm's padding): the peer sent no header.
+    #[error("not a {format}: no {magic} header (the bytes are all zeros)")]
+    Absent {
+        format: &'static str,
+        magic: &'static str,
+    },
+    #[error("not a {format}: wrong magic {got:?}, expected {expected:?}")]
+    Magic {
+        format: &'static str,
+        got: String,
+        expected: &'static str,
+    },
+    #[error("{format}: version {got} (this side speaks {speaks})")]
+    Version {
+        format: &'static str,
+        got: u8,
+        speaks: u8,
+    },
+    #[error("{format}: {field} {value} is out of range: allowed {allowed}")]
+    Field {
+        format: &'static str,
+        field: &'static str,
+        value: String,
+        allowed: &'static str,
+    },
+}
+
+impl Header {
+    /// A format's header; `magic` is 4 ASCII bytes (checked when the
+    /// constant is built).
+    pub const fn new(name: &'static str, magic: &'static str, version: Option<u8>) -> Header {
+        assert!(
+            magic.len() == 4 && magic.is_ascii(),
+            "a magic is 4 ASCII bytes"
+        );
+        Header {
+            name,
+            magic,
+            version,
+        }
+    }
+
+    pub fn magic(&self) -> [u8; 4] {
+        let m = self.magic.as_bytes();
+        [m[0], m[1], m[2], m[3]]
+    }
+
+    /// Bytes the header takes: the magic, and the version byte if any.
+    pub const fn header_len(&self) -> usize {
+        if self.version.is_some() {
+            5
+        } else {
+            4
+        }
+    }
+
+    /// Writes the magic (and version) to the front of `buf`, which holds at
+    /// least [`Header::header_len`] bytes.
+    pub fn emit(&self, buf: &mut [u8]) {
+        buf[0..4].copy_from_slice(self.magic.as_bytes());
+        if let Some(v) = self.version {
+            buf[4] = v;
+        }
+    }
+
+    /// Checks `bytes` against this format: not all zeros, `len`, magic,
+    /// version (in that order); the view reads the fields.
+    pub fn check<'a>(&'static self, bytes: &'a [u8], len: Len) -> Result<Checked<'a>, WireError> {
+        if bytes.iter().all(|b| *b == 0) {
+            return Err(WireError::Absent {
+                format: self.name,
+                magic: self.magic,
+            });
+        }
+        let least = match len {
+            Len::Exactly(n) | Len::AtLeast(n) => n,
+        };
+        debug_assert!(
+            least >= self.header_len(),
+            "{} is shorter than its header",
+            self.name
+        );
+        if !len.accepts(bytes.len()) {
+            return Err(WireError::Length {
+                format: self.name,
+                got: bytes.len(),
+                expected: len,
+            });
+        }
+        if bytes[0..4] != *self.magic.as_bytes() {
+            return Err(WireError::Magic {
+                format: self.name,
+                got: String::from_utf8_lossy(&bytes[0..4]).into_owned(),
+                expected: self.magic,
+            });
+        }
+        if let Some(speaks) = self.version {
+            if bytes[4] != speaks {
+                return Err(WireError::Version {
+                    format: self.name,
+                    got: bytes[4],
+                    speaks,
+                });
+            }
+        }
+        Ok(Checked {
+            header: self,
+            bytes,
+        })
+    }
+}
+
+/// Bytes whose length, magic and version [`Header::check`] found right:
+/// their fields, read big-endian at byte offsets within that length.
+#[derive(Debug, Clone, Copy)]
+pub struct Checked<'a> {
+    header: &'static Header,
+    bytes: &'a [u8],
+}
+
+impl<'a> Checked<'a> {
+    /// All the bytes, header included.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    pub fn slice(&self, range: Range<usize>) -> &'a [u8] {
+        &self.bytes[range]
+    }
+
+    pub fn u8(&self, at: usize) -> u8 {
+        self.bytes[at]
+    }
+
+    pub fn u16(&self, at: usize) -> u16 {
+        u16::from_be_bytes(self.array(at))
+    }
+
+    pub fn u32(&self, at: usize) -> u32 {
+        u32::from_be_bytes(self.array(at))
+    }
+
+    pub fn u64(&self, at: usize) -> u64 {
+        u64::from_be_bytes(self.array(at))
+    }
+
+    pub fn array<const N: usize>(&self, at: usize) -> [u8; N] {
+        let mut out = [0u8; N];
+        out.copy_from_slice(&self.bytes[at..at + N]);
+        out
+    }
+
+    /// The error of a field of this format that holds `value` where only
+    /// `allowed` may be.
+    pub fn field_error(
+        &self,
+        field: &'static str,
+        value: impl fmt::Display,
+        allowed: &'static str,
+    ) -> WireError {
+        WireError::Field {
+            format: self.header.name,
+            field,
+            value: value.to_string(),
+            allowed,
+        }
+    }
+}
+
+/// Writes big-endian fields into a message being built.
+#[derive(Debug)]
+pub struct Emit<'a>(pub &'a mut [u8]);
+
+impl Emit<'_> {
+    pub fn u8(&mut self, at: usize, v: u8) -> &mut Self {
+        self.0[at] = v;
+        self
+    }
+
+    pub fn u16(&mut self, at: usize, v: u16) -> &mut Self {
+        self.bytes(at, &v.to_be_bytes())
+    }
+
+    pub fn u32(&mut self, at: usize, v: u32) -> &mut Self {
+        self.bytes(at, &v.to_be_bytes())
+    }
+
+    pub fn u64(&mut self, at: usize, v: u64) -> &mut Self {
+        self.bytes(at, &v.to_be_bytes())
+    }
+
+    pub fn bytes(&mut self, at: usize, v: &[u8]) -> &mut Self {
+        self.0[at..at + v.len()].copy_from_slice(v);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static TEST: Header = Header::new("test message", "TEST", Some(3));
+
+    fn good() -> [u8; 12] {
+        let mut b = [0u8; 12];
+        TEST.emit(&mut b);
+        Emit(&mut b).u16(6, 0xbeef).u32(8, 0x0102_0304);
+        b
+    }
+
+    #[test]
+    fn a_good_message_reads_back_its_fields() {
+        let b = good();
+        let v = TEST.check(&b, Len::Exactly(12)).unwrap();
+        assert_eq!((v.u8(4), v.u16(6), v.u32(8)), (3, 0xbeef, 0x0102_0304));
+        assert!(TEST.check(&b, Len::AtLeast(5)).is_ok());
+    }
+
+    #[test]
+    fn each_header_check_names_the_format_and_what_is_allowed() {
+        let b = good();
+        let err = |bytes: &[u8], len| TEST.check(bytes, len).unwrap_err().to_string();
+        assert_eq!(
+            err(&b[..7], Len::Exactly(12)),
+            "test message: 7 bytes, expected 12"
+        );
+        assert_eq!(
+            err(&b[..7], Len::AtLeast(8)),
+            "test message: 7 bytes, shorter than the 8-byte header"
+        );
+        assert_eq!(
+            err(&[0; 12], Len::Exactly(12)),
+            "not a test message: no TEST header (the bytes are all zeros)"
+        );
+        let mut m = b;
+        m[0] = b'X';
+        assert_eq!(
+            err(&m, Len::Exactly(12)),
+            "not a test message: wrong magic \"XEST\", expected \"TEST\""
+        );
+        let mut v = b;
+        v[4] = 9;
+        assert_eq!(
+            err(&v, Len::Exactly(12)),
+            "test message: version 9 (this side speaks 3)"
+        );
+        let view = TEST.check(&b, Len::Exactly(12)).unwrap();
+        assert_eq!(
+            view.field_error("flag", 7, "0 or 1").to_string(),
+            "test message: flag 7 is out of range: allowed 0 or 1"
+        );
+    }
+}
