@@ -2,12 +2,11 @@
 //! selective signaling with an error in the middle, inline and ring
 //! payloads, and bounded waits.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{cm_pair, engine_config, oob_pair, pattern, target_bytes};
 use pinpoll::{Error, Event, RemoteSlice, WcStatus};
+use pinpoll_testkit::pair::{cm_pair, engine_config, oob_pair, target_bytes};
+use pinpoll_testkit::pattern;
 
 #[test]
 #[ignore = "needs an RDMA device"]
@@ -502,8 +501,8 @@ fn single_operations_post_alone_refuse_when_full_and_give_back_what_they_refused
             "slot write {i}"
         );
     }
-    // Batch::send_from, likewise, and a failed fill adds nothing. (The
-    // slot writes may still be in flight: the batch needs queue room.)
+    // Batch::send_from, likewise, and a failed fill adds nothing. The
+    // slot writes may still hold the whole send queue: reap them first.
     while client.outstanding() > 0 {
         client.reap().unwrap();
     }
