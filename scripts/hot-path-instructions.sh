@@ -47,16 +47,7 @@ if [ -z "${PINPOLL_DEVICE:-}" ]; then
     pinpoll_ensure_packages python3
     pinpoll_ensure_iai_runner
     exe=$(cargo bench -p pinpoll-benches --bench hot_path --no-run --message-format=json |
-        python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        continue
-    if msg.get("reason") == "compiler-artifact" and msg.get("executable") and msg["target"]["name"] == "hot_path":
-        print(msg["executable"])
-')
+        python3 scripts/lib/cargo_artifacts.py benches | awk -F'\t' '$1 == "hot_path" { print $3 }')
     [ -x "$exe" ] || { echo "error: the hot_path bench did not build" >&2; exit 1; }
     scripts/softroce-vm --timeout "${PINPOLL_HOT_PATH_TIMEOUT:-3600}" \
         --env IAI_CALLGRIND_RUNNER="$(command -v iai-callgrind-runner)" \

@@ -60,16 +60,7 @@ if [ "$host" = 1 ] || [ "$device" = 1 ]; then
     step "building the benches"
     mkdir -p target
     cargo bench -p pinpoll-benches --no-run --message-format=json \
-        | python3 -c '
-import json, os, sys
-for line in sys.stdin:
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        continue
-    if msg.get("reason") == "compiler-artifact" and msg.get("executable") and "bench" in msg["target"]["kind"]:
-        print(msg["target"]["name"] + "\t" + os.path.dirname(msg["manifest_path"]) + "\t" + msg["executable"])
-' > "$bench_list"
+        | python3 scripts/lib/cargo_artifacts.py benches > "$bench_list"
     [ -s "$bench_list" ] || { echo "error: no bench binaries were built" >&2; exit 1; }
 fi
 if [ "$host" = 1 ]; then
@@ -94,19 +85,7 @@ step "building the device tests"
 mkdir -p target
 list="$top/target/pinpoll-device-tests.list"
 cargo test --workspace --no-run --message-format=json \
-    | python3 -c '
-import json, os, sys
-for line in sys.stdin:
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        continue
-    if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
-        continue
-    kind = "example" if "example" in msg["target"]["kind"] else "test" if msg["profile"]["test"] else None
-    if kind:
-        print(os.path.dirname(msg["manifest_path"]) + "\t" + msg["executable"] + "\t" + kind)
-' > "$list"
+    | python3 scripts/lib/cargo_artifacts.py tests > "$list"
 [ -s "$list" ] || { echo "error: no test binaries were built" >&2; exit 1; }
 # The device benches run in the guest with the tests.
 awk -F'\t' '$1 == "latency" || $1 == "bandwidth" { print $2 "\t" $3 "\tbench" }

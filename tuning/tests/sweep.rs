@@ -712,7 +712,9 @@ fn failed_and_hung_runs_are_recorded_not_fatal() {
     let perf = fake_perf(&fx);
     let out = fx.path().join("out");
     // The fake hangs at 999 bytes: the sweep's own --timeout must kill it
-    // (recorded below); a sweep that hung instead fails in `tune`.
+    // (recorded below); a sweep that hung instead fails in `tune`. The
+    // bound leaves the failing run (a shell script) time to start and fail
+    // on a loaded TCG guest, where 0.5 s was not always enough.
     let o = tune(&[
         "sweep",
         "--perf",
@@ -726,7 +728,7 @@ fn failed_and_hung_runs_are_recorded_not_fatal() {
         "--repeat",
         "1",
         "--timeout",
-        "0.5",
+        "5",
         "--out",
         out.to_str().unwrap(),
     ]);
@@ -738,7 +740,7 @@ fn failed_and_hung_runs_are_recorded_not_fatal() {
     assert_contains(&runs, "failed");
     assert_contains(&runs, "error: the fake fails at 13 bytes");
     assert_contains(&runs, ",timeout,");
-    assert_contains(&runs, "killed after 0.5 s");
+    assert_contains(&runs, "killed after 5 s");
     assert!(!out.join("recommended.toml").exists());
 }
 
