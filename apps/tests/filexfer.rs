@@ -12,6 +12,7 @@ use std::time::Duration;
 use common::{addr4, serial, Finished, Running, Server};
 use fxutil::{random_file, run_bounded, run_bounded_env, sha256, Scratch, FILEXFER};
 use pinpoll::{Access, Connection, EngineConfig};
+use pinpoll_apps::filexfer::digest::{ChainingValue, ChunkGeometry};
 use pinpoll_apps::filexfer::protocol::{FailCode, Msg, HELLO};
 use pinpoll_apps::filexfer::{engine_config, CHUNK, SLOT_SIZE};
 
@@ -433,9 +434,10 @@ impl Raw {
         }
     }
 
-    fn write(&mut self, slot: u32, data: &[u8], crc: u32) {
+    /// Writes `data` and the chaining value `cv` after it into `slot`.
+    fn write(&mut self, slot: u32, data: &[u8], cv: &ChainingValue) {
         let mut buf = data.to_vec();
-        buf.extend_from_slice(&crc.to_be_bytes());
+        buf.extend_from_slice(cv);
         let off = u64::from(slot % self.slots) * u64::from(SLOT_SIZE);
         self.conn.write(&buf, off, Some(slot)).unwrap();
     }
@@ -443,8 +445,10 @@ impl Raw {
     /// Sends `data` as the real client would (one chunk in flight at a
     /// time), then `Finish`; returns the server's last answer.
     fn send_all(&mut self, data: &[u8]) -> Msg {
+        let geometry = ChunkGeometry::v3(data.len() as u64);
         for (i, chunk) in data.chunks(CHUNK as usize).enumerate() {
-            self.write(i as u32 % self.slots, chunk, crc32c::crc32c(chunk));
+            let cv = geometry.chunk_cv(i as u64, chunk).unwrap();
+            self.write(i as u32 % self.slots, chunk, &cv);
             assert_eq!(next_msg(&mut self.conn), Msg::Credit { count: 1 });
         }
         self.finish(data.len() as u64, *blake3::hash(data).as_bytes())
@@ -526,20 +530,27 @@ fn chunks_that_break_the_rules_fail_the_transfer_and_leave_nothing() {
     // Room for every connection, including those still tearing down.
     let server = start_server(&dst, &["--max-clients", "16"]);
     let data = vec![7u8; 100];
-    let good_crc = crc32c::crc32c(&data);
+    let good = ChunkGeometry::v3(100).chunk_cv(0, &data).unwrap();
+    let mut bad_cv = good;
+    bad_cv[31] ^= 1;
 
-    // A corrupted chunk (CRC mismatch).
-    let mut raw = Raw::start(server.port, b"crc.bin", 100);
-    raw.write(0, &data, good_crc ^ 1);
-    let (code, message) = fail_of(next_msg(&mut raw.conn));
+    // A chunk that does not match its value: its credit comes back as
+    // soon as it is copied; the verdict by the next message at the latest.
+    let mut raw = Raw::start(server.port, b"cv.bin", 100);
+    raw.write(0, &data, &bad_cv);
+    assert_eq!(next_msg(&mut raw.conn), Msg::Credit { count: 1 });
+    let (code, message) = fail_of(raw.finish(100, *blake3::hash(&data).as_bytes()));
     assert_eq!(code, FailCode::Integrity, "{message}");
-    assert!(message.contains("CRC32C"), "{message}");
+    assert!(
+        message.contains("chunk 0 (bytes 0..) does not match its BLAKE3 chaining value"),
+        "{message}"
+    );
 
     drop(raw);
 
     // A chunk for the wrong slot.
     let mut raw = Raw::start(server.port, b"slot.bin", 100);
-    raw.write(1, &data, good_crc);
+    raw.write(1, &data, &good);
     let (code, message) = fail_of(next_msg(&mut raw.conn));
     assert_eq!(code, FailCode::Protocol, "{message}");
     assert!(message.contains("slot 1, expected slot 0"), "{message}");
@@ -548,7 +559,7 @@ fn chunks_that_break_the_rules_fail_the_transfer_and_leave_nothing() {
 
     // More bytes than declared.
     let mut raw = Raw::start(server.port, b"long.bin", 50);
-    raw.write(0, &data, good_crc);
+    raw.write(0, &data, &good);
     let (code, message) = fail_of(next_msg(&mut raw.conn));
     assert_eq!(code, FailCode::Protocol, "{message}");
 
@@ -556,7 +567,7 @@ fn chunks_that_break_the_rules_fail_the_transfer_and_leave_nothing() {
 
     // Every chunk right, but the whole-file hash wrong.
     let mut raw = Raw::start(server.port, b"hash.bin", 100);
-    raw.write(0, &data, good_crc);
+    raw.write(0, &data, &good);
     assert_eq!(next_msg(&mut raw.conn), Msg::Credit { count: 1 });
     raw.conn
         .send(
@@ -575,7 +586,7 @@ fn chunks_that_break_the_rules_fail_the_transfer_and_leave_nothing() {
 
     // Every byte there and the hash right, but Finish names another size.
     let mut raw = Raw::start(server.port, b"size.bin", 100);
-    raw.write(0, &data, good_crc);
+    raw.write(0, &data, &good);
     assert_eq!(next_msg(&mut raw.conn), Msg::Credit { count: 1 });
     let (code, message) = fail_of(raw.finish(99, *blake3::hash(&data).as_bytes()));
     assert_eq!(code, FailCode::Integrity, "{message}");
@@ -1008,7 +1019,7 @@ fn a_tmpfs_too_small_gets_enospc_and_keeps_nothing() {
 }
 
 /// Issue 7, case 11: one bit flipped in one chunk (the client's test-only
-/// hook, after the chunk's CRC32C was computed) fails the transfer; no
+/// hook, after the chunk's chaining value was computed) fails the transfer; no
 /// file is put in place; the same file then goes through intact.
 #[test]
 #[ignore = "needs an RDMA device"]
@@ -1030,7 +1041,7 @@ fn a_flipped_bit_in_one_chunk_fails_the_transfer_and_keeps_nothing() {
     let line = out.one_error_line("client");
     assert!(
         line.contains("flip.bin")
-            && line.contains("chunk 2 (bytes 524280..) failed its CRC32C check"),
+            && line.contains("chunk 2 (bytes 524288..) does not match its BLAKE3 chaining value"),
         "{line}"
     );
     assert!(dst.names().is_empty(), "{:?}", dst.names());
@@ -1039,6 +1050,126 @@ fn a_flipped_bit_in_one_chunk_fails_the_transfer_and_keeps_nothing() {
     let done = server.finish();
     assert_eq!(client_errors(&done).len(), 1, "{done:#?}");
     assert_eq!(dst.names(), ["flip.bin"]);
+}
+
+/// The `BLAKE3 <hex>` a summary line ends with.
+fn printed_digest(output: &str, line_start: &str) -> String {
+    let line = output
+        .lines()
+        .find(|l| l.contains(line_start))
+        .unwrap_or_else(|| panic!("no line with {line_start:?} in {output:?}"));
+    let (_, hex) = line
+        .rsplit_once(", BLAKE3 ")
+        .unwrap_or_else(|| panic!("no digest in {line:?}"));
+    hex.to_owned()
+}
+
+/// Protocol 3's digest, merged from per-chunk chaining values on several
+/// verifier threads, is `blake3::hash(file)` (what `b3sum` prints), on
+/// both sides' summary lines, at every edge of BLAKE3's and the
+/// protocol's chunks, and with many chunks wrapping the 16-slot ring
+/// around with a short tail; the stored file is the sent one.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn the_printed_digest_is_blake3_of_the_file_at_every_edge_size() {
+    let _g = serial();
+    let c = CHUNK as usize;
+    let sizes = [0, 1, 1023, 1024, 1025, c - 1, c, c + 1, 40 * c + 12345];
+    let src = Scratch::new("src");
+    let dst = Scratch::new("dst");
+    let count = sizes.len().to_string();
+    let server = start_server(&dst, &["--count", &count, "--verify-threads", "3"]);
+    let mut expected = Vec::new();
+    for (i, &len) in sizes.iter().enumerate() {
+        let name = format!("digest-{len}.bin");
+        let path = src.join(&name);
+        random_file(&path, len, 100 + i as u64);
+        let hex = blake3::hash(&std::fs::read(&path).unwrap())
+            .to_hex()
+            .to_string();
+        let out = send(&server, &path, &["--verify-threads", "2"]);
+        out.assert_ok(&name);
+        assert_eq!(printed_digest(&out.stdout, &format!("sent {name}: ")), hex);
+        assert_eq!(sha256(&dst.join(&name)), sha256(&path), "{name} differs");
+        expected.push((name, hex));
+    }
+    let done = server.finish();
+    done.assert_ok("server");
+    for (name, hex) in expected {
+        let line_start = format!(" received {name}: ");
+        assert_eq!(printed_digest(&done.stdout, &line_start), hex, "{name}");
+    }
+}
+
+/// A client that writes a chunk's slot again after the chunk and its
+/// value arrived (its test-only hook) never gets the rewritten bytes
+/// stored. When the server copies the slot after the rewrite (its own
+/// test-only hook waits for it), the copy does not match the value: the
+/// transfer fails and nothing is kept. When the server copied first, the
+/// rewrite is too late to matter: the file is stored as sent, byte for
+/// byte, or refused — never with the rewritten bytes.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_slot_rewritten_after_its_chunk_is_never_stored() {
+    use pinpoll_apps::filexfer::client::REWRITE_ENV;
+    use pinpoll_apps::filexfer::server::AWAIT_REWRITE_ENV;
+    let _g = serial();
+    if !cfg!(debug_assertions) {
+        panic!("{REWRITE_ENV} exists only in debug builds: run the debug test build");
+    }
+    let src = Scratch::new("src");
+    let file = src.join("rewrite.bin");
+    random_file(&file, 5 * CHUNK as usize + 10, 91);
+    let path = file.display().to_string();
+    let host = addr4();
+    let rewrite = [(REWRITE_ENV, "2")];
+
+    let dst = Scratch::new("dst");
+    let server = Server::start_env(
+        FILEXFER,
+        &[
+            "serve",
+            "--dir",
+            dst.str(),
+            "--timeout",
+            "20",
+            "--count",
+            "1",
+        ],
+        &[(AWAIT_REWRITE_ENV, "2")],
+    );
+    let port = server.port_arg();
+    let args = ["send", &host, &path, "--port", &port, "--timeout", "20"];
+    let out = run_bounded_env(FILEXFER, &args, &rewrite, BOUND);
+    let line = out.one_error_line("client");
+    assert!(
+        line.contains("chunk 2 (bytes 524288..) does not match its BLAKE3 chaining value"),
+        "{line}"
+    );
+    let done = server.finish();
+    assert!(
+        done.stderr
+            .contains(&format!("{AWAIT_REWRITE_ENV}: the client rewrote the slot")),
+        "{done:#?}"
+    );
+    assert_eq!(client_errors(&done).len(), 1, "{done:#?}");
+    assert!(dst.names().is_empty(), "{:?}", dst.names());
+
+    // Without the server waiting: whichever comes first, the rewrite never
+    // reaches the file.
+    let dst = Scratch::new("dst-race");
+    let server = start_server(&dst, &["--count", "1"]);
+    let port = server.port_arg();
+    let args = ["send", &host, &path, "--port", &port, "--timeout", "20"];
+    let out = run_bounded_env(FILEXFER, &args, &rewrite, BOUND);
+    if out.status.success() {
+        assert_eq!(sha256(&dst.join("rewrite.bin")), sha256(&file));
+    } else {
+        let line = out.one_error_line("client");
+        assert!(line.contains("BLAKE3 chaining value"), "{line}");
+        assert!(dst.names().is_empty(), "{:?}", dst.names());
+    }
+    server.finish();
 }
 
 /// Whether this process has CAP_IPC_LOCK (bit 14 of CapEff).

@@ -13,15 +13,17 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use pinpoll::EngineConfig;
 use pinpoll_apps::cli::{parse_timeout, CommonArgs};
+use pinpoll_apps::filexfer::chunk_pool::default_threads;
 use pinpoll_apps::filexfer::client::{self, SendOptions};
 use pinpoll_apps::filexfer::server::{self, ServeOptions};
 use pinpoll_apps::filexfer::DEFAULT_PORT;
 use pinpoll_apps::output::Output;
 
 /// Send files over RDMA: pipelined RDMA WRITE_WITH_IMM into the server's
-/// ring of chunk slots, a CRC32C per chunk, a BLAKE3 digest of the whole file,
-/// and a file that appears under its name on the server only once it is
-/// verified and on disk.
+/// ring of chunk slots, each chunk checked against its BLAKE3 chaining
+/// value, the values merged into the file's BLAKE3 digest (what `b3sum`
+/// prints), and a file that appears under its name on the server only once
+/// it is verified and on disk.
 #[derive(Debug, Parser)]
 #[command(
     name = "filexfer",
@@ -60,6 +62,13 @@ struct Cli {
     /// bounds the waits and heartbeats.
     #[arg(long, value_name = "NAME", global = true)]
     profile: Option<String>,
+
+    /// Threads hashing the chunks beside the busy-polling thread (send:
+    /// reading and hashing the file ahead; serve: checking and writing
+    /// each transfer's chunks). Default: the cores left after the polling
+    /// thread, at least 1.
+    #[arg(long, value_name = "N", global = true, value_parser = clap::value_parser!(u32).range(1..=256))]
+    verify_threads: Option<u32>,
 
     #[command(flatten)]
     common: CommonArgs,
@@ -156,6 +165,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .map(EngineConfig::load)
         .transpose()
         .context("--profile")?;
+    let verify_threads = cli
+        .verify_threads
+        .map_or_else(default_threads, |n| n as usize);
     match cli.command {
         Command::Serve {
             dir,
@@ -173,6 +185,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 count,
                 overwrite,
                 core: cli.core,
+                verify_threads,
                 profile,
             },
             &cli.common,
@@ -192,6 +205,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 core: cli.core,
                 classic,
                 wait_for_file,
+                verify_threads,
                 profile,
             },
             &cli.common,

@@ -1,15 +1,20 @@
 //! `filexfer send`: one file to a server, every server slot kept busy.
 //!
-//! Test-only fault hook: in debug builds (never in release builds, where it
-//! is compiled out), `PINPOLL_FILEXFER_TEST_FLIP_BIT=N`, read once when the
-//! transfer starts, flips one bit of chunk `N` after its CRC32C and the
-//! BLAKE3 digest were computed — a chunk corrupted on the way, which the server
-//! must catch. It exists for `apps/tests/filexfer.rs`; do not set it.
+//! Test-only fault hooks, read once when the transfer starts, in debug
+//! builds only (release builds never read them), for
+//! `apps/tests/filexfer.rs`; do not set them:
+//! - `PINPOLL_FILEXFER_TEST_FLIP_BIT=N` flips one bit of chunk `N` after
+//!   its chaining value was computed — a chunk corrupted on the way, which
+//!   the server must catch.
+//! - `PINPOLL_FILEXFER_TEST_REWRITE=N` writes chunk `N`'s slot again,
+//!   with one bit flipped, right after the chunk and its value — a client
+//!   that changes a slot after the server was told it is complete, whose
+//!   rewritten bytes the server must refuse or never see, never store.
 
 use std::fs::File;
 use std::io::IsTerminal as _;
-use std::os::unix::fs::FileExt as _;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
@@ -17,12 +22,15 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pinpoll::{Access, Connection, Event};
 
 use crate::cli::{socket_addr, CommonArgs};
+use crate::filexfer::chunk_pool::PoolSize;
+use crate::filexfer::digest::ChunkGeometry;
 use crate::filexfer::name;
 use crate::filexfer::protocol::{Msg, HELLO};
+use crate::filexfer::read_ahead::HashingReader;
 use crate::filexfer::server::{send_and_wait, settle};
 use crate::filexfer::{
-    chunk_len, engine_config, explain_link, is_registration, pin, summary, with_transport, BATCH,
-    TRAILER,
+    digest_summary, engine_config, explain_link, is_registration, pin, with_transport, BATCH,
+    CHUNK, TRAILER,
 };
 use crate::output::{printable, Output};
 use crate::session::device_exists;
@@ -39,6 +47,8 @@ pub struct SendOptions {
     pub classic: bool,
     /// Connect first, then wait up to this long for the file to appear.
     pub wait_for_file: Option<Duration>,
+    /// Threads reading and hashing the file ahead of the sender.
+    pub verify_threads: usize,
     /// Transport settings from a tuning profile (`--profile`).
     pub profile: Option<pinpoll::EngineConfig>,
 }
@@ -54,20 +64,35 @@ pub fn wire_name(path: &Path) -> anyhow::Result<String> {
     Ok(name.to_owned())
 }
 
-/// The test-only fault hook (see the module docs).
+/// The test-only hook that flips a bit of a chunk (see the module docs).
 pub const FLIP_BIT_ENV: &str = "PINPOLL_FILEXFER_TEST_FLIP_BIT";
+/// The test-only hook that rewrites a slot after its chunk (see the
+/// module docs).
+pub const REWRITE_ENV: &str = "PINPOLL_FILEXFER_TEST_REWRITE";
 
-/// The chunk whose bit the test-only hook flips, if any.
-fn flip_bit_chunk() -> anyhow::Result<Option<u64>> {
-    if !cfg!(debug_assertions) {
-        return Ok(None);
-    }
-    match std::env::var(FLIP_BIT_ENV) {
-        Err(_) => Ok(None),
-        Ok(v) => v
-            .parse()
-            .map(Some)
-            .with_context(|| format!("{FLIP_BIT_ENV}={v:?}: expected a chunk index")),
+/// The test-only fault hooks set for this transfer (none in release builds).
+#[derive(Debug, Default)]
+struct Faults {
+    flip: Option<u64>,
+    rewrite: Option<u64>,
+}
+
+impl Faults {
+    fn from_env() -> anyhow::Result<Self> {
+        if !cfg!(debug_assertions) {
+            return Ok(Self::default());
+        }
+        let chunk = |env: &str| match std::env::var(env) {
+            Err(_) => Ok(None),
+            Ok(v) => v
+                .parse()
+                .map(Some)
+                .with_context(|| format!("{env}={v:?}: expected a chunk index")),
+        };
+        Ok(Self {
+            flip: chunk(FLIP_BIT_ENV)?,
+            rewrite: chunk(REWRITE_ENV)?,
+        })
     }
 }
 
@@ -84,7 +109,6 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
         Some(_) => None,
         None => Some(open_source(path)?),
     };
-    let flip = flip_bit_chunk()?;
     pin(opts.core)?;
 
     let cfg = with_transport(
@@ -163,88 +187,36 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
     };
     ensure!(
         (1..=1 << 16).contains(&slots)
-            && slot_size as usize > TRAILER
+            && slot_size as usize >= CHUNK as usize + TRAILER
             && slot_size as usize <= conn.slot_size()
             && u64::from(slots) * u64::from(slot_size) <= peer.len,
-        "the server offered {slots} slots of {slot_size} bytes, which its ring of {} bytes or this side's {}-byte slots cannot hold",
+        "the server offered {slots} slots of {slot_size} bytes, which a chunk of {CHUNK} bytes and its value, its ring of {} bytes or this side's {}-byte slots cannot hold",
         peer.len,
         conn.slot_size()
     );
-    let chunk = chunk_len(slot_size);
-    let chunks = size.div_ceil(chunk);
     let bar = progress_bar(size, common.quiet, &shown);
-
-    let mut hasher = blake3::Hasher::new();
-    let (mut next, mut credits) = (0u64, u64::from(slots));
-    while next < chunks {
-        if credits == 0 {
-            let msg = {
-                let m = conn.recv().map_err(link).with_context(|| {
-                    format!(
-                        "sending {shown} ({} of {size} bytes posted)",
-                        (next * chunk).min(size)
-                    )
-                })?;
-                ensure!(m.imm.is_none(), "the server wrote into this side's memory");
-                Msg::decode(m.data)?
-            };
-            match msg {
-                Msg::Credit { count } => {
-                    credits += u64::from(count);
-                    ensure!(
-                        credits <= u64::from(slots),
-                        "the server returned more credits than it has slots"
-                    );
-                }
-                Msg::Fail { message, .. } => {
-                    bail!("the server failed the transfer of {shown}: {message}")
-                }
-                other => bail!("the server sent {} during the transfer", other.name()),
-            }
-            continue;
-        }
-        if let Err(e) = settle(&mut conn, timeout, "server") {
-            return Err(server_verdict(&mut conn, &shown).unwrap_or(e));
-        }
-        let n = credits.min(u64::from(BATCH)).min(chunks - next);
-        let mut b = conn.batch();
-        for _ in 0..n {
-            let offset = next * chunk;
-            let len = chunk.min(size - offset) as usize;
-            let slot = (next % u64::from(slots)) as u32;
-            let remote = u64::from(slot) * u64::from(slot_size);
-            let hasher = &mut hasher;
-            let file = &file;
-            let corrupt = flip == Some(next) && len > 0;
-            b.write_from(len + TRAILER, remote, Some(slot), move |buf| {
-                let (data, trailer) = buf.split_at_mut(len);
-                file.read_exact_at(data, offset)?;
-                trailer.copy_from_slice(&crc32c::crc32c(data).to_be_bytes());
-                hasher.update(&*data);
-                if corrupt {
-                    data[len / 2] ^= 0x10;
-                }
-                Ok(())
-            })
-            .map_err(|e| match e {
-                pinpoll::Error::SlotFill { source } => anyhow::Error::new(source).context(format!(
-                    "reading {} at byte {offset} (did the file change?)",
-                    path.display()
-                )),
-                e => link(e),
-            })?;
-            next += 1;
-        }
-        b.post().map_err(link).context("posting chunks")?;
-        credits -= n;
-        if let Some(bar) = &bar {
-            bar.set_position((next * chunk).min(size));
-        }
+    let threads = opts.verify_threads.max(1);
+    let pool = PoolSize {
+        threads,
+        buffers: 2 * threads + BATCH as usize,
+    };
+    let mut reader = HashingReader::new(Arc::new(file), ChunkGeometry::v3(size), pool)
+        .map_err(|e| anyhow::Error::new(e).context(format!("reading {}", path.display())))?;
+    let ring = Ring { slots, slot_size };
+    let sent = send_chunks(&mut conn, &mut reader, ring, timeout, &shown, bar.as_ref());
+    if let Err(e) = sent {
+        return Err(server_verdict(&mut conn, &shown).unwrap_or(e));
     }
-    let digest: [u8; 32] = hasher.finalize().into();
+    let digest = reader
+        .finish()
+        .map_err(|e| anyhow::Error::new(e).context(format!("reading {}", path.display())))?;
     if let Err(e) = send_and_wait(
         &mut conn,
-        &Msg::Finish { size, digest }.encode(),
+        &Msg::Finish {
+            size,
+            digest: *digest.as_bytes(),
+        }
+        .encode(),
         timeout,
         "server",
     ) {
@@ -282,8 +254,111 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
     if let Err(e) = conn.close() {
         tracing::debug!(error = %e, "closing the connection after Complete");
     }
-    out.progress(format_args!("sent {shown}: {}", summary(size, elapsed)))?;
+    out.progress(format_args!(
+        "sent {shown}: {}",
+        digest_summary(size, elapsed, &digest)
+    ))?;
     Ok(())
+}
+
+/// The server's ring as its `Ready` offered it.
+#[derive(Debug, Clone, Copy)]
+struct Ring {
+    slots: u32,
+    slot_size: u32,
+}
+
+/// Sends every chunk `reader` hands out, each into its slot with its
+/// chaining value after it, keeping every slot the server has credited
+/// busy.
+fn send_chunks(
+    conn: &mut Connection,
+    reader: &mut HashingReader,
+    ring: Ring,
+    timeout: Duration,
+    shown: &str,
+    bar: Option<&ProgressBar>,
+) -> anyhow::Result<()> {
+    let link = |e| explain_link(e, "server");
+    let faults = Faults::from_env()?;
+    let (size, chunks) = (
+        reader.geometry().file_len(),
+        reader.geometry().chunk_count(),
+    );
+    let (mut next, mut credits) = (0u64, u64::from(ring.slots));
+    while next < chunks {
+        if credits == 0 {
+            credits = await_credit(conn, ring.slots, shown).with_context(|| {
+                format!(
+                    "sending {shown} ({} of {size} bytes posted)",
+                    (next * CHUNK).min(size)
+                )
+            })?;
+            continue;
+        }
+        settle(conn, timeout, "server")?;
+        // A rewrite takes a request of its own in the batch.
+        let room = u64::from(BATCH) - u64::from(faults.rewrite.is_some());
+        let n = credits.min(room).min(chunks - next);
+        let mut b = conn.batch();
+        for _ in 0..n {
+            let chunk = reader
+                .next_chunk()?
+                .context("the file ended before its last chunk")?;
+            let slot = (next % u64::from(ring.slots)) as u32;
+            let remote = u64::from(slot) * u64::from(ring.slot_size);
+            let (bytes, cv) = (chunk.bytes(), chunk.cv());
+            let flip = faults.flip == Some(next);
+            b.write_from(bytes.len() + TRAILER, remote, Some(slot), |buf| {
+                let (data, trailer) = buf.split_at_mut(bytes.len());
+                data.copy_from_slice(bytes);
+                trailer.copy_from_slice(cv);
+                if flip {
+                    data[bytes.len() / 2] ^= 0x10;
+                }
+                Ok(())
+            })
+            .map_err(link)?;
+            if faults.rewrite == Some(next) {
+                b.write_from(bytes.len(), remote, None, |data| {
+                    data.copy_from_slice(bytes);
+                    data[bytes.len() / 2] ^= 0x10;
+                    Ok(())
+                })
+                .map_err(link)?;
+            }
+            next += 1;
+        }
+        b.post().map_err(link).context("posting chunks")?;
+        credits -= n;
+        if let Some(bar) = bar {
+            bar.set_position((next * CHUNK).min(size));
+        }
+    }
+    Ok(())
+}
+
+/// Waits for the server's next `Credit` and returns its count (at most
+/// the ring's `slots`: no chunk is in flight while this side waits).
+fn await_credit(conn: &mut Connection, slots: u32, shown: &str) -> anyhow::Result<u64> {
+    let msg = {
+        let m = conn.recv().map_err(|e| explain_link(e, "server"))?;
+        ensure!(m.imm.is_none(), "the server wrote into this side's memory");
+        Msg::decode(m.data)?
+    };
+    match msg {
+        Msg::Credit { count } => {
+            ensure!(
+                count <= slots,
+                "the server returned more credits than it has slots"
+            );
+            Ok(u64::from(count))
+        }
+        Msg::Fail { message, .. } => {
+            bail!("the server failed the transfer of {shown}: {message}")
+        }
+        other => bail!("the server sent {} during the transfer", other.name()),
+    }
 }
 
 /// Names the step of connecting that failed: resolving the address (a

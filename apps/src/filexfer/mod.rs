@@ -5,14 +5,15 @@
 //!   messages) with their bounds-checked decoders.
 //! - [`server`] — `filexfer serve`: the accept loop (a thread per
 //!   transfer, at most `--max-clients` at once) and one transfer's receive
-//!   side: per-chunk CRC32C, whole-file BLAKE3 digest, temp file, fsync, link
+//!   side: each chunk copied once out of its slot and checked against its
+//!   BLAKE3 chaining value on the verifier pool, temp file, fsync, link
 //!   into place without overwriting, fsync of the directory.
 //! - [`classic`] — serving clients of the classic rdma-file-transfer
 //!   example unchanged (told apart by their all-zero private data).
 //! - [`temp`] — the server's locked temp files, and removing those a dead
 //!   server left behind.
 //! - [`client`] — `filexfer send`: keeps every server slot busy with
-//!   RDMA WRITE_WITH_IMM straight from the file into registered memory.
+//!   RDMA WRITE_WITH_IMM of the chunks its hashing pool read and hashed.
 //! - [`digest`] — protocol v3's digest: each slot-sized chunk's BLAKE3
 //!   chaining value, merged in any order into `blake3::hash(file)`.
 //! - [`chunk_pool`] — v3's fixed, recycled chunk buffers (private copies
@@ -22,12 +23,12 @@
 //! - [`read_ahead`] — v3's sender pool: `pread` and hash the chunks ahead
 //!   of the sender, handed out in order with their values.
 //!
-//! # The native protocol
+//! # The native protocol (version 3)
 //!
 //! 1. The client connects over rdma_cm with a [`pinpoll::Connection`],
 //!    whose private data is its ring's
 //!    [`pinpoll::connect::RegionDescriptor`] followed by
-//!    [`protocol::HELLO`] (`PPFX`, version 2). The server registers a ring
+//!    [`protocol::HELLO`] (`PPFX`, version 3). The server registers a ring
 //!    of [`SLOTS`] chunk slots of [`SLOT_SIZE`] bytes with remote write
 //!    only, posts its receives, and accepts with the ring's descriptor as
 //!    private data. Anything else is rejected with a reason; an extra
@@ -36,19 +37,23 @@
 //!    ([`name::validate`]), refuses an existing target (unless
 //!    `--overwrite`), creates a temp file with `create_new` in `--dir`, and
 //!    answers `Ready{slots, slot_size}` or `Fail{code, message}`.
-//! 3. Chunk `i` (of [`chunk_len`] bytes, the last one shorter) goes to
-//!    slot `i % slots` by WRITE_WITH_IMM, the immediate naming the slot,
-//!    with its CRC32C (big-endian) as a 4-byte trailer. The client has at
-//!    most `slots` chunks in flight; the server checks slot, length and
-//!    CRC of its one private copy of the chunk (the slot stays writable
-//!    by the client), writes and hashes that copy, and SENDs `Credit{1}`
-//!    for the slot.
-//! 4. Client SENDs `Finish{size, digest}` (BLAKE3 of the whole file);
-//!    the server checks both,
-//!    fsyncs, links the temp file to the final name (refusing an existing
-//!    one), removes the temp name, fsyncs the directory, and only then
-//!    SENDs `Complete{size}`. Any failure is `Fail` and the temp file is
-//!    removed: a bad or partial file never appears under the final name.
+//! 3. Chunk `i` (of [`CHUNK`] bytes, the last one shorter) goes to slot
+//!    `i % slots` by WRITE_WITH_IMM, the immediate naming the slot, with
+//!    its BLAKE3 chaining value ([`digest`]) as a 32-byte trailer. The
+//!    client has at most `slots` chunks in flight. The server checks slot
+//!    and length, copies the chunk and its value once out of the slot
+//!    (which stays writable by the client) into a buffer of its verifier
+//!    pool, SENDs `Credit{1}` for the slot at once, and a verifier thread
+//!    checks that private copy against the value, `pwrite`s it at the
+//!    chunk's offset and merges the value into the file's digest: what is
+//!    checked is what is stored.
+//! 4. Client SENDs `Finish{size, digest}` (BLAKE3 of the whole file, as
+//!    `b3sum` prints it); once every chunk is checked and written the
+//!    server compares both, checks the file's size, fsyncs, links the temp
+//!    file to the final name (refusing an existing one), removes the temp
+//!    name, fsyncs the directory, and only then SENDs `Complete{size}`.
+//!    Any failure is `Fail` and the temp file is removed: a bad or partial
+//!    file never appears under the final name.
 
 pub mod chunk_pool;
 pub mod classic;
@@ -67,22 +72,18 @@ use pinpoll::{EngineConfig, IdlePolicy, PageSize, QpConfig};
 
 /// Default rdma_cm port (the classic example's).
 pub const DEFAULT_PORT: u16 = 12345;
-/// Bytes per chunk slot in the server's ring (data plus CRC trailer).
-pub const SLOT_SIZE: u32 = 256 * 1024;
+/// Data bytes of every chunk but the last: a power of two, so that each
+/// chunk is a whole subtree of BLAKE3's tree (see [`digest`]).
+pub const CHUNK: u64 = 256 * 1024;
+/// The chunk's BLAKE3 chaining value, sent after its data in the slot.
+pub const TRAILER: usize = 32;
+/// Bytes per chunk slot in the server's ring: a chunk and its trailer,
+/// rounded up to the engine's 64-byte slot granularity.
+pub const SLOT_SIZE: u32 = (CHUNK as u32 + TRAILER as u32).next_multiple_of(64);
 /// Chunk slots in the server's ring: the chunks in flight.
 pub const SLOTS: u32 = 16;
-/// The CRC32C trailer after each chunk's data.
-pub const TRAILER: usize = 4;
 /// Chunks posted with one doorbell, at most.
 pub(crate) const BATCH: u32 = 4;
-
-/// The data bytes of a chunk that fills a slot of `slot_size` bytes.
-pub fn chunk_len(slot_size: u32) -> u64 {
-    u64::from(slot_size) - TRAILER as u64
-}
-
-/// The data bytes of every chunk but the last with the default geometry.
-pub const CHUNK: u64 = SLOT_SIZE as u64 - TRAILER as u64;
 
 /// Heartbeats a peer may leave unanswered (see [`engine_config`]).
 pub const HEARTBEAT_MISSES: u32 = 3;
@@ -161,6 +162,11 @@ pub fn summary(bytes: u64, elapsed: Duration) -> String {
         0.0
     };
     format!("{bytes} bytes in {secs:.3} s ({rate:.1} MiB/s)")
+}
+
+/// [`summary`] and the file's BLAKE3 digest in hex, as `b3sum` prints it.
+pub fn digest_summary(bytes: u64, elapsed: Duration, digest: &blake3::Hash) -> String {
+    format!("{}, BLAKE3 {}", summary(bytes, elapsed), digest.to_hex())
 }
 
 /// Names the usual causes of a failed wait on the connection.

@@ -16,9 +16,13 @@
 //! | 1    | `Start`    | size u64, name length u16, name (1..=255 bytes) |
 //! | 2    | `Ready`    | slots u32, slot size u32 |
 //! | 3    | `Credit`   | count u32 |
-//! | 4    | `Finish`   | size u64, BLAKE3 digest (32 bytes) |
+//! | 4    | `Finish`   | size u64, BLAKE3 digest of the file (32 bytes) |
 //! | 5    | `Complete` | size u64 |
 //! | 6    | `Fail`     | code u16, message length u16, message (UTF-8, ≤ 1024) |
+//!
+//! Chunks are not messages: each is an RDMA WRITE_WITH_IMM of its data
+//! followed by its 32-byte BLAKE3 chaining value (see
+//! [`digest`](super::digest)) into the slot the immediate names.
 
 use std::fmt;
 
@@ -28,9 +32,11 @@ use crate::filexfer::name::MAX_NAME;
 
 const MAGIC: [u8; 4] = *b"PPFX";
 /// The protocol version; a peer with another one is refused. Version 2
-/// replaced version 1's whole-file SHA-256 with BLAKE3: the hash was ~98 %
-/// of each side's instructions, at ~55 instructions per byte.
-pub const VERSION: u8 = 2;
+/// replaced version 1's whole-file SHA-256 with BLAKE3; version 3 replaced
+/// version 2's per-chunk CRC32C and second pass over the file with one
+/// BLAKE3 pass: each chunk carries its chaining value, and the values
+/// merge into the file's digest.
+pub const VERSION: u8 = 3;
 /// The client's connect private data, after its ring descriptor.
 pub const HELLO: [u8; 8] = [b'P', b'P', b'F', b'X', VERSION, 0, 0, 0];
 /// The longest `Fail` message.
@@ -82,7 +88,7 @@ pub enum FailCode {
     Exists,
     /// A local I/O error (create, write, fsync, link).
     Io,
-    /// A CRC or digest mismatch, or a size that does not add up.
+    /// A chunk or digest mismatch, or a size that does not add up.
     Integrity,
     /// A message or write that breaks the protocol.
     Protocol,
@@ -381,10 +387,10 @@ mod tests {
             (
                 {
                     let mut b = good.clone();
-                    b[4] = 3;
+                    b[4] = 2;
                     b
                 },
-                "version 3",
+                "version 2",
             ),
             (
                 {

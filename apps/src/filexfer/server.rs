@@ -1,7 +1,6 @@
 //! `filexfer serve`: the accept loop and one transfer's receive side.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -13,12 +12,16 @@ use pinpoll::connect::cm::Listener;
 use pinpoll::{Access, Connection, Endpoint, EngineConfig};
 
 use crate::cli::{show_addr, socket_addr, CommonArgs};
+use crate::filexfer::chunk_pool::{PipelineError, PoolSize};
 use crate::filexfer::classic::ClassicSide;
+use crate::filexfer::digest::{ChunkGeometry, DigestError};
 use crate::filexfer::name::{self, RESERVED_PREFIX};
 use crate::filexfer::protocol::{self, classify_hello, FailCode, Hello, Msg};
 use crate::filexfer::temp::{self, TempFile};
+use crate::filexfer::verify::VerifierPool;
 use crate::filexfer::{
-    engine_config, explain_link, is_registration, pin, summary, with_transport, TRAILER,
+    digest_summary, engine_config, explain_link, is_registration, pin, with_transport, CHUNK,
+    SLOTS, TRAILER,
 };
 use crate::output::{printable, Output};
 use crate::run::{error_line, AlreadyReported};
@@ -37,6 +40,8 @@ pub struct ServeOptions {
     pub count: Option<u64>,
     pub overwrite: bool,
     pub core: Option<usize>,
+    /// Threads checking and writing each transfer's chunks.
+    pub verify_threads: usize,
     /// Transport settings from a tuning profile (`--profile`).
     pub profile: Option<pinpoll::EngineConfig>,
 }
@@ -210,6 +215,7 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
             cfg: cfg.clone(),
             peer: peer.clone(),
             serial: serial.fetch_add(1, Ordering::SeqCst),
+            verify_threads: opts.verify_threads,
             out,
         };
         let (active, done_tx, core) = (Arc::clone(&active), done_tx.clone(), opts.core);
@@ -345,6 +351,7 @@ struct Transfer {
     cfg: EngineConfig,
     peer: String,
     serial: u64,
+    verify_threads: usize,
     out: Output,
 }
 
@@ -355,12 +362,11 @@ struct Receiving {
     next_chunk: u64,
     slots: u32,
     slot_size: u32,
-    hasher: blake3::Hasher,
 }
 
 impl Receiving {
     /// Checks a WRITE_WITH_IMM against everything the server knows and
-    /// returns the byte range of its data in the target ring.
+    /// returns the byte range of its data and trailer in the target ring.
     fn check_chunk(&self, imm: u32, len: u32) -> anyhow::Result<std::ops::Range<usize>> {
         let expected_slot = (self.next_chunk % u64::from(self.slots)) as u32;
         if imm >= self.slots {
@@ -376,7 +382,7 @@ impl Receiving {
             ));
         }
         let left = self.size - self.received;
-        let want = left.min(crate::filexfer::chunk_len(self.slot_size)) + TRAILER as u64;
+        let want = left.min(CHUNK) + TRAILER as u64;
         if left == 0 {
             return Err(refusal(
                 FailCode::Protocol,
@@ -391,6 +397,28 @@ impl Receiving {
         }
         let start = imm as usize * self.slot_size as usize;
         Ok(start..start + len as usize)
+    }
+}
+
+/// The refusal a failed verifier pool means for the client.
+fn pipeline_refusal(err: PipelineError, shown: &str) -> anyhow::Error {
+    match &err {
+        PipelineError::Digest(DigestError::Mismatch { index }) => refusal(
+            FailCode::Integrity,
+            format!(
+                "chunk {index} (bytes {}..) does not match its BLAKE3 chaining value: the file was not kept",
+                index * CHUNK
+            ),
+        ),
+        PipelineError::Digest(e) => refusal(FailCode::Integrity, format!("{shown}: {e}")),
+        PipelineError::Write { .. } => refusal(
+            FailCode::Io,
+            format!("writing {shown} on the server: {}", error_line(&err.into())),
+        ),
+        _ => refusal(
+            FailCode::Io,
+            format!("verifying {shown} on the server: {}", error_line(&err.into())),
+        ),
     }
 }
 
@@ -423,32 +451,13 @@ impl Transfer {
     }
 
     fn receive(&self, conn: &mut Connection) -> anyhow::Result<()> {
-        let link = |e| explain_link(e, "client");
-        let start = {
-            let m = conn
-                .recv()
-                .map_err(link)
-                .context("waiting for the client's Start")?;
-            if m.imm.is_some() {
-                return Err(refusal(FailCode::Protocol, "a chunk before Start"));
-            }
-            Msg::decode(m.data).map_err(|e| refusal(FailCode::Protocol, e.to_string()))?
-        };
-        let Msg::Start { size, name } = start else {
-            return Err(refusal(
-                FailCode::Protocol,
-                format!("{} before Start", start.name()),
-            ));
-        };
-        let name = name::validate(&name)
-            .map_err(|e| refusal(FailCode::BadRequest, e.to_string()))?
-            .to_owned();
+        let (size, name) = read_start(conn)?;
         let shown = printable(name.as_bytes());
         let began = Instant::now();
         let final_path = self.dir.join(&name);
         self.check_target(&final_path, &shown)?;
         self.check_space(size, &shown)?;
-        let mut temp = TempFile::create(&self.dir, self.serial).map_err(|e| {
+        let temp = TempFile::create(&self.dir, self.serial).map_err(|e| {
             refusal(
                 FailCode::Io,
                 format!("creating a temporary file in the server's directory: {e}"),
@@ -459,113 +468,8 @@ impl Transfer {
             "client {}: receiving {shown} ({size} bytes)",
             self.peer
         ))?;
-        let mut st = Receiving {
-            size,
-            received: 0,
-            next_chunk: 0,
-            slots: crate::filexfer::SLOTS,
-            slot_size: conn.slot_size() as u32,
-            hasher: blake3::Hasher::new(),
-        };
-        send_and_wait(
-            conn,
-            &Msg::Ready {
-                slots: st.slots,
-                slot_size: st.slot_size,
-            }
-            .encode(),
-            self.cfg.completion_timeout,
-            "client",
-        )?;
-        // Each chunk is copied once out of the slot the client may write
-        // again at any time; the CRC check, the file and the digest all see
-        // that one private copy, so what is checked is what is stored.
-        let mut chunk = vec![0u8; st.slot_size as usize];
-        let finish = loop {
-            let (imm, len, msg) = {
-                let m = conn.recv().map_err(link).with_context(|| {
-                    format!("receiving {shown} ({} of {size} bytes so far)", st.received)
-                })?;
-                let msg = match m.imm {
-                    Some(_) => None,
-                    None => Some(
-                        Msg::decode(m.data)
-                            .map_err(|e| refusal(FailCode::Protocol, e.to_string()))?,
-                    ),
-                };
-                (m.imm, m.len, msg)
-            };
-            if let Some(msg) = msg {
-                break msg;
-            }
-            let imm = imm.expect("a write with immediate");
-            let range = st.check_chunk(imm, len)?;
-            let copy = &mut chunk[..range.len()];
-            conn.target().copy_to(range.start, copy)?;
-            let (data, trailer) = copy.split_at(len as usize - TRAILER);
-            let crc = crc32c::crc32c(data);
-            let sent = u32::from_be_bytes(trailer.try_into().expect("4-byte trailer"));
-            if crc != sent {
-                return Err(refusal(
-                    FailCode::Integrity,
-                    format!("chunk {} (bytes {}..) failed its CRC32C check: {crc:#010x}, sent {sent:#010x}", st.next_chunk, st.received)
-                ));
-            }
-            temp.file_mut().write_all(data).map_err(|e| {
-                refusal(FailCode::Io, format!("writing {shown} on the server: {e}"))
-            })?;
-            st.hasher.update(data);
-            st.received += data.len() as u64;
-            st.next_chunk += 1;
-            conn.send(&protocol::credit(1))
-                .map_err(link)
-                .context("returning a credit")?;
-        };
-        let Msg::Finish {
-            size: fsize,
-            digest: declared,
-        } = finish
-        else {
-            return Err(refusal(
-                FailCode::Protocol,
-                format!("{} during the transfer", finish.name()),
-            ));
-        };
-        if fsize != size || st.received != size {
-            return Err(refusal(
-                FailCode::Integrity,
-                format!(
-                    "the client declared {size} bytes, finished with {fsize}, and {} arrived",
-                    st.received
-                ),
-            ));
-        }
-        let digest: [u8; 32] = st.hasher.finalize().into();
-        if digest != declared {
-            return Err(refusal(
-                FailCode::Integrity,
-                "the file's BLAKE3 digest does not match the client's: the file was not kept",
-            ));
-        }
-        temp.file().sync_all().map_err(|e| {
-            refusal(
-                FailCode::Io,
-                format!("fsync of {shown} failed on the server: {e}"),
-            )
-        })?;
-        self.put_in_place(&mut temp, &final_path, &shown)?;
-        // Without --overwrite the data now live under the final name too:
-        // dropping the temp file removes only its temp name.
-        drop(temp);
-        pause_before_dir_fsync();
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| {
-                refusal(
-                    FailCode::Io,
-                    format!("fsync of the server's directory failed: {e}"),
-                )
-            })?;
+        let digest = self.receive_chunks(conn, &temp, size, &shown)?;
+        self.store(temp, size, &final_path, &shown)?;
         // The file is verified, durable and in place: the transfer has
         // succeeded here. The client disconnects as soon as it has read
         // Complete, which can overtake the acknowledgement of Complete (a
@@ -589,9 +493,160 @@ impl Transfer {
         self.out.progress(format_args!(
             "client {}: received {shown}: {}",
             self.peer,
-            summary(size, began.elapsed())
+            digest_summary(size, began.elapsed(), &digest)
         ))?;
         Ok(())
+    }
+
+    /// The verifier pool of one transfer: `--verify-threads` threads, and
+    /// buffers for a ring's worth of chunks, so that a slot's credit goes
+    /// back as soon as its chunk is copied even while every thread is busy.
+    fn pool_size(&self) -> PoolSize {
+        let threads = self.verify_threads.max(1);
+        PoolSize {
+            threads,
+            buffers: (2 * threads).max(SLOTS as usize),
+        }
+    }
+
+    /// Receives every chunk into `temp` and the client's `Finish`, and
+    /// returns the file's BLAKE3 digest, once every chunk is checked and
+    /// written and the digest is the one the client declared.
+    ///
+    /// Each chunk is copied once out of the slot the client may write
+    /// again at any time, and its credit returned at once; a verifier
+    /// thread checks that private copy against the chunk's value and
+    /// writes it, so what is checked is what is stored.
+    fn receive_chunks(
+        &self,
+        conn: &mut Connection,
+        temp: &TempFile,
+        size: u64,
+        shown: &str,
+    ) -> anyhow::Result<blake3::Hash> {
+        let link = |e| explain_link(e, "client");
+        let failed = |e| pipeline_refusal(e, shown);
+        let file = temp.file().try_clone().map_err(|e| {
+            refusal(
+                FailCode::Io,
+                format!("opening {shown} for the verifier threads: {e}"),
+            )
+        })?;
+        let pool = VerifierPool::new(Arc::new(file), ChunkGeometry::v3(size), self.pool_size())
+            .map_err(failed)?;
+        let mut st = Receiving {
+            size,
+            received: 0,
+            next_chunk: 0,
+            slots: SLOTS,
+            slot_size: conn.slot_size() as u32,
+        };
+        send_and_wait(
+            conn,
+            &Msg::Ready {
+                slots: st.slots,
+                slot_size: st.slot_size,
+            }
+            .encode(),
+            self.cfg.completion_timeout,
+            "client",
+        )?;
+        let rewritten = await_rewrite_chunk();
+        let finish = loop {
+            let (imm, len, msg) = {
+                let m = conn.recv().map_err(link).with_context(|| {
+                    format!("receiving {shown} ({} of {size} bytes so far)", st.received)
+                })?;
+                let msg = match m.imm {
+                    Some(_) => None,
+                    None => Some(
+                        Msg::decode(m.data)
+                            .map_err(|e| refusal(FailCode::Protocol, e.to_string()))?,
+                    ),
+                };
+                (m.imm, m.len, msg)
+            };
+            let Some(imm) = imm else {
+                break msg.expect("a message without an immediate");
+            };
+            let range = st.check_chunk(imm, len)?;
+            if rewritten == Some(st.next_chunk) {
+                await_rewrite(conn, range.clone());
+            }
+            let (mut chunk, mut cv) = (pool.buffer().map_err(failed)?, [0u8; TRAILER]);
+            let data_len = range.len() - TRAILER;
+            let target = conn.target();
+            target.copy_to(range.start, chunk.bytes_mut(data_len).map_err(failed)?)?;
+            target.copy_to(range.start + data_len, &mut cv)?;
+            conn.send(&protocol::credit(1))
+                .map_err(link)
+                .context("returning a credit")?;
+            pool.submit(st.next_chunk, cv, chunk).map_err(failed)?;
+            st.received += data_len as u64;
+            st.next_chunk += 1;
+        };
+        let Msg::Finish {
+            size: fsize,
+            digest: declared,
+        } = finish
+        else {
+            return Err(refusal(
+                FailCode::Protocol,
+                format!("{} during the transfer", finish.name()),
+            ));
+        };
+        if fsize != size || st.received != size {
+            return Err(refusal(
+                FailCode::Integrity,
+                format!(
+                    "the client declared {size} bytes, finished with {fsize}, and {} arrived",
+                    st.received
+                ),
+            ));
+        }
+        let digest = pool.finish().map_err(failed)?;
+        if *digest.as_bytes() != declared {
+            return Err(refusal(
+                FailCode::Integrity,
+                "the file's BLAKE3 digest does not match the client's: the file was not kept",
+            ));
+        }
+        Ok(digest)
+    }
+
+    /// Makes the verified temp file durable and puts it in place: checks
+    /// its size, fsyncs it, links it to its final name, fsyncs the
+    /// directory.
+    fn store(
+        &self,
+        mut temp: TempFile,
+        size: u64,
+        final_path: &Path,
+        shown: &str,
+    ) -> anyhow::Result<()> {
+        let io = |what: &str, e: std::io::Error| refusal(FailCode::Io, format!("{what}: {e}"));
+        let stored = temp
+            .file()
+            .metadata()
+            .map_err(|e| io(&format!("reading the size of {shown} on the server"), e))?
+            .len();
+        if stored != size {
+            return Err(refusal(
+                FailCode::Integrity,
+                format!("{shown} is {stored} bytes on the server, not {size}"),
+            ));
+        }
+        temp.file()
+            .sync_all()
+            .map_err(|e| io(&format!("fsync of {shown} failed on the server"), e))?;
+        self.put_in_place(&mut temp, final_path, shown)?;
+        // Without --overwrite the data now live under the final name too:
+        // dropping the temp file removes only its temp name.
+        drop(temp);
+        pause_before_dir_fsync();
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io("fsync of the server's directory failed", e))
     }
 
     /// Refuses a file larger than the free space of `--dir` before any
@@ -666,6 +721,70 @@ impl Transfer {
             )),
         }
     }
+}
+
+/// Reads the client's `Start` and validates its name.
+fn read_start(conn: &mut Connection) -> anyhow::Result<(u64, String)> {
+    let start = {
+        let m = conn
+            .recv()
+            .map_err(|e| explain_link(e, "client"))
+            .context("waiting for the client's Start")?;
+        if m.imm.is_some() {
+            return Err(refusal(FailCode::Protocol, "a chunk before Start"));
+        }
+        Msg::decode(m.data).map_err(|e| refusal(FailCode::Protocol, e.to_string()))?
+    };
+    let Msg::Start { size, name } = start else {
+        return Err(refusal(
+            FailCode::Protocol,
+            format!("{} before Start", start.name()),
+        ));
+    };
+    let name = name::validate(&name)
+        .map_err(|e| refusal(FailCode::BadRequest, e.to_string()))?
+        .to_owned();
+    Ok((size, name))
+}
+
+/// Test hook, debug builds only: `PINPOLL_FX_AWAIT_REWRITE=N` makes the
+/// server, before it copies chunk `N` out of its slot, wait (up to 10 s)
+/// until the client has written that slot again — as a client with the
+/// matching hook ([`crate::filexfer::client::REWRITE_ENV`]) does right
+/// after the chunk. The copy then sees the rewritten bytes, so a test can
+/// check that they are refused, never stored. Release builds never wait.
+pub const AWAIT_REWRITE_ENV: &str = "PINPOLL_FX_AWAIT_REWRITE";
+
+/// The chunk whose rewrite [`AWAIT_REWRITE_ENV`] waits for, if any.
+fn await_rewrite_chunk() -> Option<u64> {
+    if !cfg!(debug_assertions) {
+        return None;
+    }
+    let value = std::env::var(AWAIT_REWRITE_ENV).ok()?;
+    let parsed = value.parse().ok();
+    if parsed.is_none() {
+        eprintln!("{AWAIT_REWRITE_ENV}={value:?} ignored: expected a chunk index");
+    }
+    parsed
+}
+
+/// Waits until the bytes of `range` in the target ring change (see
+/// [`AWAIT_REWRITE_ENV`]).
+fn await_rewrite(conn: &Connection, range: std::ops::Range<usize>) {
+    let mut before = vec![0u8; range.len()];
+    let mut now = vec![0u8; range.len()];
+    if conn.target().copy_to(range.start, &mut before).is_err() {
+        return;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+        if conn.target().copy_to(range.start, &mut now).is_ok() && now != before {
+            eprintln!("{AWAIT_REWRITE_ENV}: the client rewrote the slot after its chunk");
+            return;
+        }
+    }
+    eprintln!("{AWAIT_REWRITE_ENV}: the slot was not rewritten within 10 s");
 }
 
 /// Test hook, debug builds only: `PINPOLL_FX_PAUSE_BEFORE_DIR_FSYNC=SECS`
