@@ -610,6 +610,13 @@ fn chunks_that_break_the_rules_fail_the_transfer_and_leave_nothing() {
     let (code, message) = fail_of(next_msg(&mut raw.conn));
     assert_eq!(code, FailCode::Integrity, "{message}");
     drop(raw);
+    assert!(dst.names().is_empty(), "nothing kept: {:?}", dst.names());
+
+    // A failed transfer gives its name back: the same name then goes
+    // through.
+    let mut raw = Raw::start(server.port, b"cv.bin", 100);
+    assert_eq!(raw.send_all(&data), Msg::Complete { size: 100 });
+    drop(raw);
 
     server.proc.signal("TERM");
     let done = server.finish();
@@ -621,7 +628,8 @@ fn chunks_that_break_the_rules_fail_the_transfer_and_leave_nothing() {
         6,
         "{done:#?}"
     );
-    assert!(dst.names().is_empty(), "nothing kept: {:?}", dst.names());
+    assert_eq!(dst.names(), ["cv.bin"]);
+    assert_eq!(std::fs::read(dst.join("cv.bin")).unwrap(), data);
 }
 
 // ---- issue 7: malformed messages, symlinks, races, space, memlock ----
@@ -675,8 +683,8 @@ fn malformed_control_messages_are_refused_and_the_server_goes_on() {
     };
     let mut longer = start.clone();
     longer.extend_from_slice(b"xyz");
-    let mut v3 = start.clone();
-    v3[4] = 3;
+    let mut v2 = start.clone();
+    v2[4] = 2;
     let mut big_credit = Msg::Credit { count: 1 }.encode();
     big_credit.resize(60_000, 0);
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
@@ -701,7 +709,7 @@ fn malformed_control_messages_are_refused_and_the_server_goes_on() {
             "Credit with a 59992-byte body, expected 4",
         ),
         ("unknown kind", kind(42), "unknown message kind 42"),
-        ("unknown version", v3, "version 3 (this side speaks 2)"),
+        ("unknown version", v2, "version 2 (this side speaks 3)"),
         (
             "Finish first",
             Msg::Finish {
@@ -849,7 +857,8 @@ fn a_symlink_in_the_target_directory_is_never_followed() {
 }
 
 /// Issue 7, case 10: two clients send the same name at once; exactly one
-/// wins, the other is told the name exists, no temp file is left.
+/// wins, the other is told the name exists (at its Start when the first is
+/// under way), no temp file is left.
 #[test]
 #[ignore = "needs an RDMA device"]
 fn two_clients_sending_the_same_name_at_once_one_wins() {
@@ -882,21 +891,24 @@ fn two_clients_sending_the_same_name_at_once_one_wins() {
         sha256(&winner.join("same.bin"))
     );
 
-    // The race made certain: both transfers are under way (past the name
-    // check) before either finishes. The first to finish wins.
+    // The race made certain: the first transfer is under way when the
+    // second starts. The name is reserved at Start: the second client is
+    // told before it sends any data.
     let first = vec![1u8; 100];
-    let second = vec![2u8; 100];
     let mut r1 = Raw::start(server.port, b"race.bin", 100);
-    let mut r2 = Raw::start(server.port, b"race.bin", 100);
-    assert_eq!(r1.send_all(&first), Msg::Complete { size: 100 });
-    drop(r1);
-    let (code, message) = fail_of(r2.send_all(&second));
+    let second = Msg::Start {
+        size: 100,
+        name: b"race.bin".to_vec(),
+    };
+    let (code, message) = fail_of(raw_exchange(server.port, &second.encode()));
     assert_eq!(code, FailCode::Exists, "{message}");
     assert!(
-        message.contains("race.bin already exists on the server"),
+        message
+            .contains("race.bin already exists on the server (another client is sending it now)"),
         "{message}"
     );
-    drop(r2);
+    assert_eq!(r1.send_all(&first), Msg::Complete { size: 100 });
+    drop(r1);
 
     let done = server.finish();
     assert_eq!(client_errors(&done).len(), 2, "{done:#?}");
@@ -1052,6 +1064,67 @@ fn a_flipped_bit_in_one_chunk_fails_the_transfer_and_keeps_nothing() {
     assert_eq!(dst.names(), ["flip.bin"]);
 }
 
+/// `--max-size`: a native client declaring more is refused at its Start,
+/// before the server reserves anything (no Ready, no temp file); a
+/// classic client, which declares no size, is cut off once it sends more;
+/// a file of exactly the limit goes through either way.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn max_size_refuses_larger_files_native_at_start_and_classic_while_receiving() {
+    let _g = serial();
+    let src = Scratch::new("src");
+    let dst = Scratch::new("dst");
+    let server = start_server(&dst, &["--max-size", "1000", "--count", "5"]);
+
+    let (code, message) = fail_of(raw_exchange(
+        server.port,
+        &Msg::Start {
+            size: 1001,
+            name: b"raw.bin".to_vec(),
+        }
+        .encode(),
+    ));
+    assert_eq!(code, FailCode::TooLarge, "{message}");
+    assert!(
+        message.contains("raw.bin is 1001 bytes, more than the server takes (--max-size 1000)"),
+        "{message}"
+    );
+
+    random_file(&src.join("big.bin"), 1001, 61);
+    let out = send(&server, &src.join("big.bin"), &[]);
+    let line = out.one_error_line("native client");
+    assert!(line.contains("--max-size 1000"), "{line}");
+
+    random_file(&src.join("classic.bin"), 5000, 62);
+    let out = send(&server, &src.join("classic.bin"), &["--classic"]);
+    assert!(!out.status.success(), "{out:#?}");
+    assert!(dst.names().is_empty(), "{:?}", dst.names());
+
+    random_file(&src.join("limit.bin"), 1000, 63);
+    send(&server, &src.join("limit.bin"), &[]).assert_ok("a file of the limit");
+    assert_eq!(
+        sha256(&dst.join("limit.bin")),
+        sha256(&src.join("limit.bin"))
+    );
+    random_file(&src.join("limit-classic.bin"), 1000, 64);
+    send(&server, &src.join("limit-classic.bin"), &["--classic"]).assert_ok("classic at the limit");
+    assert_eq!(
+        sha256(&dst.join("limit-classic.bin")),
+        sha256(&src.join("limit-classic.bin"))
+    );
+
+    let done = server.finish();
+    let errors = client_errors(&done);
+    assert_eq!(errors.len(), 3, "{done:#?}");
+    assert!(
+        errors.iter().any(|l| l.contains(
+            "classic.bin is more than 1000 bytes (--max-size of the server); the transfer was cut off and nothing kept"
+        )),
+        "{done:#?}"
+    );
+    assert_eq!(dst.names(), ["limit-classic.bin", "limit.bin"]);
+}
+
 /// The `BLAKE3 <hex>` a summary line ends with.
 fn printed_digest(output: &str, line_start: &str) -> String {
     let line = output
@@ -1204,7 +1277,7 @@ fn a_memlock_limit_too_small_is_one_clear_error() {
     let host = addr4();
     let limit = "--memlock=65536:65536";
 
-    // Exempt: a 64 KiB limit, 20 MiB registered on each side.
+    // Exempt: a 64 KiB limit, ~20 MiB registered on each side.
     let server = Server::start(
         "prlimit",
         &[
@@ -1253,16 +1326,21 @@ fn a_memlock_limit_too_small_is_one_clear_error() {
     let good = start_server(&dst, &[]);
     let gport = good.port_arg();
     let basic = common::BASIC;
+    let registered = engine_config(Duration::from_secs(20), false).registered_bytes();
+    let serve_expected =
+        format!("registering the chunk ring of a client: {registered} more bytes must be locked");
+    let send_expected =
+        format!("registering the send ring: {registered} more bytes must be locked");
     let runs: [(&str, Vec<&str>, &str); 4] = [
         (
             "filexfer serve",
             vec![limit, "--", FILEXFER, "serve", "--dir", dst.str(), "--port", "0"],
-            "registering the chunk ring of a client: 20971520 more bytes must be locked",
+            &serve_expected,
         ),
         (
             "filexfer send",
             vec![limit, "--", FILEXFER, "send", &host, &path, "--port", &gport, "--timeout", "20"],
-            "registering the send ring: 20971520 more bytes must be locked",
+            &send_expected,
         ),
         (
             "basic server",

@@ -24,11 +24,19 @@ fn help_explains_every_flag() {
         "--quiet",
         "--timeout",
         "--profile <NAME>",
+        "--verify-threads <N>",
     ] {
         assert!(top.stdout.contains(flag), "{flag} missing: {}", top.stdout);
     }
     let serve = run_bounded(FILEXFER, &["serve", "--help"], BOUND);
-    for flag in ["--dir", "--max-clients", "--count", "--overwrite", "--bind"] {
+    for flag in [
+        "--dir",
+        "--max-clients",
+        "--count",
+        "--overwrite",
+        "--bind",
+        "--max-size <BYTES>",
+    ] {
         assert!(
             serve.stdout.contains(flag),
             "{flag} missing: {}",
@@ -65,6 +73,9 @@ fn bad_command_lines_exit_2_with_one_line() {
         &["send", "h", "f", "--wait-for-file", "0"][..],
         &["send", "h", "f", "--wait-for-file", "soon"][..],
         &["send", "h", "f", "--wait-for-file", "5", "--classic"][..],
+        &["send", "h", "f", "--verify-threads", "0"][..],
+        &["serve", "--max-size", "0"][..],
+        &["serve", "--max-size", "lots"][..],
         &["frob"][..],
     ] {
         let out = run_bounded(FILEXFER, args, BOUND);

@@ -101,6 +101,12 @@ enum Command {
         /// refused.
         #[arg(long)]
         overwrite: bool,
+        /// The largest file accepted, in bytes: a native client declaring
+        /// more is refused at its Start, before anything is reserved; a
+        /// classic client (no size in advance) is cut off once it sends
+        /// more. Default: the free space of --dir when the transfer starts.
+        #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+        max_size: Option<u64>,
     },
     /// Send FILE to a filexfer server; exit 0 once the server has it
     /// verified, fsynced and in place.
@@ -175,6 +181,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             max_clients,
             count,
             overwrite,
+            max_size,
         } => server::serve(
             &ServeOptions {
                 dir,
@@ -186,6 +193,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 overwrite,
                 core: cli.core,
                 verify_threads,
+                max_size,
                 profile,
             },
             &cli.common,

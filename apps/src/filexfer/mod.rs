@@ -10,6 +10,7 @@
 //!   into place without overwriting, fsync of the directory.
 //! - [`classic`] — serving clients of the classic rdma-file-transfer
 //!   example unchanged (told apart by their all-zero private data).
+//! - [`in_flight`] — the names a server is receiving, reserved at `Start`.
 //! - [`temp`] — the server's locked temp files, and removing those a dead
 //!   server left behind.
 //! - [`client`] — `filexfer send`: keeps every server slot busy with
@@ -59,6 +60,7 @@ pub mod chunk_pool;
 pub mod classic;
 pub mod client;
 pub mod digest;
+pub mod in_flight;
 pub mod name;
 pub mod protocol;
 pub mod read_ahead;

@@ -92,6 +92,8 @@ pub enum FailCode {
     Integrity,
     /// A message or write that breaks the protocol.
     Protocol,
+    /// The file is larger than the server takes (`--max-size`).
+    TooLarge,
     /// Any code this side does not know.
     Other(u16),
 }
@@ -104,6 +106,7 @@ impl FailCode {
             FailCode::Io => 3,
             FailCode::Integrity => 4,
             FailCode::Protocol => 5,
+            FailCode::TooLarge => 6,
             FailCode::Other(n) => n,
         }
     }
@@ -115,6 +118,7 @@ impl FailCode {
             3 => FailCode::Io,
             4 => FailCode::Integrity,
             5 => FailCode::Protocol,
+            6 => FailCode::TooLarge,
             n => FailCode::Other(n),
         }
     }
@@ -355,6 +359,10 @@ mod tests {
             Msg::Fail {
                 code: FailCode::Other(77),
                 message: String::new(),
+            },
+            Msg::Fail {
+                code: FailCode::TooLarge,
+                message: "too large".into(),
             },
         ]
     }

@@ -15,9 +15,10 @@ use crate::cli::{show_addr, socket_addr, CommonArgs};
 use crate::filexfer::chunk_pool::{PipelineError, PoolSize};
 use crate::filexfer::classic::ClassicSide;
 use crate::filexfer::digest::{ChunkGeometry, DigestError};
+use crate::filexfer::in_flight::InFlight;
 use crate::filexfer::name::{self, RESERVED_PREFIX};
 use crate::filexfer::protocol::{self, classify_hello, FailCode, Hello, Msg};
-use crate::filexfer::temp::{self, TempFile};
+use crate::filexfer::temp::{self, free_space, TempFile};
 use crate::filexfer::verify::VerifierPool;
 use crate::filexfer::{
     digest_summary, engine_config, explain_link, is_registration, pin, with_transport, CHUNK,
@@ -42,6 +43,9 @@ pub struct ServeOptions {
     pub core: Option<usize>,
     /// Threads checking and writing each transfer's chunks.
     pub verify_threads: usize,
+    /// The largest file accepted (`--max-size`); without it, the free
+    /// space of `dir` when the transfer starts.
+    pub max_size: Option<u64>,
     /// Transport settings from a tuning profile (`--profile`).
     pub profile: Option<pinpoll::EngineConfig>,
 }
@@ -131,6 +135,7 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
     // Set by a transfer that ended because its RDMA device went away.
     let device_lost: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
     let serial = Arc::new(AtomicU64::new(0));
+    let in_flight = InFlight::default();
     let (done_tx, done_rx) = mpsc::channel::<bool>();
     let mut threads = Vec::new();
     let (mut served, mut failed) = (0u64, 0u64);
@@ -176,13 +181,15 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
         ) {
             (_, Err(err)) => Err(refuse(req, err)),
             (Err(why), _) => Err(refuse(req, anyhow::anyhow!(why))),
-            (Ok(Hello::Classic), _) => match ClassicSide::prepare(req.endpoint(), cfg.pages) {
-                Err(err) => Err(refuse(req, err)),
-                Ok(side) => req
-                    .accept(&[])
-                    .context("accepting")
-                    .map(|ep| Side::Classic(Box::new((side, ep)))),
-            },
+            (Ok(Hello::Classic), _) => {
+                match ClassicSide::prepare(req.endpoint(), cfg.pages, opts.max_size) {
+                    Err(err) => Err(refuse(req, err)),
+                    Ok(side) => req
+                        .accept(&[])
+                        .context("accepting")
+                        .map(|ep| Side::Classic(Box::new((side, ep)))),
+                }
+            }
             // The client is told why when its ring cannot be registered
             // (the engine's own refusal names no cause).
             (Ok(Hello::Native), _) => {
@@ -216,6 +223,8 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
             peer: peer.clone(),
             serial: serial.fetch_add(1, Ordering::SeqCst),
             verify_threads: opts.verify_threads,
+            max_size: opts.max_size,
+            in_flight: in_flight.clone(),
             out,
         };
         let (active, done_tx, core) = (Arc::clone(&active), done_tx.clone(), opts.core);
@@ -352,6 +361,8 @@ struct Transfer {
     peer: String,
     serial: u64,
     verify_threads: usize,
+    max_size: Option<u64>,
+    in_flight: InFlight,
     out: Output,
 }
 
@@ -454,7 +465,20 @@ impl Transfer {
         let (size, name) = read_start(conn)?;
         let shown = printable(name.as_bytes());
         let began = Instant::now();
+        if let Some(max) = self.max_size.filter(|max| size > *max) {
+            return Err(refusal(
+                FailCode::TooLarge,
+                format!("{shown} is {size} bytes, more than the server takes (--max-size {max})"),
+            ));
+        }
         let final_path = self.dir.join(&name);
+        // Held until the file is in place or the transfer failed.
+        let _reserved = self.in_flight.reserve(&name).ok_or_else(|| {
+            refusal(
+                FailCode::Exists,
+                format!("{shown} already exists on the server (another client is sending it now)"),
+            )
+        })?;
         self.check_target(&final_path, &shown)?;
         self.check_space(size, &shown)?;
         let temp = TempFile::create(&self.dir, self.serial).map_err(|e| {
@@ -571,7 +595,7 @@ impl Transfer {
             };
             let range = st.check_chunk(imm, len)?;
             if rewritten == Some(st.next_chunk) {
-                await_rewrite(conn, range.clone());
+                await_rewrite(conn, range.clone(), *pool.geometry(), st.next_chunk);
             }
             let (mut chunk, mut cv) = (pool.buffer().map_err(failed)?, [0u8; TRAILER]);
             let data_len = range.len() - TRAILER;
@@ -653,14 +677,9 @@ impl Transfer {
     /// data moves (the reservation in [`reserve`] is what guarantees it;
     /// this names the numbers).
     fn check_space(&self, size: u64, shown: &str) -> anyhow::Result<()> {
-        let vfs = match rustix::fs::statvfs(&self.dir) {
-            Ok(vfs) => vfs,
-            Err(e) => {
-                tracing::debug!(error = %e, "statvfs of --dir");
-                return Ok(());
-            }
+        let Some(free) = free_space(&self.dir) else {
+            return Ok(());
         };
-        let free = vfs.f_bavail.saturating_mul(vfs.f_frsize);
         if size > free {
             return Err(refusal(
                 FailCode::Io,
@@ -749,7 +768,8 @@ fn read_start(conn: &mut Connection) -> anyhow::Result<(u64, String)> {
 
 /// Test hook, debug builds only: `PINPOLL_FX_AWAIT_REWRITE=N` makes the
 /// server, before it copies chunk `N` out of its slot, wait (up to 10 s)
-/// until the client has written that slot again — as a client with the
+/// until the slot no longer matches the chunk's value: the client has
+/// written it again — as a client with the
 /// matching hook ([`crate::filexfer::client::REWRITE_ENV`]) does right
 /// after the chunk. The copy then sees the rewritten bytes, so a test can
 /// check that they are refused, never stored. Release builds never wait.
@@ -768,21 +788,28 @@ fn await_rewrite_chunk() -> Option<u64> {
     parsed
 }
 
-/// Waits until the bytes of `range` in the target ring change (see
-/// [`AWAIT_REWRITE_ENV`]).
-fn await_rewrite(conn: &Connection, range: std::ops::Range<usize>) {
-    let mut before = vec![0u8; range.len()];
-    let mut now = vec![0u8; range.len()];
-    if conn.target().copy_to(range.start, &mut before).is_err() {
-        return;
-    }
+/// Waits until chunk `index`, whose data and value `slot` holds in the
+/// target ring, no longer matches its value: the client wrote the slot
+/// again (see [`AWAIT_REWRITE_ENV`]).
+fn await_rewrite(
+    conn: &Connection,
+    slot: std::ops::Range<usize>,
+    geometry: ChunkGeometry,
+    index: u64,
+) {
+    let data_len = slot.len() - TRAILER;
+    let (mut data, mut cv) = (vec![0u8; data_len], [0u8; TRAILER]);
+    let target = conn.target();
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
-        if conn.target().copy_to(range.start, &mut now).is_ok() && now != before {
+        let copied = target
+            .copy_to(slot.start, &mut data)
+            .and_then(|()| target.copy_to(slot.start + data_len, &mut cv));
+        if copied.is_ok() && geometry.chunk_cv(index, &data) != Ok(cv) {
             eprintln!("{AWAIT_REWRITE_ENV}: the client rewrote the slot after its chunk");
             return;
         }
+        std::thread::sleep(Duration::from_millis(1));
     }
     eprintln!("{AWAIT_REWRITE_ENV}: the slot was not rewritten within 10 s");
 }
