@@ -25,9 +25,13 @@ fn start_server(dir: &Scratch, extra: &[&str]) -> Server {
 }
 
 fn start_server_in(dir: &str, timeout: &str, extra: &[&str]) -> Server {
+    start_server_env(dir, timeout, extra, &[])
+}
+
+fn start_server_env(dir: &str, timeout: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
     let mut args = vec!["serve", "--dir", dir, "--timeout", timeout];
     args.extend_from_slice(extra);
-    Server::start(FILEXFER, &args)
+    Server::start_env(FILEXFER, &args, env)
 }
 
 /// The server's `error: client ...` lines: one per failed client.
@@ -1030,6 +1034,13 @@ fn a_tmpfs_too_small_gets_enospc_and_keeps_nothing() {
     assert_eq!(std::fs::read(mnt.join("reserved.bin")).unwrap(), reserved);
 }
 
+/// Fails the test unless the test-only hook `env` exists: debug builds only.
+fn needs_debug_build(env: &str) {
+    if !cfg!(debug_assertions) {
+        panic!("{env} exists only in debug builds: run the debug test build");
+    }
+}
+
 /// Issue 7, case 11: one bit flipped in one chunk (the client's test-only
 /// hook, after the chunk's chaining value was computed) fails the transfer; no
 /// file is put in place; the same file then goes through intact.
@@ -1038,9 +1049,7 @@ fn a_tmpfs_too_small_gets_enospc_and_keeps_nothing() {
 fn a_flipped_bit_in_one_chunk_fails_the_transfer_and_keeps_nothing() {
     use pinpoll_apps::filexfer::client::FLIP_BIT_ENV;
     let _g = serial();
-    if !cfg!(debug_assertions) {
-        panic!("{FLIP_BIT_ENV} exists only in debug builds: run the debug test build");
-    }
+    needs_debug_build(FLIP_BIT_ENV);
     let src = Scratch::new("src");
     let dst = Scratch::new("dst");
     let file = src.join("flip.bin");
@@ -1187,9 +1196,7 @@ fn a_slot_rewritten_after_its_chunk_is_never_stored() {
     use pinpoll_apps::filexfer::client::REWRITE_ENV;
     use pinpoll_apps::filexfer::server::AWAIT_REWRITE_ENV;
     let _g = serial();
-    if !cfg!(debug_assertions) {
-        panic!("{REWRITE_ENV} exists only in debug builds: run the debug test build");
-    }
+    needs_debug_build(REWRITE_ENV);
     let src = Scratch::new("src");
     let file = src.join("rewrite.bin");
     random_file(&file, 5 * CHUNK as usize + 10, 91);
@@ -1198,17 +1205,10 @@ fn a_slot_rewritten_after_its_chunk_is_never_stored() {
     let rewrite = [(REWRITE_ENV, "2")];
 
     let dst = Scratch::new("dst");
-    let server = Server::start_env(
-        FILEXFER,
-        &[
-            "serve",
-            "--dir",
-            dst.str(),
-            "--timeout",
-            "20",
-            "--count",
-            "1",
-        ],
+    let server = start_server_env(
+        dst.str(),
+        "20",
+        &["--count", "1"],
         &[(AWAIT_REWRITE_ENV, "2")],
     );
     let port = server.port_arg();
