@@ -13,7 +13,7 @@ use common::{addr4, serial, Finished, Running, Server};
 use fxutil::{random_file, run_bounded, run_bounded_env, sha256, Scratch, FILEXFER};
 use pinpoll::{Access, Connection, EngineConfig};
 use pinpoll_apps::filexfer::digest::{ChainingValue, ChunkGeometry};
-use pinpoll_apps::filexfer::protocol::{FailCode, Msg, HELLO};
+use pinpoll_apps::filexfer::protocol::{join_hello, FailCode, Msg, HELLO};
 use pinpoll_apps::filexfer::{engine_config, CHUNK, SLOT_SIZE};
 
 /// Large transfers of an unoptimized build take minutes in the TCG guest.
@@ -424,13 +424,16 @@ impl Raw {
         conn.send(
             &Msg::Start {
                 size,
+                streams: 1,
                 name: name.to_vec(),
             }
             .encode(),
         )
         .unwrap();
         match next_msg(&mut conn) {
-            Msg::Ready { slots, slot_size } => {
+            Msg::Ready {
+                slots, slot_size, ..
+            } => {
                 assert_eq!(slot_size, SLOT_SIZE);
                 Raw { conn, slots }
             }
@@ -488,6 +491,7 @@ fn the_server_refuses_every_bad_name_and_writes_nothing() {
         conn.send(
             &Msg::Start {
                 size: 1,
+                streams: 1,
                 name: name.to_vec(),
             }
             .encode(),
@@ -501,10 +505,11 @@ fn the_server_refuses_every_bad_name_and_writes_nothing() {
     for name in [&b""[..], &long[..]] {
         let mut bytes = Msg::Start {
             size: 1,
+            streams: 1,
             name: b"x".to_vec(),
         }
         .encode();
-        bytes.truncate(16);
+        bytes.truncate(18);
         bytes.extend_from_slice(&(name.len() as u16).to_be_bytes());
         bytes.extend_from_slice(name);
         let mut conn = raw_connect(server.port);
@@ -677,6 +682,7 @@ fn malformed_control_messages_are_refused_and_the_server_goes_on() {
 
     let start = Msg::Start {
         size: 10,
+        streams: 1,
         name: b"m.bin".to_vec(),
     }
     .encode();
@@ -700,12 +706,12 @@ fn malformed_control_messages_are_refused_and_the_server_goes_on() {
         (
             "truncated Start",
             start[..12].to_vec(),
-            "Start with a 4-byte body, expected at least 10",
+            "Start with a 4-byte body, expected at least 12",
         ),
         (
             "Start with bytes after its name",
             longer,
-            "Start with a 18-byte body, expected 15",
+            "Start with a 20-byte body, expected 17",
         ),
         (
             "oversized Credit",
@@ -728,6 +734,7 @@ fn malformed_control_messages_are_refused_and_the_server_goes_on() {
             Msg::Ready {
                 slots: 16,
                 slot_size: SLOT_SIZE,
+                token: 0,
             }
             .encode(),
             "Ready before Start",
@@ -750,6 +757,7 @@ fn malformed_control_messages_are_refused_and_the_server_goes_on() {
         (
             Msg::Start {
                 size: 10,
+                streams: 1,
                 name: b"dup.bin".to_vec(),
             },
             "Start during the transfer",
@@ -758,6 +766,7 @@ fn malformed_control_messages_are_refused_and_the_server_goes_on() {
             Msg::Ready {
                 slots: 16,
                 slot_size: SLOT_SIZE,
+                token: 0,
             },
             "Ready during the transfer",
         ),
@@ -902,6 +911,7 @@ fn two_clients_sending_the_same_name_at_once_one_wins() {
     let mut r1 = Raw::start(server.port, b"race.bin", 100);
     let second = Msg::Start {
         size: 100,
+        streams: 1,
         name: b"race.bin".to_vec(),
     };
     let (code, message) = fail_of(raw_exchange(server.port, &second.encode()));
@@ -931,6 +941,7 @@ fn a_size_beyond_the_free_space_is_refused_before_any_data() {
     for size in [1u64 << 50, u64::MAX] {
         let start = Msg::Start {
             size,
+            streams: 1,
             name: b"huge.bin".to_vec(),
         };
         let (code, message) = fail_of(raw_exchange(server.port, &start.encode()));
@@ -1049,28 +1060,46 @@ fn needs_debug_build(env: &str) {
 fn a_flipped_bit_in_one_chunk_fails_the_transfer_and_keeps_nothing() {
     use pinpoll_apps::filexfer::client::FLIP_BIT_ENV;
     let _g = serial();
-    needs_debug_build(FLIP_BIT_ENV);
-    let src = Scratch::new("src");
-    let dst = Scratch::new("dst");
-    let file = src.join("flip.bin");
-    random_file(&file, 5 * CHUNK as usize + 10, 71);
-    let server = start_server(&dst, &["--count", "2"]);
-    let path = file.display().to_string();
-    let (host, port) = (addr4(), server.port_arg());
-    let args = ["send", &host, &path, "--port", &port, "--timeout", "20"];
-    let out = run_bounded_env(FILEXFER, &args, &[(FLIP_BIT_ENV, "2")], BOUND);
-    let line = out.one_error_line("client");
+    let line = a_fault_fails_once_then_the_file_goes_through(
+        (FLIP_BIT_ENV, "2"),
+        ("flip.bin", 5 * CHUNK as usize + 10),
+        &[],
+    );
     assert!(
         line.contains("flip.bin")
             && line.contains("chunk 2 (bytes 524288..) does not match its BLAKE3 chaining value"),
         "{line}"
     );
+}
+
+/// Sends a random file `name` of `len` bytes (with `extra` flags) with the
+/// client's test-only fault hook `hook` set, which must fail the transfer
+/// with one error line (returned) and keep nothing; then the same file
+/// without the fault, which must arrive intact; the server reports the one
+/// failure.
+fn a_fault_fails_once_then_the_file_goes_through(
+    hook: (&str, &str),
+    (name, len): (&str, usize),
+    extra: &[&str],
+) -> String {
+    needs_debug_build(hook.0);
+    let src = Scratch::new("src");
+    let dst = Scratch::new("dst");
+    let file = src.join(name);
+    random_file(&file, len, len as u64);
+    let server = start_server(&dst, &["--count", "2"]);
+    let (host, port, path) = (addr4(), server.port_arg(), file.display().to_string());
+    let mut args = vec!["send", &host, &path, "--port", &port, "--timeout", "20"];
+    args.extend_from_slice(extra);
+    let out = run_bounded_env(FILEXFER, &args, &[hook], BOUND);
+    let line = out.one_error_line("client").to_owned();
     assert!(dst.names().is_empty(), "{:?}", dst.names());
-    send(&server, &file, &[]).assert_ok("the same file without the fault");
-    assert_eq!(sha256(&dst.join("flip.bin")), sha256(&file));
+    send(&server, &file, extra).assert_ok("the same file without the fault");
+    assert_eq!(sha256(&dst.join(name)), sha256(&file));
     let done = server.finish();
     assert_eq!(client_errors(&done).len(), 1, "{done:#?}");
-    assert_eq!(dst.names(), ["flip.bin"]);
+    assert_eq!(dst.names(), [name]);
+    line
 }
 
 /// `--max-size`: a native client declaring more is refused at its Start,
@@ -1089,6 +1118,7 @@ fn max_size_refuses_larger_files_native_at_start_and_classic_while_receiving() {
         server.port,
         &Msg::Start {
             size: 1001,
+            streams: 1,
             name: b"raw.bin".to_vec(),
         }
         .encode(),
@@ -1243,6 +1273,69 @@ fn a_slot_rewritten_after_its_chunk_is_never_stored() {
         assert!(dst.names().is_empty(), "{:?}", dst.names());
     }
     server.finish();
+}
+
+/// `--streams N`: one file striped across N queue pairs, each on its own
+/// pinned thread on both sides, reassembled and verified as one file —
+/// many chunks wrapping every stream's ring, and a file of fewer chunks
+/// than streams. Further streams are not counted as transfers
+/// (`--count`), and a stream naming no transfer is refused.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_file_striped_across_2_and_4_streams_arrives_verified_as_one() {
+    let _g = serial();
+    let src = Scratch::new("src");
+    let dst = Scratch::new("dst");
+    let server = start_server(
+        &dst,
+        &["--count", "3", "--core", "0,1", "--verify-threads", "2"],
+    );
+    let cfg = engine_config(Duration::from_secs(20), false);
+    let addr = pinpoll::connect::parse_socket_addr(&addr4(), server.port).unwrap();
+    let stray = Connection::builder(&cfg)
+        .remote_access(Access::LOCAL_READ)
+        .private_data(&join_hello(0x5eed, 1))
+        .connect(addr);
+    assert!(stray.is_err(), "a stream of no transfer was accepted");
+    let c = CHUNK as usize;
+    for (name, len, streams) in [
+        ("two.bin", 40 * c + 12345, "2"),
+        ("four.bin", 70 * c + 1, "4"),
+        ("small.bin", c + 1, "4"),
+    ] {
+        let path = src.join(name);
+        random_file(&path, len, len as u64);
+        let out = send(&server, &path, &["--streams", streams, "--core", "1,0"]);
+        out.assert_ok(name);
+        let hex = blake3::hash(&std::fs::read(&path).unwrap())
+            .to_hex()
+            .to_string();
+        assert_eq!(printed_digest(&out.stdout, &format!("sent {name}: ")), hex);
+        assert_eq!(sha256(&dst.join(name)), sha256(&path), "{name} differs");
+    }
+    let done = server.finish();
+    done.assert_ok("server");
+    assert_eq!(dst.names(), ["four.bin", "small.bin", "two.bin"]);
+}
+
+/// A stream that dies mid-transfer (the client's test-only hook drops
+/// its connection) fails the whole transfer cleanly: the client fails
+/// with one error line, the server reports it, nothing is kept, and the
+/// server goes on to take the same file over the same number of streams.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_stream_dying_mid_transfer_fails_the_whole_transfer_cleanly() {
+    use pinpoll_apps::filexfer::client::DROP_STREAM_ENV;
+    let _g = serial();
+    let line = a_fault_fails_once_then_the_file_goes_through(
+        (DROP_STREAM_ENV, "1"),
+        ("dying.bin", 60 * CHUNK as usize + 7),
+        &["--streams", "2"],
+    );
+    assert!(
+        line.contains("dying.bin") || line.contains("stream 1"),
+        "{line}"
+    );
 }
 
 /// Whether this process has CAP_IPC_LOCK (bit 14 of CapEff).

@@ -25,6 +25,7 @@ fn help_explains_every_flag() {
         "--timeout",
         "--profile <NAME>",
         "--verify-threads <N>",
+        "--core <N[,N...]>",
     ] {
         assert!(top.stdout.contains(flag), "{flag} missing: {}", top.stdout);
     }
@@ -52,6 +53,7 @@ fn help_explains_every_flag() {
     for text in [
         "--wait-for-file <SECONDS>",
         "Heartbeats watch the idle connection",
+        "--streams <N>",
     ] {
         assert!(
             send.stdout.contains(text),
@@ -74,6 +76,10 @@ fn bad_command_lines_exit_2_with_one_line() {
         &["send", "h", "f", "--wait-for-file", "soon"][..],
         &["send", "h", "f", "--wait-for-file", "5", "--classic"][..],
         &["send", "h", "f", "--verify-threads", "0"][..],
+        &["send", "h", "f", "--streams", "0"][..],
+        &["send", "h", "f", "--streams", "17"][..],
+        &["send", "h", "f", "--streams", "2", "--classic"][..],
+        &["send", "h", "f", "--core", "0,x"][..],
         &["serve", "--max-size", "0"][..],
         &["serve", "--max-size", "lots"][..],
         &["frob"][..],

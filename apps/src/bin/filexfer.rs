@@ -15,6 +15,7 @@ use pinpoll::EngineConfig;
 use pinpoll_apps::cli::{parse_timeout, CommonArgs};
 use pinpoll_apps::filexfer::chunk_pool::default_threads;
 use pinpoll_apps::filexfer::client::{self, SendOptions};
+use pinpoll_apps::filexfer::protocol::MAX_STREAMS;
 use pinpoll_apps::filexfer::server::{self, ServeOptions};
 use pinpoll_apps::filexfer::DEFAULT_PORT;
 use pinpoll_apps::output::Output;
@@ -49,10 +50,12 @@ struct Cli {
     #[arg(long, global = true)]
     hugepages: bool,
 
-    /// Pin the busy-polling thread(s) to this CPU core (serve: every
-    /// transfer's thread).
-    #[arg(long, value_name = "N", global = true)]
-    core: Option<usize>,
+    /// Pin the busy-polling threads to these CPU cores, a comma-separated
+    /// list: stream S (see --streams) to the list's entry S modulo its
+    /// length (serve: the accept loop and each transfer's first stream to
+    /// the first).
+    #[arg(long, value_name = "N[,N...]", global = true, value_delimiter = ',')]
+    core: Vec<usize>,
 
     /// Tuning profile for the transport: the QP's ACK timeout, retry
     /// count and RNR retry count of a profile in tuning/profiles/ (e.g.
@@ -130,6 +133,11 @@ enum Command {
         /// keep SECONDS below that.
         #[arg(long, value_name = "SECONDS", value_parser = parse_timeout, conflicts_with = "classic")]
         wait_for_file: Option<Duration>,
+        /// Queue pairs to stripe the file across, each driven by its own
+        /// polling thread (pinned with --core); the server reassembles and
+        /// verifies them as one file.
+        #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=i64::from(MAX_STREAMS)), conflicts_with = "classic")]
+        streams: u16,
     },
 }
 
@@ -191,7 +199,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 max_clients: max_clients as usize,
                 count,
                 overwrite,
-                core: cli.core,
+                cores: cli.core.clone(),
                 verify_threads,
                 max_size,
                 profile,
@@ -204,13 +212,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             file,
             classic,
             wait_for_file,
+            streams,
         } => client::send(
             &SendOptions {
                 host,
                 file,
                 port: cli.port,
                 hugepages: cli.hugepages,
-                core: cli.core,
+                cores: cli.core,
+                streams,
                 classic,
                 wait_for_file,
                 verify_threads,

@@ -10,27 +10,33 @@
 //!   with one bit flipped, right after the chunk and its value — a client
 //!   that changes a slot after the server was told it is complete, whose
 //!   rewritten bytes the server must refuse or never see, never store.
+//! - `PINPOLL_FILEXFER_TEST_DROP_STREAM=S` makes stream `S` of a
+//!   `--streams` transfer drop its connection after its first batch of
+//!   chunks — a stream dying mid-transfer, which must fail the whole
+//!   transfer cleanly.
 
 use std::fs::File;
 use std::io::IsTerminal as _;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use pinpoll::{Access, Connection, Event};
+use pinpoll::{Access, Connection, EngineConfig, Event};
 
 use crate::cli::{socket_addr, CommonArgs};
 use crate::filexfer::chunk_pool::PoolSize;
-use crate::filexfer::digest::ChunkGeometry;
+use crate::filexfer::digest::{ChunkGeometry, FileDigest};
 use crate::filexfer::name;
-use crate::filexfer::protocol::{Msg, HELLO};
-use crate::filexfer::read_ahead::HashingReader;
+use crate::filexfer::protocol::{join_hello, Msg, HELLO};
+use crate::filexfer::read_ahead::{HashedChunk, HashingReader, Lane};
 use crate::filexfer::server::{send_and_wait, settle};
+use crate::filexfer::streams::{first_failure, Stopped};
 use crate::filexfer::{
-    digest_summary, engine_config, explain_link, is_registration, pin, with_transport, BATCH,
-    CHUNK, TRAILER,
+    check_cores, core_for, digest_summary, engine_config, explain_link, is_registration, pin,
+    with_transport, BATCH, CHUNK, SLOTS, TRAILER,
 };
 use crate::output::{printable, Output};
 use crate::session::device_exists;
@@ -42,7 +48,10 @@ pub struct SendOptions {
     pub file: std::path::PathBuf,
     pub port: u16,
     pub hugepages: bool,
-    pub core: Option<usize>,
+    /// Cores to pin to (`--core`): stream `s` to core `s % len`.
+    pub cores: Vec<usize>,
+    /// Queue pairs the file is striped across (`--streams`).
+    pub streams: u16,
     /// Speak the classic rdma-file-transfer protocol.
     pub classic: bool,
     /// Connect first, then wait up to this long for the file to appear.
@@ -69,12 +78,21 @@ pub const FLIP_BIT_ENV: &str = "PINPOLL_FILEXFER_TEST_FLIP_BIT";
 /// The test-only hook that rewrites a slot after its chunk (see the
 /// module docs).
 pub const REWRITE_ENV: &str = "PINPOLL_FILEXFER_TEST_REWRITE";
+/// The test-only hook that drops a stream mid-transfer (see the module
+/// docs).
+pub const DROP_STREAM_ENV: &str = "PINPOLL_FILEXFER_TEST_DROP_STREAM";
+
+/// The error of a stream that the test-only hook dropped.
+#[derive(Debug, thiserror::Error)]
+#[error("{DROP_STREAM_ENV}: stream {0} dropped its connection")]
+struct StreamDropped(u64);
 
 /// The test-only fault hooks set for this transfer (none in release builds).
 #[derive(Debug, Default)]
 struct Faults {
     flip: Option<u64>,
     rewrite: Option<u64>,
+    drop_stream: Option<u64>,
 }
 
 impl Faults {
@@ -92,6 +110,7 @@ impl Faults {
         Ok(Self {
             flip: chunk(FLIP_BIT_ENV)?,
             rewrite: chunk(REWRITE_ENV)?,
+            drop_stream: chunk(DROP_STREAM_ENV)?,
         })
     }
 }
@@ -101,7 +120,6 @@ impl Faults {
 pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Result<()> {
     let path = &opts.file;
     let name = wire_name(path)?;
-    let shown = printable(name.as_bytes());
     // With --wait-for-file the file is opened once it appears, after
     // connecting; otherwise a missing or unreadable file fails here, before
     // any connection exists.
@@ -109,7 +127,9 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
         Some(_) => None,
         None => Some(open_source(path)?),
     };
-    pin(opts.core)?;
+    let faults = Faults::from_env()?;
+    check_cores(&opts.cores)?;
+    pin(opts.cores.first().copied())?;
 
     let cfg = with_transport(
         engine_config(common.timeout, opts.hugepages),
@@ -141,14 +161,10 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
         .device(common.device.as_deref())
         .connect(addr)
         .map_err(|e| connect_error(e, addr))?;
-    let peer = conn.peer_ring();
     out.progress(format_args!(
         "connected to {addr} on {}",
         conn.endpoint().device_name()
     ))?;
-    let link = |e| explain_link(e, "server");
-    let timeout = common.timeout;
-
     if let Some(limit) = opts.wait_for_file {
         out.progress(format_args!(
             "waiting up to {} s for {} to appear",
@@ -159,32 +175,145 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
         source = Some(open_source(path)?);
     }
     let (file, size) = source.expect("the file is open by now");
+    let native = Native {
+        cfg: &cfg,
+        addr,
+        device: common.device.as_deref(),
+        quiet: common.quiet,
+        faults,
+    };
+    native.send(conn, file, size, opts, &name, out)
+}
 
-    let began = Instant::now();
-    send_and_wait(
-        &mut conn,
-        &Msg::Start {
+/// What a native transfer needs beyond the command line.
+struct Native<'a> {
+    cfg: &'a EngineConfig,
+    addr: std::net::SocketAddr,
+    device: Option<&'a str>,
+    quiet: bool,
+    faults: Faults,
+}
+
+impl Native<'_> {
+    /// Sends `file` of `size` bytes over the connected `conn` (and the
+    /// further streams it opens); success once the server said the file is
+    /// verified, durable and in place.
+    fn send(
+        self,
+        mut conn: Connection,
+        file: File,
+        size: u64,
+        opts: &SendOptions,
+        name: &str,
+        out: Output,
+    ) -> anyhow::Result<()> {
+        let shown = printable(name.as_bytes());
+        let timeout = self.cfg.completion_timeout;
+        let began = Instant::now();
+        let start = Msg::Start {
             size,
+            streams: opts.streams,
             name: name.as_bytes().to_vec(),
+        };
+        let (ring, token) = start_transfer(&mut conn, &start, timeout, &shown)?;
+        let mut others = self.open_streams(token, opts.streams)?;
+        let bar = progress_bar(size, self.quiet, &shown);
+        let sending = Sending {
+            file: Arc::new(file),
+            geometry: ChunkGeometry::v3(size),
+            ring,
+            timeout,
+            threads: opts.verify_threads,
+            cores: &opts.cores,
+            bar: bar.as_ref(),
+            faults: self.faults,
+        };
+        let digest = match sending.send(&mut conn, &mut others) {
+            Ok(digest) => digest,
+            Err(e) => return Err(await_verdict(&mut conn, &shown).unwrap_or(e)),
+        };
+        if let Err(e) = send_and_wait(
+            &mut conn,
+            &Msg::Finish {
+                size,
+                digest: *digest.as_bytes(),
+            }
+            .encode(),
+            timeout,
+            "server",
+        ) {
+            return Err(server_verdict(&mut conn, &shown)
+                .unwrap_or_else(|| e.context("sending the file's BLAKE3 digest")));
         }
-        .encode(),
-        timeout,
-        "server",
-    )
-    .context("sending the file's name and size")?;
+        await_complete(&mut conn, size, &shown)?;
+        let elapsed = began.elapsed();
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+        // The file is verified and durable on the server: a teardown that
+        // does not drain cleanly no longer changes the outcome.
+        for mut conn in others.into_iter().flatten().chain([conn]) {
+            conn.set_completion_timeout(timeout.min(std::time::Duration::from_secs(2)));
+            if let Err(e) = conn.close() {
+                tracing::debug!(error = %e, "closing the connection after Complete");
+            }
+        }
+        out.progress(format_args!(
+            "sent {shown}: {}",
+            digest_summary(size, elapsed, &digest)
+        ))?;
+        Ok(())
+    }
+}
+
+impl Native<'_> {
+    /// Connects streams `1..streams` of the transfer whose `Ready` gave
+    /// `token`.
+    fn open_streams(&self, token: u64, streams: u16) -> anyhow::Result<Vec<Option<Connection>>> {
+        (1..streams)
+            .map(|stream| {
+                Connection::builder(self.cfg)
+                    .remote_access(Access::LOCAL_READ)
+                    .private_data(&join_hello(token, stream))
+                    .device(self.device)
+                    .connect(self.addr)
+                    .map(Some)
+                    .map_err(|e| {
+                        connect_error(e, self.addr).context(format!("connecting stream {stream}"))
+                    })
+            })
+            .collect()
+    }
+}
+
+/// Sends `start` and returns the ring the server's `Ready` offers each
+/// stream, and the token further streams join with.
+fn start_transfer(
+    conn: &mut Connection,
+    start: &Msg,
+    timeout: Duration,
+    shown: &str,
+) -> anyhow::Result<(Ring, u64)> {
+    send_and_wait(conn, &start.encode(), timeout, "server")
+        .context("sending the file's name and size")?;
     let ready = {
         let m = conn
             .recv()
-            .map_err(link)
+            .map_err(|e| explain_link(e, "server"))
             .context("waiting for the server to be ready")?;
         ensure!(m.imm.is_none(), "the server wrote into this side's memory");
         Msg::decode(m.data)?
     };
-    let (slots, slot_size) = match ready {
-        Msg::Ready { slots, slot_size } => (slots, slot_size),
+    let (slots, slot_size, token) = match ready {
+        Msg::Ready {
+            slots,
+            slot_size,
+            token,
+        } => (slots, slot_size, token),
         Msg::Fail { message, .. } => bail!("the server refused {shown}: {message}"),
         other => bail!("the server sent {} instead of Ready", other.name()),
     };
+    let peer = conn.peer_ring();
     ensure!(
         (1..=1 << 16).contains(&slots)
             && slot_size as usize >= CHUNK as usize + TRAILER
@@ -194,40 +323,16 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
         peer.len,
         conn.slot_size()
     );
-    let bar = progress_bar(size, common.quiet, &shown);
-    let threads = opts.verify_threads.max(1);
-    let pool = PoolSize {
-        threads,
-        buffers: 2 * threads + BATCH as usize,
-    };
-    let mut reader = HashingReader::new(Arc::new(file), ChunkGeometry::v3(size), pool)
-        .map_err(|e| anyhow::Error::new(e).context(format!("reading {}", path.display())))?;
-    let ring = Ring { slots, slot_size };
-    let sent = send_chunks(&mut conn, &mut reader, ring, timeout, &shown, bar.as_ref());
-    if let Err(e) = sent {
-        return Err(server_verdict(&mut conn, &shown).unwrap_or(e));
-    }
-    let digest = reader
-        .finish()
-        .map_err(|e| anyhow::Error::new(e).context(format!("reading {}", path.display())))?;
-    if let Err(e) = send_and_wait(
-        &mut conn,
-        &Msg::Finish {
-            size,
-            digest: *digest.as_bytes(),
-        }
-        .encode(),
-        timeout,
-        "server",
-    ) {
-        return Err(server_verdict(&mut conn, &shown)
-            .unwrap_or_else(|| e.context("sending the file's BLAKE3 digest")));
-    }
+    Ok((Ring { slots, slot_size }, token))
+}
+
+/// Waits for the server's `Complete` (credits may come first).
+fn await_complete(conn: &mut Connection, size: u64, shown: &str) -> anyhow::Result<()> {
     loop {
         let msg = {
             let m = conn
                 .recv()
-                .map_err(link)
+                .map_err(|e| explain_link(e, "server"))
                 .context("waiting for the server to store the file")?;
             ensure!(m.imm.is_none(), "the server wrote into this side's memory");
             Msg::decode(m.data)?
@@ -236,7 +341,7 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
             Msg::Credit { .. } => continue,
             Msg::Complete { size: stored } => {
                 ensure!(stored == size, "the server stored {stored} bytes of {size}");
-                break;
+                return Ok(());
             }
             Msg::Fail { message, .. } => {
                 bail!("the server failed the transfer of {shown}: {message}")
@@ -244,21 +349,6 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
             other => bail!("the server sent {} instead of Complete", other.name()),
         }
     }
-    let elapsed = began.elapsed();
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
-    // The file is verified and durable on the server: a teardown that
-    // does not drain cleanly no longer changes the outcome.
-    conn.set_completion_timeout(timeout.min(std::time::Duration::from_secs(2)));
-    if let Err(e) = conn.close() {
-        tracing::debug!(error = %e, "closing the connection after Complete");
-    }
-    out.progress(format_args!(
-        "sent {shown}: {}",
-        digest_summary(size, elapsed, &digest)
-    ))?;
-    Ok(())
 }
 
 /// The server's ring as its `Ready` offered it.
@@ -268,79 +358,184 @@ struct Ring {
     slot_size: u32,
 }
 
-/// Sends every chunk `reader` hands out, each into its slot with its
-/// chaining value after it, keeping every slot the server has credited
-/// busy.
-fn send_chunks(
-    conn: &mut Connection,
-    reader: &mut HashingReader,
+/// One file being sent over one or more streams.
+struct Sending<'a> {
+    file: Arc<File>,
+    geometry: ChunkGeometry,
     ring: Ring,
     timeout: Duration,
-    shown: &str,
-    bar: Option<&ProgressBar>,
-) -> anyhow::Result<()> {
-    let link = |e| explain_link(e, "server");
-    let faults = Faults::from_env()?;
-    let (size, chunks) = (
-        reader.geometry().file_len(),
-        reader.geometry().chunk_count(),
-    );
-    let (mut next, mut credits) = (0u64, u64::from(ring.slots));
-    while next < chunks {
-        if credits == 0 {
-            credits = await_credit(conn, ring.slots, shown).with_context(|| {
-                format!(
-                    "sending {shown} ({} of {size} bytes posted)",
-                    (next * CHUNK).min(size)
-                )
-            })?;
-            continue;
-        }
-        settle(conn, timeout, "server")?;
-        // A rewrite takes a request of its own in the batch.
-        let room = u64::from(BATCH) - u64::from(faults.rewrite.is_some());
-        let n = credits.min(room).min(chunks - next);
-        let mut b = conn.batch();
-        for _ in 0..n {
-            let chunk = reader
-                .next_chunk()?
-                .context("the file ended before its last chunk")?;
-            let slot = (next % u64::from(ring.slots)) as u32;
-            let remote = u64::from(slot) * u64::from(ring.slot_size);
-            let (bytes, cv) = (chunk.bytes(), chunk.cv());
-            let flip = faults.flip == Some(next);
-            b.write_from(bytes.len() + TRAILER, remote, Some(slot), |buf| {
-                let (data, trailer) = buf.split_at_mut(bytes.len());
-                data.copy_from_slice(bytes);
-                trailer.copy_from_slice(cv);
-                if flip {
-                    data[bytes.len() / 2] ^= 0x10;
-                }
-                Ok(())
-            })
-            .map_err(link)?;
-            if faults.rewrite == Some(next) {
-                b.write_from(bytes.len(), remote, None, |data| {
-                    data.copy_from_slice(bytes);
-                    data[bytes.len() / 2] ^= 0x10;
-                    Ok(())
+    /// `--verify-threads`: shared by the streams' hashing pools.
+    threads: usize,
+    cores: &'a [usize],
+    bar: Option<&'a ProgressBar>,
+    faults: Faults,
+}
+
+impl Sending<'_> {
+    /// Sends every chunk: stream `s` of `1 + others.len()` those of lane
+    /// `s`, each stream on its own thread (the first on this one), pinned
+    /// to `--core`'s list in turn; returns the file's digest, merged from
+    /// every chunk's value.
+    fn send(
+        &self,
+        first: &mut Connection,
+        others: &mut [Option<Connection>],
+    ) -> anyhow::Result<blake3::Hash> {
+        let count = others.len() as u64 + 1;
+        let digest = Mutex::new(FileDigest::new(self.geometry, (SLOTS * 4) as usize));
+        let stop = AtomicBool::new(false);
+        let results: Vec<anyhow::Result<()>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = others
+                .iter_mut()
+                .zip(1..)
+                .map(|(slot, index)| {
+                    let (digest, stop) = (&digest, &stop);
+                    scope.spawn(move || {
+                        let conn = slot.as_mut().context("the stream's connection")?;
+                        let sent = pin(core_for(self.cores, index)).and_then(|()| {
+                            self.send_lane(conn, Lane { index, count }, digest, stop)
+                        });
+                        if matches!(&sent, Err(e) if e.downcast_ref::<StreamDropped>().is_some()) {
+                            *slot = None;
+                        }
+                        sent
+                    })
                 })
-                .map_err(link)?;
-            }
-            next += 1;
+                .collect();
+            let first = self.send_lane(first, Lane { index: 0, count }, &digest, &stop);
+            std::iter::once(first)
+                .chain(threads.into_iter().map(|t| {
+                    t.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a stream's thread panicked")))
+                }))
+                .collect()
+        });
+        if let Some(e) = first_failure(results.into_iter().filter_map(Result::err)) {
+            return Err(e);
         }
-        b.post().map_err(link).context("posting chunks")?;
-        credits -= n;
-        if let Some(bar) = bar {
-            bar.set_position((next * CHUNK).min(size));
-        }
+        let digest = digest.into_inner().unwrap_or_else(PoisonError::into_inner);
+        digest
+            .finish()
+            .context("merging the chunks' values into the file's digest")
     }
-    Ok(())
+
+    /// Sends the chunks of `lane` on `conn` (see [`send_chunks`]); a
+    /// failure stops the other streams.
+    fn send_lane(
+        &self,
+        conn: &mut Connection,
+        lane: Lane,
+        digest: &Mutex<FileDigest>,
+        stop: &AtomicBool,
+    ) -> anyhow::Result<()> {
+        let threads = (self.threads / lane.count as usize).max(1);
+        let pool = PoolSize {
+            threads,
+            buffers: 2 * threads + BATCH as usize,
+        };
+        let sent = HashingReader::lane(Arc::clone(&self.file), self.geometry, lane, pool)
+            .map_err(anyhow::Error::new)
+            .and_then(|mut reader| self.send_chunks(conn, &mut reader, lane, digest, stop));
+        if sent.is_err() {
+            stop.store(true, Ordering::Release);
+        }
+        sent.with_context(|| format!("stream {}", lane.index))
+    }
+}
+
+impl Sending<'_> {
+    /// Sends every chunk of `lane` that `reader` hands out, each into its
+    /// slot with its chaining value after it, keeping every slot the
+    /// server has credited busy, and records each value in `digest`.
+    fn send_chunks(
+        &self,
+        conn: &mut Connection,
+        reader: &mut HashingReader,
+        lane: Lane,
+        digest: &Mutex<FileDigest>,
+        stop: &AtomicBool,
+    ) -> anyhow::Result<()> {
+        let link = |e| explain_link(e, "server");
+        let chunks = lane.len(self.geometry.chunk_count());
+        let slots = u64::from(self.ring.slots);
+        let (mut position, mut credits) = (0u64, slots);
+        while position < chunks {
+            if stop.load(Ordering::Acquire) {
+                bail!(Stopped);
+            }
+            if credits == 0 {
+                credits = await_credit(conn, self.ring.slots)?;
+                continue;
+            }
+            settle(conn, self.timeout, "server")?;
+            // A rewrite takes a request of its own in the batch.
+            let room = u64::from(BATCH) - u64::from(self.faults.rewrite.is_some());
+            let n = credits.min(room).min(chunks - position);
+            let mut posted = 0;
+            let mut b = conn.batch();
+            for _ in 0..n {
+                let chunk = reader
+                    .next_chunk()?
+                    .context("the file ended before its last chunk")?;
+                let slot = (position % slots) as u32;
+                let remote = u64::from(slot) * u64::from(self.ring.slot_size);
+                self.post_chunk(&mut b, &chunk, slot, remote)
+                    .map_err(link)?;
+                lock(digest).record(chunk.index(), *chunk.cv())?;
+                posted += chunk.bytes().len() as u64;
+                position += 1;
+            }
+            b.post().map_err(link).context("posting chunks")?;
+            credits -= n;
+            if let Some(bar) = self.bar {
+                bar.inc(posted);
+            }
+            if self.faults.drop_stream == Some(lane.index) {
+                return Err(StreamDropped(lane.index).into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds `chunk` and its value, for `slot` at `remote`, to the batch —
+    /// and the test-only faults meant for it.
+    fn post_chunk(
+        &self,
+        b: &mut pinpoll::Batch<'_, '_>,
+        chunk: &HashedChunk<'_>,
+        slot: u32,
+        remote: u64,
+    ) -> pinpoll::Result<()> {
+        let (bytes, cv) = (chunk.bytes(), chunk.cv());
+        let flip = self.faults.flip == Some(chunk.index());
+        b.write_from(bytes.len() + TRAILER, remote, Some(slot), |buf| {
+            let (data, trailer) = buf.split_at_mut(bytes.len());
+            data.copy_from_slice(bytes);
+            trailer.copy_from_slice(cv);
+            if flip {
+                data[bytes.len() / 2] ^= 0x10;
+            }
+            Ok(())
+        })?;
+        if self.faults.rewrite == Some(chunk.index()) {
+            b.write_from(bytes.len(), remote, None, |data| {
+                data.copy_from_slice(bytes);
+                data[bytes.len() / 2] ^= 0x10;
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn lock(digest: &Mutex<FileDigest>) -> std::sync::MutexGuard<'_, FileDigest> {
+    // A record either happened or did not: a panic leaves nothing half-done.
+    digest.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Waits for the server's next `Credit` and returns its count (at most
 /// the ring's `slots`: no chunk is in flight while this side waits).
-fn await_credit(conn: &mut Connection, slots: u32, shown: &str) -> anyhow::Result<u64> {
+fn await_credit(conn: &mut Connection, slots: u32) -> anyhow::Result<u64> {
     let msg = {
         let m = conn.recv().map_err(|e| explain_link(e, "server"))?;
         ensure!(m.imm.is_none(), "the server wrote into this side's memory");
@@ -354,10 +549,34 @@ fn await_credit(conn: &mut Connection, slots: u32, shown: &str) -> anyhow::Resul
             );
             Ok(u64::from(count))
         }
-        Msg::Fail { message, .. } => {
-            bail!("the server failed the transfer of {shown}: {message}")
-        }
+        Msg::Fail { message, .. } => bail!("the server failed the transfer: {message}"),
         other => bail!("the server sent {} during the transfer", other.name()),
+    }
+}
+
+/// After a stream failed: the server's verdict on the first stream — its
+/// `Fail`, waited for (up to the connection's timeout) since the server
+/// sends it only once all its streams stopped. `None` if the server left
+/// without one.
+fn await_verdict(conn: &mut Connection, shown: &str) -> Option<anyhow::Error> {
+    if let Some(verdict) = server_verdict(conn, shown) {
+        return Some(verdict);
+    }
+    loop {
+        let message = match conn.recv() {
+            Ok(m) if m.imm.is_none() => Msg::decode(m.data).ok(),
+            Ok(_) => None,
+            Err(_) => return None,
+        };
+        match message {
+            Some(Msg::Credit { .. }) => continue,
+            Some(Msg::Fail { message, .. }) => {
+                return Some(anyhow::anyhow!(
+                    "the server failed the transfer of {shown}: {message}"
+                ))
+            }
+            _ => return None,
+        }
     }
 }
 

@@ -10,6 +10,8 @@
 //!   into place without overwriting, fsync of the directory.
 //! - [`classic`] — serving clients of the classic rdma-file-transfer
 //!   example unchanged (told apart by their all-zero private data).
+//! - [`streams`] — `--streams N`: a transfer's further queue pairs
+//!   joining it, and a wait on one stream that the others can stop.
 //! - [`in_flight`] — the names a server is receiving, reserved at `Start`.
 //! - [`temp`] — the server's locked temp files, and removing those a dead
 //!   server left behind.
@@ -48,6 +50,12 @@
 //!    checks that private copy against the value, `pwrite`s it at the
 //!    chunk's offset and merges the value into the file's digest: what is
 //!    checked is what is stored.
+//!
+//!    With `Start{streams: N > 1}` the server's `Ready` carries a token;
+//!    the client connects N-1 more times with
+//!    [`protocol::join_hello`] (the token, the stream's index), and
+//!    stream `s` carries chunks `s, s+N, ...` into its own ring, credited
+//!    on its own connection ([`streams`]).
 //! 4. Client SENDs `Finish{size, digest}` (BLAKE3 of the whole file, as
 //!    `b3sum` prints it); once every chunk is checked and written the
 //!    server compares both, checks the file's size, fsyncs, links the temp
@@ -65,6 +73,7 @@ pub mod name;
 pub mod protocol;
 pub mod read_ahead;
 pub mod server;
+pub mod streams;
 pub mod temp;
 pub mod verify;
 
@@ -155,6 +164,26 @@ pub fn pin(core: Option<usize>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Checks that every core of `--core` is one this process may run on, so
+/// that a wrong list fails at start-up, not in a stream's thread.
+pub fn check_cores(cores: &[usize]) -> anyhow::Result<()> {
+    let available = core_affinity::get_core_ids().unwrap_or_default();
+    match cores
+        .iter()
+        .find(|c| !available.iter().any(|a| a.id == **c))
+    {
+        Some(core) => anyhow::bail!("--core {core}: no such core available to this process"),
+        None => Ok(()),
+    }
+}
+
+/// The core stream `index` is pinned to: `--core`'s list in turn (none
+/// without one).
+pub fn core_for(cores: &[usize], index: u64) -> Option<usize> {
+    let n = cores.len() as u64;
+    (n > 0).then(|| cores[(index % n) as usize])
+}
+
 /// `N bytes in S s (R MiB/s)`.
 pub fn summary(bytes: u64, elapsed: Duration) -> String {
     let secs = elapsed.as_secs_f64();
@@ -241,6 +270,14 @@ mod tests {
             line.starts_with("work request 166 (RDMA_WRITE) failed: REM_ACCESS_ERR"),
             "{line}"
         );
+    }
+
+    #[test]
+    fn streams_take_the_cores_of_the_list_in_turn() {
+        assert_eq!(core_for(&[], 3), None);
+        let cores = [4, 7];
+        let taken: Vec<_> = (0..5).map(|s| core_for(&cores, s)).collect();
+        assert_eq!(taken, [Some(4), Some(7), Some(4), Some(7), Some(4)]);
     }
 
     #[test]
