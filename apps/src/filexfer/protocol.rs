@@ -300,32 +300,7 @@ impl Msg {
             }
         };
         match b[5] {
-            1 => {
-                if body.len() < 12 {
-                    return bad(format!(
-                        "Start with a {}-byte body, expected at least 12",
-                        body.len()
-                    ));
-                }
-                let streams = u16_at(8);
-                if !(1..=MAX_STREAMS).contains(&streams) {
-                    return bad(format!(
-                        "Start with {streams} streams, expected 1..={MAX_STREAMS}"
-                    ));
-                }
-                let len = usize::from(u16_at(10));
-                if len == 0 || len > MAX_NAME {
-                    return bad(format!(
-                        "Start with a {len}-byte name, expected 1..={MAX_NAME}"
-                    ));
-                }
-                exact("Start", 12 + len)?;
-                Ok(Msg::Start {
-                    size: u64_at(0),
-                    streams,
-                    name: body[12..].to_vec(),
-                })
-            }
+            1 => decode_start(body),
             2 => {
                 exact("Ready", 16)?;
                 Ok(Msg::Ready {
@@ -371,6 +346,41 @@ impl Msg {
             k => bad(format!("unknown message kind {k}")),
         }
     }
+}
+
+/// The body of a `Start`: size, streams, name, each checked.
+fn decode_start(body: &[u8]) -> Result<Msg, BadMessage> {
+    let bad = |m: String| Err(BadMessage(m));
+    if body.len() < 12 {
+        return bad(format!(
+            "Start with a {}-byte body, expected at least 12",
+            body.len()
+        ));
+    }
+    let streams = u16::from_be_bytes([body[8], body[9]]);
+    if !(1..=MAX_STREAMS).contains(&streams) {
+        return bad(format!(
+            "Start with {streams} streams, expected 1..={MAX_STREAMS}"
+        ));
+    }
+    let len = usize::from(u16::from_be_bytes([body[10], body[11]]));
+    if len == 0 || len > MAX_NAME {
+        return bad(format!(
+            "Start with a {len}-byte name, expected 1..={MAX_NAME}"
+        ));
+    }
+    if body.len() != 12 + len {
+        return bad(format!(
+            "Start with a {}-byte body, expected {}",
+            body.len(),
+            12 + len
+        ));
+    }
+    Ok(Msg::Start {
+        size: u64::from_be_bytes(body[..8].try_into().expect("8 bytes")),
+        streams,
+        name: body[12..].to_vec(),
+    })
 }
 
 #[cfg(test)]
