@@ -392,9 +392,11 @@ impl Sending<'_> {
                     let (digest, stop) = (&digest, &stop);
                     scope.spawn(move || {
                         let conn = slot.as_mut().context("the stream's connection")?;
-                        let sent = pin(core_for(self.cores, index)).and_then(|()| {
-                            self.send_lane(conn, Lane { index, count }, digest, stop)
-                        });
+                        let sent = pin(core_for(self.cores, index))
+                            .inspect_err(|_| stop.store(true, Ordering::Release))
+                            .and_then(|()| {
+                                self.send_lane(conn, Lane { index, count }, digest, stop)
+                            });
                         if matches!(&sent, Err(e) if e.downcast_ref::<StreamDropped>().is_some()) {
                             *slot = None;
                         }

@@ -151,15 +151,16 @@ pub fn with_transport(mut cfg: EngineConfig, profile: Option<&EngineConfig>) -> 
     cfg
 }
 
-/// Pins the calling thread to `core` (`--core`), if given.
+/// Pins the calling thread to `core` (`--core`), if given. The core is
+/// not looked up in the thread's own affinity: a thread started by a
+/// pinned one inherits that one core, and must still be able to move to
+/// another of the list ([`check_cores`] checked them all at start-up).
 pub fn pin(core: Option<usize>) -> anyhow::Result<()> {
     let Some(core) = core else { return Ok(()) };
-    let ids = core_affinity::get_core_ids().unwrap_or_default();
-    let Some(id) = ids.into_iter().find(|c| c.id == core) else {
-        anyhow::bail!("--core {core}: no such core available to this process");
-    };
-    if !core_affinity::set_for_current(id) {
-        anyhow::bail!("--core {core}: pinning the thread failed");
+    if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+        anyhow::bail!(
+            "--core {core}: pinning the thread failed (is the core available to this process?)"
+        );
     }
     Ok(())
 }
@@ -270,6 +271,38 @@ mod tests {
             line.starts_with("work request 166 (RDMA_WRITE) failed: REM_ACCESS_ERR"),
             "{line}"
         );
+    }
+
+    #[test]
+    fn a_thread_started_by_a_pinned_one_moves_to_another_core() {
+        let cores: Vec<usize> = core_affinity::get_core_ids()
+            .unwrap_or_default()
+            .iter()
+            .map(|c| c.id)
+            .collect();
+        assert!(cores.len() >= 2, "this test needs two cores: {cores:?}");
+        check_cores(&cores).unwrap();
+        let (first, second) = (cores[0], cores[1]);
+        let moved = std::thread::spawn(move || {
+            pin(Some(first))?;
+            // Started by a thread pinned to `first`, it inherits that core.
+            std::thread::spawn(move || {
+                pin(Some(second))?;
+                let now: Vec<usize> = core_affinity::get_core_ids()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|c| c.id)
+                    .collect();
+                anyhow::Ok(now)
+            })
+            .join()
+            .expect("no panic")
+        })
+        .join()
+        .expect("no panic")
+        .unwrap();
+        assert_eq!(moved, [second]);
+        assert!(check_cores(&[usize::MAX]).is_err());
     }
 
     #[test]
