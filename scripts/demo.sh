@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # scripts/demo.sh — the pinpoll demo: build, bring up SoftRoCE, move a 64 MiB
-# random file over real RDMA verbs with `filexfer`, and verify its SHA-256.
+# random file over real RDMA verbs with `filexfer`, and verify its SHA-256;
+# both sides print the file's BLAKE3 digest (as `b3sum` does), compared here
+# with each other and with `b3sum` when it is installed.
 #
 #   scripts/demo.sh            build (release), then run the demo on this
 #                              machine's RDMA device if `ibv_devices` lists
@@ -8,8 +10,8 @@
 #                              (scripts/softroce-vm)
 #   DEMO_MIB=16 scripts/demo.sh  a smaller file (default 64 MiB)
 #
-# Exit status 0 only if the file arrived intact (same SHA-256) and both
-# sides reported success. It stops only the server it started.
+# Exit status 0 only if the file arrived intact (same SHA-256, same BLAKE3
+# on both sides) and both sides reported success. It stops only the server it started.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 top=$PWD
@@ -41,7 +43,8 @@ run_demo() {
         return 1
     fi
     say "sending: filexfer send $addr demo.bin --port $port"
-    "$bin" send "$addr" "$work/demo.bin" --port "$port" --timeout 60 || send_rc=$?
+    "$bin" send "$addr" "$work/demo.bin" --port "$port" --timeout 60 > "$work/send.out" || send_rc=$?
+    cat "$work/send.out"
     wait "$spid" || serve_rc=$?
     sed 's/^/server: /' "$work/server.out"
     if [ -s "$work/server.err" ]; then sed 's/^/server: /' "$work/server.err" >&2; fi
@@ -57,6 +60,21 @@ run_demo() {
     if [ "$want" != "$got" ]; then
         echo "error: the received file differs from the sent one" >&2
         return 1
+    fi
+    local sent_b3 received_b3
+    sent_b3=$(sed -n 's/^sent .*, BLAKE3 \([0-9a-f]\{64\}\)$/\1/p' "$work/send.out")
+    received_b3=$(sed -n 's/^client .*: received .*, BLAKE3 \([0-9a-f]\{64\}\)$/\1/p' "$work/server.out")
+    echo "blake3 sent:     $sent_b3"
+    echo "blake3 received: $received_b3"
+    if [ -z "$sent_b3" ] || [ "$sent_b3" != "$received_b3" ]; then
+        echo "error: the two sides printed different BLAKE3 digests" >&2
+        return 1
+    fi
+    if command -v b3sum >/dev/null; then
+        local b3
+        b3=$(b3sum --no-names "$work/demo.bin")
+        echo "b3sum:           $b3"
+        [ "$b3" = "$sent_b3" ] || { echo "error: b3sum disagrees with filexfer's digest" >&2; return 1; }
     fi
     say "demo OK: ${mib} MiB moved over RDMA and verified"
 }

@@ -12,7 +12,8 @@ use common::{
     Server, FILEXFER,
 };
 use pinpoll::{Access, Connection, EngineConfig};
-use pinpoll_apps::filexfer::protocol::{FailCode, Msg, HELLO};
+use pinpoll_apps::filexfer::digest::{ChainingValue, ChunkGeometry};
+use pinpoll_apps::filexfer::protocol::{join_hello, FailCode, Msg, HELLO};
 use pinpoll_apps::filexfer::{engine_config, CHUNK, SLOT_SIZE};
 
 /// Large transfers of an unoptimized build take minutes in the TCG guest.
@@ -24,9 +25,13 @@ fn start_server(dir: &Scratch, extra: &[&str]) -> Server {
 }
 
 fn start_server_in(dir: &str, timeout: &str, extra: &[&str]) -> Server {
+    start_server_env(dir, timeout, extra, &[])
+}
+
+fn start_server_env(dir: &str, timeout: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
     let mut args = vec!["serve", "--dir", dir, "--timeout", timeout];
     args.extend_from_slice(extra);
-    Server::start(FILEXFER, &args)
+    Server::start_env(FILEXFER, &args, env)
 }
 
 /// The server's `error: client ...` lines: one per failed client.
@@ -419,13 +424,16 @@ impl Raw {
         conn.send(
             &Msg::Start {
                 size,
+                streams: 1,
                 name: name.to_vec(),
             }
             .encode(),
         )
         .unwrap();
         match next_msg(&mut conn) {
-            Msg::Ready { slots, slot_size } => {
+            Msg::Ready {
+                slots, slot_size, ..
+            } => {
                 assert_eq!(slot_size, SLOT_SIZE);
                 Raw { conn, slots }
             }
@@ -433,9 +441,10 @@ impl Raw {
         }
     }
 
-    fn write(&mut self, slot: u32, data: &[u8], crc: u32) {
+    /// Writes `data` and the chaining value `cv` after it into `slot`.
+    fn write(&mut self, slot: u32, data: &[u8], cv: &ChainingValue) {
         let mut buf = data.to_vec();
-        buf.extend_from_slice(&crc.to_be_bytes());
+        buf.extend_from_slice(cv);
         let off = u64::from(slot % self.slots) * u64::from(SLOT_SIZE);
         self.conn.write(&buf, off, Some(slot)).unwrap();
     }
@@ -443,8 +452,10 @@ impl Raw {
     /// Sends `data` as the real client would (one chunk in flight at a
     /// time), then `Finish`; returns the server's last answer.
     fn send_all(&mut self, data: &[u8]) -> Msg {
+        let geometry = ChunkGeometry::v3(data.len() as u64);
         for (i, chunk) in data.chunks(CHUNK as usize).enumerate() {
-            self.write(i as u32 % self.slots, chunk, crc32c::crc32c(chunk));
+            let cv = geometry.chunk_cv(i as u64, chunk).unwrap();
+            self.write(i as u32 % self.slots, chunk, &cv);
             assert_eq!(next_msg(&mut self.conn), Msg::Credit { count: 1 });
         }
         self.finish(data.len() as u64, *blake3::hash(data).as_bytes())
@@ -480,6 +491,7 @@ fn the_server_refuses_every_bad_name_and_writes_nothing() {
         conn.send(
             &Msg::Start {
                 size: 1,
+                streams: 1,
                 name: name.to_vec(),
             }
             .encode(),
@@ -493,10 +505,11 @@ fn the_server_refuses_every_bad_name_and_writes_nothing() {
     for name in [&b""[..], &long[..]] {
         let mut bytes = Msg::Start {
             size: 1,
+            streams: 1,
             name: b"x".to_vec(),
         }
         .encode();
-        bytes.truncate(16);
+        bytes.truncate(18);
         bytes.extend_from_slice(&(name.len() as u16).to_be_bytes());
         bytes.extend_from_slice(name);
         let mut conn = raw_connect(server.port);
@@ -526,20 +539,27 @@ fn chunks_that_break_the_rules_fail_the_transfer_and_leave_nothing() {
     // Room for every connection, including those still tearing down.
     let server = start_server(&dst, &["--max-clients", "16"]);
     let data = vec![7u8; 100];
-    let good_crc = crc32c::crc32c(&data);
+    let good = ChunkGeometry::v3(100).chunk_cv(0, &data).unwrap();
+    let mut bad_cv = good;
+    bad_cv[31] ^= 1;
 
-    // A corrupted chunk (CRC mismatch).
-    let mut raw = Raw::start(server.port, b"crc.bin", 100);
-    raw.write(0, &data, good_crc ^ 1);
-    let (code, message) = fail_of(next_msg(&mut raw.conn));
+    // A chunk that does not match its value: its credit comes back as
+    // soon as it is copied; the verdict by the next message at the latest.
+    let mut raw = Raw::start(server.port, b"cv.bin", 100);
+    raw.write(0, &data, &bad_cv);
+    assert_eq!(next_msg(&mut raw.conn), Msg::Credit { count: 1 });
+    let (code, message) = fail_of(raw.finish(100, *blake3::hash(&data).as_bytes()));
     assert_eq!(code, FailCode::Integrity, "{message}");
-    assert!(message.contains("CRC32C"), "{message}");
+    assert!(
+        message.contains("chunk 0 (bytes 0..) does not match its BLAKE3 chaining value"),
+        "{message}"
+    );
 
     drop(raw);
 
     // A chunk for the wrong slot.
     let mut raw = Raw::start(server.port, b"slot.bin", 100);
-    raw.write(1, &data, good_crc);
+    raw.write(1, &data, &good);
     let (code, message) = fail_of(next_msg(&mut raw.conn));
     assert_eq!(code, FailCode::Protocol, "{message}");
     assert!(message.contains("slot 1, expected slot 0"), "{message}");
@@ -548,7 +568,7 @@ fn chunks_that_break_the_rules_fail_the_transfer_and_leave_nothing() {
 
     // More bytes than declared.
     let mut raw = Raw::start(server.port, b"long.bin", 50);
-    raw.write(0, &data, good_crc);
+    raw.write(0, &data, &good);
     let (code, message) = fail_of(next_msg(&mut raw.conn));
     assert_eq!(code, FailCode::Protocol, "{message}");
 
@@ -556,7 +576,7 @@ fn chunks_that_break_the_rules_fail_the_transfer_and_leave_nothing() {
 
     // Every chunk right, but the whole-file hash wrong.
     let mut raw = Raw::start(server.port, b"hash.bin", 100);
-    raw.write(0, &data, good_crc);
+    raw.write(0, &data, &good);
     assert_eq!(next_msg(&mut raw.conn), Msg::Credit { count: 1 });
     raw.conn
         .send(
@@ -575,7 +595,7 @@ fn chunks_that_break_the_rules_fail_the_transfer_and_leave_nothing() {
 
     // Every byte there and the hash right, but Finish names another size.
     let mut raw = Raw::start(server.port, b"size.bin", 100);
-    raw.write(0, &data, good_crc);
+    raw.write(0, &data, &good);
     assert_eq!(next_msg(&mut raw.conn), Msg::Credit { count: 1 });
     let (code, message) = fail_of(raw.finish(99, *blake3::hash(&data).as_bytes()));
     assert_eq!(code, FailCode::Integrity, "{message}");
@@ -599,6 +619,13 @@ fn chunks_that_break_the_rules_fail_the_transfer_and_leave_nothing() {
     let (code, message) = fail_of(next_msg(&mut raw.conn));
     assert_eq!(code, FailCode::Integrity, "{message}");
     drop(raw);
+    assert!(dst.names().is_empty(), "nothing kept: {:?}", dst.names());
+
+    // A failed transfer gives its name back: the same name then goes
+    // through.
+    let mut raw = Raw::start(server.port, b"cv.bin", 100);
+    assert_eq!(raw.send_all(&data), Msg::Complete { size: 100 });
+    drop(raw);
 
     server.proc.signal("TERM");
     let done = server.finish();
@@ -610,7 +637,8 @@ fn chunks_that_break_the_rules_fail_the_transfer_and_leave_nothing() {
         6,
         "{done:#?}"
     );
-    assert!(dst.names().is_empty(), "nothing kept: {:?}", dst.names());
+    assert_eq!(dst.names(), ["cv.bin"]);
+    assert_eq!(std::fs::read(dst.join("cv.bin")).unwrap(), data);
 }
 
 // ---- malformed messages, symlinks, races, space, memlock ----
@@ -654,6 +682,7 @@ fn malformed_control_messages_are_refused_and_the_server_goes_on() {
 
     let start = Msg::Start {
         size: 10,
+        streams: 1,
         name: b"m.bin".to_vec(),
     }
     .encode();
@@ -664,8 +693,8 @@ fn malformed_control_messages_are_refused_and_the_server_goes_on() {
     };
     let mut longer = start.clone();
     longer.extend_from_slice(b"xyz");
-    let mut v3 = start.clone();
-    v3[4] = 3;
+    let mut v2 = start.clone();
+    v2[4] = 2;
     let mut big_credit = Msg::Credit { count: 1 }.encode();
     big_credit.resize(60_000, 0);
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
@@ -677,12 +706,12 @@ fn malformed_control_messages_are_refused_and_the_server_goes_on() {
         (
             "truncated Start",
             start[..12].to_vec(),
-            "Start with a 4-byte body, expected at least 10",
+            "Start with a 4-byte body, expected at least 12",
         ),
         (
             "Start with bytes after its name",
             longer,
-            "Start with a 18-byte body, expected 15",
+            "Start with a 20-byte body, expected 17",
         ),
         (
             "oversized Credit",
@@ -690,7 +719,7 @@ fn malformed_control_messages_are_refused_and_the_server_goes_on() {
             "Credit with a 59992-byte body, expected 4",
         ),
         ("unknown kind", kind(42), "unknown message kind 42"),
-        ("unknown version", v3, "version 3 (this side speaks 2)"),
+        ("unknown version", v2, "version 2 (this side speaks 3)"),
         (
             "Finish first",
             Msg::Finish {
@@ -705,6 +734,7 @@ fn malformed_control_messages_are_refused_and_the_server_goes_on() {
             Msg::Ready {
                 slots: 16,
                 slot_size: SLOT_SIZE,
+                token: 0,
             }
             .encode(),
             "Ready before Start",
@@ -727,6 +757,7 @@ fn malformed_control_messages_are_refused_and_the_server_goes_on() {
         (
             Msg::Start {
                 size: 10,
+                streams: 1,
                 name: b"dup.bin".to_vec(),
             },
             "Start during the transfer",
@@ -735,6 +766,7 @@ fn malformed_control_messages_are_refused_and_the_server_goes_on() {
             Msg::Ready {
                 slots: 16,
                 slot_size: SLOT_SIZE,
+                token: 0,
             },
             "Ready during the transfer",
         ),
@@ -838,7 +870,8 @@ fn a_symlink_in_the_target_directory_is_never_followed() {
 }
 
 /// Two clients send the same name at once; exactly one
-/// wins, the other is told the name exists, no temp file is left.
+/// wins, the other is told the name exists (at its Start when the first is
+/// under way), no temp file is left.
 #[test]
 #[ignore = "needs an RDMA device"]
 fn two_clients_sending_the_same_name_at_once_one_wins() {
@@ -871,21 +904,25 @@ fn two_clients_sending_the_same_name_at_once_one_wins() {
         sha256(&winner.join("same.bin"))
     );
 
-    // The race made certain: both transfers are under way (past the name
-    // check) before either finishes. The first to finish wins.
+    // The race made certain: the first transfer is under way when the
+    // second starts. The name is reserved at Start: the second client is
+    // told before it sends any data.
     let first = vec![1u8; 100];
-    let second = vec![2u8; 100];
     let mut r1 = Raw::start(server.port, b"race.bin", 100);
-    let mut r2 = Raw::start(server.port, b"race.bin", 100);
-    assert_eq!(r1.send_all(&first), Msg::Complete { size: 100 });
-    drop(r1);
-    let (code, message) = fail_of(r2.send_all(&second));
+    let second = Msg::Start {
+        size: 100,
+        streams: 1,
+        name: b"race.bin".to_vec(),
+    };
+    let (code, message) = fail_of(raw_exchange(server.port, &second.encode()));
     assert_eq!(code, FailCode::Exists, "{message}");
     assert!(
-        message.contains("race.bin already exists on the server"),
+        message
+            .contains("race.bin already exists on the server (another client is sending it now)"),
         "{message}"
     );
-    drop(r2);
+    assert_eq!(r1.send_all(&first), Msg::Complete { size: 100 });
+    drop(r1);
 
     let done = server.finish();
     assert_eq!(client_errors(&done).len(), 2, "{done:#?}");
@@ -904,6 +941,7 @@ fn a_size_beyond_the_free_space_is_refused_before_any_data() {
     for size in [1u64 << 50, u64::MAX] {
         let start = Msg::Start {
             size,
+            streams: 1,
             name: b"huge.bin".to_vec(),
         };
         let (code, message) = fail_of(raw_exchange(server.port, &start.encode()));
@@ -1007,38 +1045,305 @@ fn a_tmpfs_too_small_gets_enospc_and_keeps_nothing() {
     assert_eq!(std::fs::read(mnt.join("reserved.bin")).unwrap(), reserved);
 }
 
+/// Fails the test unless the test-only hook `env` exists: debug builds only.
+fn needs_debug_build(env: &str) {
+    if !cfg!(debug_assertions) {
+        panic!("{env} exists only in debug builds: run the debug test build");
+    }
+}
+
 /// One bit flipped in one chunk (the client's test-only
-/// hook, after the chunk's CRC32C was computed) fails the transfer; no
+/// hook, after the chunk's chaining value was computed) fails the transfer; no
 /// file is put in place; the same file then goes through intact.
 #[test]
 #[ignore = "needs an RDMA device"]
 fn a_flipped_bit_in_one_chunk_fails_the_transfer_and_keeps_nothing() {
     use pinpoll_apps::filexfer::client::FLIP_BIT_ENV;
     let _g = serial();
-    if !cfg!(debug_assertions) {
-        panic!("{FLIP_BIT_ENV} exists only in debug builds: run the debug test build");
-    }
-    let src = Scratch::new("src");
-    let dst = Scratch::new("dst");
-    let file = src.join("flip.bin");
-    random_file(&file, 5 * CHUNK as usize + 10, 71);
-    let server = start_server(&dst, &["--count", "2"]);
-    let path = file.display().to_string();
-    let (host, port) = (addr4(), server.port_arg());
-    let args = ["send", &host, &path, "--port", &port, "--timeout", "20"];
-    let out = run_within_env(FILEXFER, &args, &[(FLIP_BIT_ENV, "2")], BOUND);
-    let line = out.assert_one_error_line("client");
+    let line = a_fault_fails_once_then_the_file_goes_through(
+        (FLIP_BIT_ENV, "2"),
+        ("flip.bin", 5 * CHUNK as usize + 10),
+        &[],
+    );
     assert!(
         line.contains("flip.bin")
-            && line.contains("chunk 2 (bytes 524280..) failed its CRC32C check"),
+            && line.contains("chunk 2 (bytes 524288..) does not match its BLAKE3 chaining value"),
         "{line}"
     );
+}
+
+/// Sends a random file `name` of `len` bytes (with `extra` flags) with the
+/// client's test-only fault hook `hook` set, which must fail the transfer
+/// with one error line (returned) and keep nothing; then the same file
+/// without the fault, which must arrive intact; the server reports the one
+/// failure.
+fn a_fault_fails_once_then_the_file_goes_through(
+    hook: (&str, &str),
+    (name, len): (&str, usize),
+    extra: &[&str],
+) -> String {
+    needs_debug_build(hook.0);
+    let src = Scratch::new("src");
+    let dst = Scratch::new("dst");
+    let file = src.join(name);
+    random_file(&file, len, len as u64);
+    let server = start_server(&dst, &["--count", "2"]);
+    let (host, port, path) = (addr4(), server.port_arg(), file.display().to_string());
+    let mut args = vec!["send", &host, &path, "--port", &port, "--timeout", "20"];
+    args.extend_from_slice(extra);
+    let out = run_within_env(FILEXFER, &args, &[hook], BOUND);
+    let line = out.assert_one_error_line("client").to_owned();
     assert!(dst.names().is_empty(), "{:?}", dst.names());
-    send(&server, &file, &[]).assert_ok("the same file without the fault");
-    assert_eq!(sha256(&dst.join("flip.bin")), sha256(&file));
+    send(&server, &file, extra).assert_ok("the same file without the fault");
+    assert_eq!(sha256(&dst.join(name)), sha256(&file));
     let done = server.finish();
     assert_eq!(client_errors(&done).len(), 1, "{done:#?}");
-    assert_eq!(dst.names(), ["flip.bin"]);
+    assert_eq!(dst.names(), [name]);
+    line
+}
+
+/// `--max-size`: a native client declaring more is refused at its Start,
+/// before the server reserves anything (no Ready, no temp file); a
+/// classic client, which declares no size, is cut off once it sends more;
+/// a file of exactly the limit goes through either way.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn max_size_refuses_larger_files_native_at_start_and_classic_while_receiving() {
+    let _g = serial();
+    let src = Scratch::new("src");
+    let dst = Scratch::new("dst");
+    let server = start_server(&dst, &["--max-size", "1000", "--count", "5"]);
+
+    let (code, message) = fail_of(raw_exchange(
+        server.port,
+        &Msg::Start {
+            size: 1001,
+            streams: 1,
+            name: b"raw.bin".to_vec(),
+        }
+        .encode(),
+    ));
+    assert_eq!(code, FailCode::TooLarge, "{message}");
+    assert!(
+        message.contains("raw.bin is 1001 bytes, more than the server takes (--max-size 1000)"),
+        "{message}"
+    );
+
+    random_file(&src.join("big.bin"), 1001, 61);
+    let out = send(&server, &src.join("big.bin"), &[]);
+    let line = out.assert_one_error_line("native client");
+    assert!(line.contains("--max-size 1000"), "{line}");
+
+    random_file(&src.join("classic.bin"), 5000, 62);
+    let out = send(&server, &src.join("classic.bin"), &["--classic"]);
+    assert!(!out.status.success(), "{out:#?}");
+    assert!(dst.names().is_empty(), "{:?}", dst.names());
+
+    random_file(&src.join("limit.bin"), 1000, 63);
+    send(&server, &src.join("limit.bin"), &[]).assert_ok("a file of the limit");
+    assert_eq!(
+        sha256(&dst.join("limit.bin")),
+        sha256(&src.join("limit.bin"))
+    );
+    random_file(&src.join("limit-classic.bin"), 1000, 64);
+    send(&server, &src.join("limit-classic.bin"), &["--classic"]).assert_ok("classic at the limit");
+    assert_eq!(
+        sha256(&dst.join("limit-classic.bin")),
+        sha256(&src.join("limit-classic.bin"))
+    );
+
+    let done = server.finish();
+    let errors = client_errors(&done);
+    assert_eq!(errors.len(), 3, "{done:#?}");
+    assert!(
+        errors.iter().any(|l| l.contains(
+            "classic.bin is more than 1000 bytes (--max-size of the server); the transfer was cut off and nothing kept"
+        )),
+        "{done:#?}"
+    );
+    assert_eq!(dst.names(), ["limit-classic.bin", "limit.bin"]);
+}
+
+/// The `BLAKE3 <hex>` a summary line ends with.
+fn printed_digest(output: &str, line_start: &str) -> String {
+    let line = output
+        .lines()
+        .find(|l| l.contains(line_start))
+        .unwrap_or_else(|| panic!("no line with {line_start:?} in {output:?}"));
+    let (_, hex) = line
+        .rsplit_once(", BLAKE3 ")
+        .unwrap_or_else(|| panic!("no digest in {line:?}"));
+    hex.to_owned()
+}
+
+/// Protocol 3's digest, merged from per-chunk chaining values on several
+/// verifier threads, is `blake3::hash(file)` (what `b3sum` prints), on
+/// both sides' summary lines, at every edge of BLAKE3's and the
+/// protocol's chunks, and with many chunks wrapping the 16-slot ring
+/// around with a short tail; the stored file is the sent one.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn the_printed_digest_is_blake3_of_the_file_at_every_edge_size() {
+    let _g = serial();
+    let c = CHUNK as usize;
+    let sizes = [0, 1, 1023, 1024, 1025, c - 1, c, c + 1, 40 * c + 12345];
+    let src = Scratch::new("src");
+    let dst = Scratch::new("dst");
+    let count = sizes.len().to_string();
+    let server = start_server(&dst, &["--count", &count, "--verify-threads", "3"]);
+    let mut expected = Vec::new();
+    for (i, &len) in sizes.iter().enumerate() {
+        let name = format!("digest-{len}.bin");
+        let path = src.join(&name);
+        random_file(&path, len, 100 + i as u64);
+        let hex = blake3::hash(&std::fs::read(&path).unwrap())
+            .to_hex()
+            .to_string();
+        let out = send(&server, &path, &["--verify-threads", "2"]);
+        out.assert_ok(&name);
+        assert_eq!(printed_digest(&out.stdout, &format!("sent {name}: ")), hex);
+        assert_eq!(sha256(&dst.join(&name)), sha256(&path), "{name} differs");
+        expected.push((name, hex));
+    }
+    let done = server.finish();
+    done.assert_ok("server");
+    for (name, hex) in expected {
+        let line_start = format!(" received {name}: ");
+        assert_eq!(printed_digest(&done.stdout, &line_start), hex, "{name}");
+    }
+}
+
+/// A client that writes a chunk's slot again after the chunk and its
+/// value arrived (its test-only hook) never gets the rewritten bytes
+/// stored. When the server copies the slot after the rewrite (its own
+/// test-only hook waits for it), the copy does not match the value: the
+/// transfer fails and nothing is kept. When the server copied first, the
+/// rewrite is too late to matter: the file is stored as sent, byte for
+/// byte, or refused — never with the rewritten bytes.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_slot_rewritten_after_its_chunk_is_never_stored() {
+    use pinpoll_apps::filexfer::client::REWRITE_ENV;
+    use pinpoll_apps::filexfer::server::AWAIT_REWRITE_ENV;
+    let _g = serial();
+    needs_debug_build(REWRITE_ENV);
+    let src = Scratch::new("src");
+    let file = src.join("rewrite.bin");
+    random_file(&file, 5 * CHUNK as usize + 10, 91);
+    let path = file.display().to_string();
+    let host = addr4();
+    let rewrite = [(REWRITE_ENV, "2")];
+
+    let dst = Scratch::new("dst");
+    let server = start_server_env(
+        dst.str(),
+        "20",
+        &["--count", "1"],
+        &[(AWAIT_REWRITE_ENV, "2")],
+    );
+    let port = server.port_arg();
+    let args = ["send", &host, &path, "--port", &port, "--timeout", "20"];
+    let out = run_within_env(FILEXFER, &args, &rewrite, BOUND);
+    let line = out.assert_one_error_line("client");
+    assert!(
+        line.contains("chunk 2 (bytes 524288..) does not match its BLAKE3 chaining value"),
+        "{line}"
+    );
+    let done = server.finish();
+    assert!(
+        done.stderr
+            .contains(&format!("{AWAIT_REWRITE_ENV}: the client rewrote the slot")),
+        "{done:#?}"
+    );
+    assert_eq!(client_errors(&done).len(), 1, "{done:#?}");
+    assert!(dst.names().is_empty(), "{:?}", dst.names());
+
+    // Without the server waiting: whichever comes first, the rewrite never
+    // reaches the file.
+    let dst = Scratch::new("dst-race");
+    let server = start_server(&dst, &["--count", "1"]);
+    let port = server.port_arg();
+    let args = ["send", &host, &path, "--port", &port, "--timeout", "20"];
+    let out = run_within_env(FILEXFER, &args, &rewrite, BOUND);
+    if out.status.success() {
+        assert_eq!(sha256(&dst.join("rewrite.bin")), sha256(&file));
+    } else {
+        let line = out.assert_one_error_line("client");
+        assert!(line.contains("BLAKE3 chaining value"), "{line}");
+        assert!(dst.names().is_empty(), "{:?}", dst.names());
+    }
+    server.finish();
+}
+
+/// `--streams N`: one file striped across N queue pairs, each on its own
+/// pinned thread on both sides, reassembled and verified as one file —
+/// many chunks wrapping every stream's ring, and a file of fewer chunks
+/// than streams. Further streams are not counted as transfers
+/// (`--count`), and a stream naming no transfer is refused.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_file_striped_across_2_and_4_streams_arrives_verified_as_one() {
+    let _g = serial();
+    let src = Scratch::new("src");
+    let dst = Scratch::new("dst");
+    let server = start_server(
+        &dst,
+        &["--count", "3", "--core", "0,1", "--verify-threads", "2"],
+    );
+    let cfg = engine_config(Duration::from_secs(20), false);
+    let addr = pinpoll::connect::parse_socket_addr(&addr4(), server.port).unwrap();
+    let stray = Connection::builder(&cfg)
+        .remote_access(Access::LOCAL_READ)
+        .private_data(&join_hello(0x5eed, 1))
+        .connect(addr);
+    assert!(stray.is_err(), "a stream of no transfer was accepted");
+    let c = CHUNK as usize;
+    for (name, len, streams) in [
+        ("two.bin", 40 * c + 12345, "2"),
+        ("four.bin", 70 * c + 1, "4"),
+        ("small.bin", c + 1, "4"),
+    ] {
+        let path = src.join(name);
+        random_file(&path, len, len as u64);
+        let out = send(&server, &path, &["--streams", streams, "--core", "1,0"]);
+        out.assert_ok(name);
+        let hex = blake3::hash(&std::fs::read(&path).unwrap())
+            .to_hex()
+            .to_string();
+        assert_eq!(printed_digest(&out.stdout, &format!("sent {name}: ")), hex);
+        assert_eq!(sha256(&dst.join(name)), sha256(&path), "{name} differs");
+    }
+    let done = server.finish();
+    assert!(done.status.success(), "{done:#?}");
+    assert!(client_errors(&done).is_empty(), "{done:#?}");
+    // The stray stream is the one thing the server had to say.
+    assert!(
+        done.stderr
+            .contains("no transfer of this server is waiting for that stream"),
+        "{done:#?}"
+    );
+    assert_eq!(done.stdout.matches(": received ").count(), 3, "{done:#?}");
+    assert_eq!(dst.names(), ["four.bin", "small.bin", "two.bin"]);
+}
+
+/// A stream that dies mid-transfer (the client's test-only hook drops
+/// its connection) fails the whole transfer cleanly: the client fails
+/// with one error line, the server reports it, nothing is kept, and the
+/// server goes on to take the same file over the same number of streams.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_stream_dying_mid_transfer_fails_the_whole_transfer_cleanly() {
+    use pinpoll_apps::filexfer::client::DROP_STREAM_ENV;
+    let _g = serial();
+    let line = a_fault_fails_once_then_the_file_goes_through(
+        (DROP_STREAM_ENV, "1"),
+        ("dying.bin", 60 * CHUNK as usize + 7),
+        &["--streams", "2"],
+    );
+    assert!(
+        line.contains("dying.bin") || line.contains("stream 1"),
+        "{line}"
+    );
 }
 
 /// Whether this process has CAP_IPC_LOCK (bit 14 of CapEff).
@@ -1073,7 +1378,7 @@ fn a_memlock_limit_too_small_is_one_clear_error() {
     let host = addr4();
     let limit = "--memlock=65536:65536";
 
-    // Exempt: a 64 KiB limit, 20 MiB registered on each side.
+    // Exempt: a 64 KiB limit, ~20 MiB registered on each side.
     let server = Server::start(
         "prlimit",
         &[
@@ -1122,16 +1427,21 @@ fn a_memlock_limit_too_small_is_one_clear_error() {
     let good = start_server(&dst, &[]);
     let gport = good.port_arg();
     let basic = common::BASIC;
+    let registered = engine_config(Duration::from_secs(20), false).registered_bytes();
+    let serve_expected =
+        format!("registering the chunk ring of a client: {registered} more bytes must be locked");
+    let send_expected =
+        format!("registering the send ring: {registered} more bytes must be locked");
     let runs: [(&str, Vec<&str>, &str); 4] = [
         (
             "filexfer serve",
             vec![limit, "--", FILEXFER, "serve", "--dir", dst.str(), "--port", "0"],
-            "registering the chunk ring of a client: 20971520 more bytes must be locked",
+            &serve_expected,
         ),
         (
             "filexfer send",
             vec![limit, "--", FILEXFER, "send", &host, &path, "--port", &gport, "--timeout", "20"],
-            "registering the send ring: 20971520 more bytes must be locked",
+            &send_expected,
         ),
         (
             "basic server",

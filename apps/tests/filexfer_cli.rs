@@ -23,11 +23,20 @@ fn help_explains_every_flag() {
         "--quiet",
         "--timeout",
         "--profile <NAME>",
+        "--verify-threads <N>",
+        "--core <N[,N...]>",
     ] {
         assert!(top.stdout.contains(flag), "{flag} missing: {}", top.stdout);
     }
     let serve = run_within(FILEXFER, &["serve", "--help"], BOUND);
-    for flag in ["--dir", "--max-clients", "--count", "--overwrite", "--bind"] {
+    for flag in [
+        "--dir",
+        "--max-clients",
+        "--count",
+        "--overwrite",
+        "--bind",
+        "--max-size <BYTES>",
+    ] {
         assert!(
             serve.stdout.contains(flag),
             "{flag} missing: {}",
@@ -43,6 +52,7 @@ fn help_explains_every_flag() {
     for text in [
         "--wait-for-file <SECONDS>",
         "Heartbeats watch the idle connection",
+        "--streams <N>",
     ] {
         assert!(
             send.stdout.contains(text),
@@ -64,6 +74,13 @@ fn bad_command_lines_exit_2_with_one_line() {
         &["send", "h", "f", "--wait-for-file", "0"][..],
         &["send", "h", "f", "--wait-for-file", "soon"][..],
         &["send", "h", "f", "--wait-for-file", "5", "--classic"][..],
+        &["send", "h", "f", "--verify-threads", "0"][..],
+        &["send", "h", "f", "--streams", "0"][..],
+        &["send", "h", "f", "--streams", "17"][..],
+        &["send", "h", "f", "--streams", "2", "--classic"][..],
+        &["send", "h", "f", "--core", "0,x"][..],
+        &["serve", "--max-size", "0"][..],
+        &["serve", "--max-size", "lots"][..],
         &["frob"][..],
     ] {
         let out = run_within(FILEXFER, args, BOUND);

@@ -1,7 +1,7 @@
 //! filexfer v3's hashing pools touch the heap only when they are made:
 //! a counting global allocator, a warm-up, then thousands of chunks through
 //! the verifier pool (copy, check, write, merge) and the hashing reader
-//! (pread, hash, hand out, copy), with the count of every thread's
+//! (pread, hash, hand out, copy, merge), with the count of every thread's
 //! allocations unchanged — the busy-poll thread's and the pools' own.
 //!
 //! Runs without the libtest harness, whose own threads allocate and would
@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use pinpoll::alloc::CountingAllocator;
 use pinpoll_apps::filexfer::chunk_pool::PoolSize;
-use pinpoll_apps::filexfer::digest::{ChunkGeometry, CHUNK_LEN};
+use pinpoll_apps::filexfer::digest::{ChunkGeometry, FileDigest, CHUNK_LEN};
 use pinpoll_apps::filexfer::read_ahead::HashingReader;
 use pinpoll_apps::filexfer::verify::VerifierPool;
 
@@ -82,6 +82,8 @@ fn reader(geometry: ChunkGeometry, size: PoolSize) {
     let zeros = File::open("/dev/zero").expect("open /dev/zero");
     let mut reader = HashingReader::new(Arc::new(zeros), geometry, size).expect("a reader");
     let mut slot = vec![0u8; CHUNK as usize];
+    // The sender merges the values as they are handed out, in order.
+    let mut digest = FileDigest::new(geometry, 1);
     let (mut before, mut handed_out) = (0, 0);
     while !reader.is_done() {
         if handed_out == WARM_UP {
@@ -89,11 +91,12 @@ fn reader(geometry: ChunkGeometry, size: PoolSize) {
         }
         if let Some(chunk) = reader.try_next_chunk().expect("no failure") {
             slot.copy_from_slice(chunk.bytes());
+            digest.record(chunk.index(), *chunk.cv()).expect("in order");
             handed_out += 1;
         }
     }
     let after = ALLOCATOR.allocations();
-    let digest = reader.finish().expect("every chunk read");
+    let digest = digest.finish().expect("every chunk read");
     let zeros = vec![0u8; (CHUNKS * CHUNK) as usize];
     assert_eq!(digest, blake3::hash(&zeros), "the digest");
     assert_eq!(

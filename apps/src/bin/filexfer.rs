@@ -13,15 +13,18 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use pinpoll::EngineConfig;
 use pinpoll_apps::cli::{parse_timeout, CommonArgs};
+use pinpoll_apps::filexfer::chunk_pool::default_threads;
 use pinpoll_apps::filexfer::client::{self, SendOptions};
+use pinpoll_apps::filexfer::protocol::MAX_STREAMS;
 use pinpoll_apps::filexfer::server::{self, ServeOptions};
 use pinpoll_apps::filexfer::DEFAULT_PORT;
 use pinpoll_apps::output::Output;
 
 /// Send files over RDMA: pipelined RDMA WRITE_WITH_IMM into the server's
-/// ring of chunk slots, a CRC32C per chunk, a BLAKE3 digest of the whole file,
-/// and a file that appears under its name on the server only once it is
-/// verified and on disk.
+/// ring of chunk slots, each chunk checked against its BLAKE3 chaining
+/// value, the values merged into the file's BLAKE3 digest (what `b3sum`
+/// prints), and a file that appears under its name on the server only once
+/// it is verified and on disk.
 #[derive(Debug, Parser)]
 #[command(
     name = "filexfer",
@@ -47,10 +50,12 @@ struct Cli {
     #[arg(long, global = true)]
     hugepages: bool,
 
-    /// Pin the busy-polling thread(s) to this CPU core (serve: every
-    /// transfer's thread).
-    #[arg(long, value_name = "N", global = true)]
-    core: Option<usize>,
+    /// Pin the busy-polling threads to these CPU cores, a comma-separated
+    /// list: stream S (see --streams) to the list's entry S modulo its
+    /// length (serve: the accept loop and each transfer's first stream to
+    /// the first).
+    #[arg(long, value_name = "N[,N...]", global = true, value_delimiter = ',')]
+    core: Vec<usize>,
 
     /// Tuning profile for the transport: the QP's ACK timeout, retry
     /// count and RNR retry count of a profile in tuning/profiles/ (e.g.
@@ -60,6 +65,13 @@ struct Cli {
     /// bounds the waits and heartbeats.
     #[arg(long, value_name = "NAME", global = true)]
     profile: Option<String>,
+
+    /// Threads hashing the chunks beside the busy-polling thread (send:
+    /// reading and hashing the file ahead; serve: checking and writing
+    /// each transfer's chunks). Default: the cores left after the polling
+    /// thread, at least 1.
+    #[arg(long, value_name = "N", global = true, value_parser = clap::value_parser!(u32).range(1..=256))]
+    verify_threads: Option<u32>,
 
     #[command(flatten)]
     common: CommonArgs,
@@ -92,6 +104,12 @@ enum Command {
         /// refused.
         #[arg(long)]
         overwrite: bool,
+        /// The largest file accepted, in bytes: a native client declaring
+        /// more is refused at its Start, before anything is reserved; a
+        /// classic client (no size in advance) is cut off once it sends
+        /// more. Default: the free space of --dir when the transfer starts.
+        #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+        max_size: Option<u64>,
     },
     /// Send FILE to a filexfer server; exit 0 once the server has it
     /// verified, fsynced and in place.
@@ -115,6 +133,11 @@ enum Command {
         /// keep SECONDS below that.
         #[arg(long, value_name = "SECONDS", value_parser = parse_timeout, conflicts_with = "classic")]
         wait_for_file: Option<Duration>,
+        /// Queue pairs to stripe the file across, each driven by its own
+        /// polling thread (pinned with --core); the server reassembles and
+        /// verifies them as one file.
+        #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=i64::from(MAX_STREAMS)), conflicts_with = "classic")]
+        streams: u16,
     },
 }
 
@@ -142,6 +165,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .map(EngineConfig::load)
         .transpose()
         .context("--profile")?;
+    let verify_threads = cli
+        .verify_threads
+        .map_or_else(default_threads, |n| n as usize);
     match cli.command {
         Command::Serve {
             dir,
@@ -149,6 +175,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             max_clients,
             count,
             overwrite,
+            max_size,
         } => server::serve(
             &ServeOptions {
                 dir,
@@ -158,7 +185,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 max_clients: max_clients as usize,
                 count,
                 overwrite,
-                core: cli.core,
+                cores: cli.core.clone(),
+                verify_threads,
+                max_size,
                 profile,
             },
             &cli.common,
@@ -169,15 +198,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             file,
             classic,
             wait_for_file,
+            streams,
         } => client::send(
             &SendOptions {
                 host,
                 file,
                 port: cli.port,
                 hugepages: cli.hugepages,
-                core: cli.core,
+                cores: cli.core,
+                streams,
                 classic,
                 wait_for_file,
+                verify_threads,
                 profile,
             },
             &cli.common,

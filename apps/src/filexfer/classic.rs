@@ -25,7 +25,7 @@ use anyhow::{bail, ensure, Context as _};
 use pinpoll::{Access, Endpoint, MemoryRegion, PageSize, Posted, RegionOp, SharedRegion, WcOpcode};
 
 use crate::filexfer::name;
-use crate::filexfer::temp::TempFile;
+use crate::filexfer::temp::{free_space, TempFile};
 use crate::filexfer::{explain_link, summary};
 use crate::output::{printable, Output};
 
@@ -70,10 +70,18 @@ pub struct ClassicSide {
     msg: Option<MemoryRegion>,
     /// The receive posted for the client's next write with immediate.
     recv: Option<Posted>,
+    /// The most bytes a file may have (`--max-size`); without it, the
+    /// free space of the directory when the transfer starts. The classic
+    /// protocol declares no size: the cap applies while receiving.
+    max_size: Option<u64>,
 }
 
 impl ClassicSide {
-    pub fn prepare(ep: &mut Endpoint, pages: PageSize) -> anyhow::Result<ClassicSide> {
+    pub fn prepare(
+        ep: &mut Endpoint,
+        pages: PageSize,
+        max_size: Option<u64>,
+    ) -> anyhow::Result<ClassicSide> {
         let buffer = ep
             .register_shared(BUFFER, pages, false)
             .context("registering the classic 10 MiB buffer")?;
@@ -85,6 +93,7 @@ impl ClassicSide {
             buffer,
             msg: Some(msg),
             recv: Some(recv),
+            max_size,
         })
     }
 
@@ -164,6 +173,10 @@ impl ClassicSide {
             bail!("{shown} already exists on the server");
         }
         let mut temp = TempFile::create(&dir, serial).context("creating a temporary file")?;
+        let (cap, cap_name) = match self.max_size {
+            Some(max) => (max, "--max-size"),
+            None => (free_space(&dir).unwrap_or(u64::MAX), "the free space"),
+        };
         let began = Instant::now();
         let result = (|| -> anyhow::Result<u64> {
             out.progress(format_args!("client {peer}: receiving {shown} (classic)"))?;
@@ -175,6 +188,9 @@ impl ClassicSide {
                     .context("receiving the file")?;
                 if len == 0 {
                     break;
+                }
+                if total + len as u64 > cap {
+                    bail!("{shown} is more than {cap} bytes ({cap_name} of the server); the transfer was cut off and nothing kept");
                 }
                 let chunk = &mut copy[..len];
                 self.buffer.copy_to(0, chunk)?;

@@ -1,28 +1,42 @@
 //! `filexfer send`: one file to a server, every server slot kept busy.
 //!
-//! Test-only fault hook: in debug builds (never in release builds, where it
-//! is compiled out), `PINPOLL_FILEXFER_TEST_FLIP_BIT=N`, read once when the
-//! transfer starts, flips one bit of chunk `N` after its CRC32C and the
-//! BLAKE3 digest were computed — a chunk corrupted on the way, which the server
-//! must catch. It exists for `apps/tests/filexfer.rs`; do not set it.
+//! Test-only fault hooks, read once when the transfer starts, in debug
+//! builds only (release builds never read them), for
+//! `apps/tests/filexfer.rs`; do not set them:
+//! - `PINPOLL_FILEXFER_TEST_FLIP_BIT=N` flips one bit of chunk `N` after
+//!   its chaining value was computed — a chunk corrupted on the way, which
+//!   the server must catch.
+//! - `PINPOLL_FILEXFER_TEST_REWRITE=N` writes chunk `N`'s slot again,
+//!   with one bit flipped, right after the chunk and its value — a client
+//!   that changes a slot after the server was told it is complete, whose
+//!   rewritten bytes the server must refuse or never see, never store.
+//! - `PINPOLL_FILEXFER_TEST_DROP_STREAM=S` makes stream `S` of a
+//!   `--streams` transfer drop its connection after its first batch of
+//!   chunks — a stream dying mid-transfer, which must fail the whole
+//!   transfer cleanly.
 
 use std::fs::File;
 use std::io::IsTerminal as _;
-use std::os::unix::fs::FileExt as _;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use pinpoll::{Access, Connection, Event};
+use pinpoll::{Access, Connection, EngineConfig, Event};
 
 use crate::cli::{socket_addr, CommonArgs};
+use crate::filexfer::chunk_pool::PoolSize;
+use crate::filexfer::digest::{ChunkGeometry, FileDigest};
 use crate::filexfer::name;
-use crate::filexfer::protocol::{Msg, HELLO};
+use crate::filexfer::protocol::{join_hello, Msg, HELLO};
+use crate::filexfer::read_ahead::{HashedChunk, HashingReader, Lane};
 use crate::filexfer::server::{send_and_wait, settle};
+use crate::filexfer::streams::{first_failure, Stopped};
 use crate::filexfer::{
-    chunk_len, engine_config, explain_link, is_registration, pin, summary, with_transport, BATCH,
-    TRAILER,
+    check_cores, core_for, digest_summary, engine_config, explain_link, is_registration, pin,
+    with_transport, BATCH, CHUNK, SLOTS, TRAILER,
 };
 use crate::output::{printable, Output};
 use crate::session::device_exists;
@@ -34,11 +48,16 @@ pub struct SendOptions {
     pub file: std::path::PathBuf,
     pub port: u16,
     pub hugepages: bool,
-    pub core: Option<usize>,
+    /// Cores to pin to (`--core`): stream `s` to core `s % len`.
+    pub cores: Vec<usize>,
+    /// Queue pairs the file is striped across (`--streams`).
+    pub streams: u16,
     /// Speak the classic rdma-file-transfer protocol.
     pub classic: bool,
     /// Connect first, then wait up to this long for the file to appear.
     pub wait_for_file: Option<Duration>,
+    /// Threads reading and hashing the file ahead of the sender.
+    pub verify_threads: usize,
     /// Transport settings from a tuning profile (`--profile`).
     pub profile: Option<pinpoll::EngineConfig>,
 }
@@ -54,20 +73,45 @@ pub fn wire_name(path: &Path) -> anyhow::Result<String> {
     Ok(name.to_owned())
 }
 
-/// The test-only fault hook (see the module docs).
+/// The test-only hook that flips a bit of a chunk (see the module docs).
 pub const FLIP_BIT_ENV: &str = "PINPOLL_FILEXFER_TEST_FLIP_BIT";
+/// The test-only hook that rewrites a slot after its chunk (see the
+/// module docs).
+pub const REWRITE_ENV: &str = "PINPOLL_FILEXFER_TEST_REWRITE";
+/// The test-only hook that drops a stream mid-transfer (see the module
+/// docs).
+pub const DROP_STREAM_ENV: &str = "PINPOLL_FILEXFER_TEST_DROP_STREAM";
 
-/// The chunk whose bit the test-only hook flips, if any.
-fn flip_bit_chunk() -> anyhow::Result<Option<u64>> {
-    if !cfg!(debug_assertions) {
-        return Ok(None);
-    }
-    match std::env::var(FLIP_BIT_ENV) {
-        Err(_) => Ok(None),
-        Ok(v) => v
-            .parse()
-            .map(Some)
-            .with_context(|| format!("{FLIP_BIT_ENV}={v:?}: expected a chunk index")),
+/// The error of a stream that the test-only hook dropped.
+#[derive(Debug, thiserror::Error)]
+#[error("{DROP_STREAM_ENV}: stream {0} dropped its connection")]
+struct StreamDropped(u64);
+
+/// The test-only fault hooks set for this transfer (none in release builds).
+#[derive(Debug, Default)]
+struct Faults {
+    flip: Option<u64>,
+    rewrite: Option<u64>,
+    drop_stream: Option<u64>,
+}
+
+impl Faults {
+    fn from_env() -> anyhow::Result<Self> {
+        if !cfg!(debug_assertions) {
+            return Ok(Self::default());
+        }
+        let chunk = |env: &str| match std::env::var(env) {
+            Err(_) => Ok(None),
+            Ok(v) => v
+                .parse()
+                .map(Some)
+                .with_context(|| format!("{env}={v:?}: expected a chunk index")),
+        };
+        Ok(Self {
+            flip: chunk(FLIP_BIT_ENV)?,
+            rewrite: chunk(REWRITE_ENV)?,
+            drop_stream: chunk(DROP_STREAM_ENV)?,
+        })
     }
 }
 
@@ -76,7 +120,6 @@ fn flip_bit_chunk() -> anyhow::Result<Option<u64>> {
 pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Result<()> {
     let path = &opts.file;
     let name = wire_name(path)?;
-    let shown = printable(name.as_bytes());
     // With --wait-for-file the file is opened once it appears, after
     // connecting; otherwise a missing or unreadable file fails here, before
     // any connection exists.
@@ -84,8 +127,9 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
         Some(_) => None,
         None => Some(open_source(path)?),
     };
-    let flip = flip_bit_chunk()?;
-    pin(opts.core)?;
+    let faults = Faults::from_env()?;
+    check_cores(&opts.cores)?;
+    pin(opts.cores.first().copied())?;
 
     let cfg = with_transport(
         engine_config(common.timeout, opts.hugepages),
@@ -117,14 +161,10 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
         .device(common.device.as_deref())
         .connect(addr)
         .map_err(|e| connect_error(e, addr))?;
-    let peer = conn.peer_ring();
     out.progress(format_args!(
         "connected to {addr} on {}",
         conn.endpoint().device_name()
     ))?;
-    let link = |e| explain_link(e, "server");
-    let timeout = common.timeout;
-
     if let Some(limit) = opts.wait_for_file {
         out.progress(format_args!(
             "waiting up to {} s for {} to appear",
@@ -135,127 +175,164 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
         source = Some(open_source(path)?);
     }
     let (file, size) = source.expect("the file is open by now");
+    let native = Native {
+        cfg: &cfg,
+        addr,
+        device: common.device.as_deref(),
+        quiet: common.quiet,
+        faults,
+    };
+    native.send(conn, file, size, opts, &name, out)
+}
 
-    let began = Instant::now();
-    send_and_wait(
-        &mut conn,
-        &Msg::Start {
+/// What a native transfer needs beyond the command line.
+struct Native<'a> {
+    cfg: &'a EngineConfig,
+    addr: std::net::SocketAddr,
+    device: Option<&'a str>,
+    quiet: bool,
+    faults: Faults,
+}
+
+impl Native<'_> {
+    /// Sends `file` of `size` bytes over the connected `conn` (and the
+    /// further streams it opens); success once the server said the file is
+    /// verified, durable and in place.
+    fn send(
+        self,
+        mut conn: Connection,
+        file: File,
+        size: u64,
+        opts: &SendOptions,
+        name: &str,
+        out: Output,
+    ) -> anyhow::Result<()> {
+        let shown = printable(name.as_bytes());
+        let timeout = self.cfg.completion_timeout;
+        let began = Instant::now();
+        let start = Msg::Start {
             size,
+            streams: opts.streams,
             name: name.as_bytes().to_vec(),
+        };
+        let (ring, token) = start_transfer(&mut conn, &start, timeout, &shown)?;
+        let mut others = self.open_streams(token, opts.streams)?;
+        let bar = progress_bar(size, self.quiet, &shown);
+        let sending = Sending {
+            file: Arc::new(file),
+            geometry: ChunkGeometry::v3(size),
+            ring,
+            timeout,
+            threads: opts.verify_threads,
+            cores: &opts.cores,
+            bar: bar.as_ref(),
+            faults: self.faults,
+        };
+        let digest = match sending.send(&mut conn, &mut others) {
+            Ok(digest) => digest,
+            Err(e) => return Err(await_verdict(&mut conn, &shown).unwrap_or(e)),
+        };
+        if let Err(e) = send_and_wait(
+            &mut conn,
+            &Msg::Finish {
+                size,
+                digest: *digest.as_bytes(),
+            }
+            .encode(),
+            timeout,
+            "server",
+        ) {
+            return Err(server_verdict(&mut conn, &shown)
+                .unwrap_or_else(|| e.context("sending the file's BLAKE3 digest")));
         }
-        .encode(),
-        timeout,
-        "server",
-    )
-    .context("sending the file's name and size")?;
+        await_complete(&mut conn, size, &shown)?;
+        let elapsed = began.elapsed();
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+        // The file is verified and durable on the server: a teardown that
+        // does not drain cleanly no longer changes the outcome.
+        for mut conn in others.into_iter().flatten().chain([conn]) {
+            conn.set_completion_timeout(timeout.min(std::time::Duration::from_secs(2)));
+            if let Err(e) = conn.close() {
+                tracing::debug!(error = %e, "closing the connection after Complete");
+            }
+        }
+        out.progress(format_args!(
+            "sent {shown}: {}",
+            digest_summary(size, elapsed, &digest)
+        ))?;
+        Ok(())
+    }
+}
+
+impl Native<'_> {
+    /// Connects streams `1..streams` of the transfer whose `Ready` gave
+    /// `token`.
+    fn open_streams(&self, token: u64, streams: u16) -> anyhow::Result<Vec<Option<Connection>>> {
+        (1..streams)
+            .map(|stream| {
+                Connection::builder(self.cfg)
+                    .remote_access(Access::LOCAL_READ)
+                    .private_data(&join_hello(token, stream))
+                    .device(self.device)
+                    .connect(self.addr)
+                    .map(Some)
+                    .map_err(|e| {
+                        connect_error(e, self.addr).context(format!("connecting stream {stream}"))
+                    })
+            })
+            .collect()
+    }
+}
+
+/// Sends `start` and returns the ring the server's `Ready` offers each
+/// stream, and the token further streams join with.
+fn start_transfer(
+    conn: &mut Connection,
+    start: &Msg,
+    timeout: Duration,
+    shown: &str,
+) -> anyhow::Result<(Ring, u64)> {
+    send_and_wait(conn, &start.encode(), timeout, "server")
+        .context("sending the file's name and size")?;
     let ready = {
         let m = conn
             .recv()
-            .map_err(link)
+            .map_err(|e| explain_link(e, "server"))
             .context("waiting for the server to be ready")?;
         ensure!(m.imm.is_none(), "the server wrote into this side's memory");
         Msg::decode(m.data)?
     };
-    let (slots, slot_size) = match ready {
-        Msg::Ready { slots, slot_size } => (slots, slot_size),
+    let (slots, slot_size, token) = match ready {
+        Msg::Ready {
+            slots,
+            slot_size,
+            token,
+        } => (slots, slot_size, token),
         Msg::Fail { message, .. } => bail!("the server refused {shown}: {message}"),
         other => bail!("the server sent {} instead of Ready", other.name()),
     };
+    let peer = conn.peer_ring();
     ensure!(
         (1..=1 << 16).contains(&slots)
-            && slot_size as usize > TRAILER
+            && slot_size as usize >= CHUNK as usize + TRAILER
             && slot_size as usize <= conn.slot_size()
             && u64::from(slots) * u64::from(slot_size) <= peer.len,
-        "the server offered {slots} slots of {slot_size} bytes, which its ring of {} bytes or this side's {}-byte slots cannot hold",
+        "the server offered {slots} slots of {slot_size} bytes, which a chunk of {CHUNK} bytes and its value, its ring of {} bytes or this side's {}-byte slots cannot hold",
         peer.len,
         conn.slot_size()
     );
-    let chunk = chunk_len(slot_size);
-    let chunks = size.div_ceil(chunk);
-    let bar = progress_bar(size, common.quiet, &shown);
+    Ok((Ring { slots, slot_size }, token))
+}
 
-    let mut hasher = blake3::Hasher::new();
-    let (mut next, mut credits) = (0u64, u64::from(slots));
-    while next < chunks {
-        if credits == 0 {
-            let msg = {
-                let m = conn.recv().map_err(link).with_context(|| {
-                    format!(
-                        "sending {shown} ({} of {size} bytes posted)",
-                        (next * chunk).min(size)
-                    )
-                })?;
-                ensure!(m.imm.is_none(), "the server wrote into this side's memory");
-                Msg::decode(m.data)?
-            };
-            match msg {
-                Msg::Credit { count } => {
-                    credits += u64::from(count);
-                    ensure!(
-                        credits <= u64::from(slots),
-                        "the server returned more credits than it has slots"
-                    );
-                }
-                Msg::Fail { message, .. } => {
-                    bail!("the server failed the transfer of {shown}: {message}")
-                }
-                other => bail!("the server sent {} during the transfer", other.name()),
-            }
-            continue;
-        }
-        if let Err(e) = settle(&mut conn, timeout, "server") {
-            return Err(server_verdict(&mut conn, &shown).unwrap_or(e));
-        }
-        let n = credits.min(u64::from(BATCH)).min(chunks - next);
-        let mut b = conn.batch();
-        for _ in 0..n {
-            let offset = next * chunk;
-            let len = chunk.min(size - offset) as usize;
-            let slot = (next % u64::from(slots)) as u32;
-            let remote = u64::from(slot) * u64::from(slot_size);
-            let hasher = &mut hasher;
-            let file = &file;
-            let corrupt = flip == Some(next) && len > 0;
-            b.write_from(len + TRAILER, remote, Some(slot), move |buf| {
-                let (data, trailer) = buf.split_at_mut(len);
-                file.read_exact_at(data, offset)?;
-                trailer.copy_from_slice(&crc32c::crc32c(data).to_be_bytes());
-                hasher.update(&*data);
-                if corrupt {
-                    data[len / 2] ^= 0x10;
-                }
-                Ok(())
-            })
-            .map_err(|e| match e {
-                pinpoll::Error::SlotFill { source } => anyhow::Error::new(source).context(format!(
-                    "reading {} at byte {offset} (did the file change?)",
-                    path.display()
-                )),
-                e => link(e),
-            })?;
-            next += 1;
-        }
-        b.post().map_err(link).context("posting chunks")?;
-        credits -= n;
-        if let Some(bar) = &bar {
-            bar.set_position((next * chunk).min(size));
-        }
-    }
-    let digest: [u8; 32] = hasher.finalize().into();
-    if let Err(e) = send_and_wait(
-        &mut conn,
-        &Msg::Finish { size, digest }.encode(),
-        timeout,
-        "server",
-    ) {
-        return Err(server_verdict(&mut conn, &shown)
-            .unwrap_or_else(|| e.context("sending the file's BLAKE3 digest")));
-    }
+/// Waits for the server's `Complete` (credits may come first).
+fn await_complete(conn: &mut Connection, size: u64, shown: &str) -> anyhow::Result<()> {
     loop {
         let msg = {
             let m = conn
                 .recv()
-                .map_err(link)
+                .map_err(|e| explain_link(e, "server"))
                 .context("waiting for the server to store the file")?;
             ensure!(m.imm.is_none(), "the server wrote into this side's memory");
             Msg::decode(m.data)?
@@ -264,7 +341,7 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
             Msg::Credit { .. } => continue,
             Msg::Complete { size: stored } => {
                 ensure!(stored == size, "the server stored {stored} bytes of {size}");
-                break;
+                return Ok(());
             }
             Msg::Fail { message, .. } => {
                 bail!("the server failed the transfer of {shown}: {message}")
@@ -272,18 +349,237 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
             other => bail!("the server sent {} instead of Complete", other.name()),
         }
     }
-    let elapsed = began.elapsed();
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
+}
+
+/// The server's ring as its `Ready` offered it.
+#[derive(Debug, Clone, Copy)]
+struct Ring {
+    slots: u32,
+    slot_size: u32,
+}
+
+/// One file being sent over one or more streams.
+struct Sending<'a> {
+    file: Arc<File>,
+    geometry: ChunkGeometry,
+    ring: Ring,
+    timeout: Duration,
+    /// `--verify-threads`: shared by the streams' hashing pools.
+    threads: usize,
+    cores: &'a [usize],
+    bar: Option<&'a ProgressBar>,
+    faults: Faults,
+}
+
+impl Sending<'_> {
+    /// Sends every chunk: stream `s` of `1 + others.len()` those of lane
+    /// `s`, each stream on its own thread (the first on this one), pinned
+    /// to `--core`'s list in turn; returns the file's digest, merged from
+    /// every chunk's value.
+    fn send(
+        &self,
+        first: &mut Connection,
+        others: &mut [Option<Connection>],
+    ) -> anyhow::Result<blake3::Hash> {
+        let count = others.len() as u64 + 1;
+        let digest = Mutex::new(FileDigest::new(self.geometry, (SLOTS * 4) as usize));
+        let stop = AtomicBool::new(false);
+        let results: Vec<anyhow::Result<()>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = others
+                .iter_mut()
+                .zip(1..)
+                .map(|(slot, index)| {
+                    let (digest, stop) = (&digest, &stop);
+                    scope.spawn(move || {
+                        let conn = slot.as_mut().context("the stream's connection")?;
+                        let sent = pin(core_for(self.cores, index))
+                            .inspect_err(|_| stop.store(true, Ordering::Release))
+                            .and_then(|()| {
+                                self.send_lane(conn, Lane { index, count }, digest, stop)
+                            });
+                        if matches!(&sent, Err(e) if e.downcast_ref::<StreamDropped>().is_some()) {
+                            *slot = None;
+                        }
+                        sent
+                    })
+                })
+                .collect();
+            let first = self.send_lane(first, Lane { index: 0, count }, &digest, &stop);
+            std::iter::once(first)
+                .chain(threads.into_iter().map(|t| {
+                    t.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a stream's thread panicked")))
+                }))
+                .collect()
+        });
+        if let Some(e) = first_failure(results.into_iter().filter_map(Result::err)) {
+            return Err(e);
+        }
+        let digest = digest.into_inner().unwrap_or_else(PoisonError::into_inner);
+        digest
+            .finish()
+            .context("merging the chunks' values into the file's digest")
     }
-    // The file is verified and durable on the server: a teardown that
-    // does not drain cleanly no longer changes the outcome.
-    conn.set_completion_timeout(timeout.min(std::time::Duration::from_secs(2)));
-    if let Err(e) = conn.close() {
-        tracing::debug!(error = %e, "closing the connection after Complete");
+
+    /// Sends the chunks of `lane` on `conn` (see [`send_chunks`]); a
+    /// failure stops the other streams.
+    fn send_lane(
+        &self,
+        conn: &mut Connection,
+        lane: Lane,
+        digest: &Mutex<FileDigest>,
+        stop: &AtomicBool,
+    ) -> anyhow::Result<()> {
+        let threads = (self.threads / lane.count as usize).max(1);
+        let pool = PoolSize {
+            threads,
+            buffers: 2 * threads + BATCH as usize,
+        };
+        let sent = HashingReader::lane(Arc::clone(&self.file), self.geometry, lane, pool)
+            .map_err(anyhow::Error::new)
+            .and_then(|mut reader| self.send_chunks(conn, &mut reader, lane, digest, stop));
+        if sent.is_err() {
+            stop.store(true, Ordering::Release);
+        }
+        sent.with_context(|| format!("stream {}", lane.index))
     }
-    out.progress(format_args!("sent {shown}: {}", summary(size, elapsed)))?;
-    Ok(())
+}
+
+impl Sending<'_> {
+    /// Sends every chunk of `lane` that `reader` hands out, each into its
+    /// slot with its chaining value after it, keeping every slot the
+    /// server has credited busy, and records each value in `digest`.
+    fn send_chunks(
+        &self,
+        conn: &mut Connection,
+        reader: &mut HashingReader,
+        lane: Lane,
+        digest: &Mutex<FileDigest>,
+        stop: &AtomicBool,
+    ) -> anyhow::Result<()> {
+        let link = |e| explain_link(e, "server");
+        let chunks = lane.len(self.geometry.chunk_count());
+        let slots = u64::from(self.ring.slots);
+        let (mut position, mut credits) = (0u64, slots);
+        while position < chunks {
+            if stop.load(Ordering::Acquire) {
+                bail!(Stopped);
+            }
+            if credits == 0 {
+                credits = await_credit(conn, self.ring.slots)?;
+                continue;
+            }
+            settle(conn, self.timeout, "server")?;
+            // A rewrite takes a request of its own in the batch.
+            let room = u64::from(BATCH) - u64::from(self.faults.rewrite.is_some());
+            let n = credits.min(room).min(chunks - position);
+            let mut posted = 0;
+            let mut b = conn.batch();
+            for _ in 0..n {
+                let chunk = reader
+                    .next_chunk()?
+                    .context("the file ended before its last chunk")?;
+                let slot = (position % slots) as u32;
+                let remote = u64::from(slot) * u64::from(self.ring.slot_size);
+                self.post_chunk(&mut b, &chunk, slot, remote)
+                    .map_err(link)?;
+                lock(digest).record(chunk.index(), *chunk.cv())?;
+                posted += chunk.bytes().len() as u64;
+                position += 1;
+            }
+            b.post().map_err(link).context("posting chunks")?;
+            credits -= n;
+            if let Some(bar) = self.bar {
+                bar.inc(posted);
+            }
+            if self.faults.drop_stream == Some(lane.index) {
+                return Err(StreamDropped(lane.index).into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds `chunk` and its value, for `slot` at `remote`, to the batch —
+    /// and the test-only faults meant for it.
+    fn post_chunk(
+        &self,
+        b: &mut pinpoll::Batch<'_, '_>,
+        chunk: &HashedChunk<'_>,
+        slot: u32,
+        remote: u64,
+    ) -> pinpoll::Result<()> {
+        let (bytes, cv) = (chunk.bytes(), chunk.cv());
+        let flip = self.faults.flip == Some(chunk.index());
+        b.write_from(bytes.len() + TRAILER, remote, Some(slot), |buf| {
+            let (data, trailer) = buf.split_at_mut(bytes.len());
+            data.copy_from_slice(bytes);
+            trailer.copy_from_slice(cv);
+            if flip {
+                data[bytes.len() / 2] ^= 0x10;
+            }
+            Ok(())
+        })?;
+        if self.faults.rewrite == Some(chunk.index()) {
+            b.write_from(bytes.len(), remote, None, |data| {
+                data.copy_from_slice(bytes);
+                data[bytes.len() / 2] ^= 0x10;
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn lock(digest: &Mutex<FileDigest>) -> std::sync::MutexGuard<'_, FileDigest> {
+    // A record either happened or did not: a panic leaves nothing half-done.
+    digest.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Waits for the server's next `Credit` and returns its count (at most
+/// the ring's `slots`: no chunk is in flight while this side waits).
+fn await_credit(conn: &mut Connection, slots: u32) -> anyhow::Result<u64> {
+    let msg = {
+        let m = conn.recv().map_err(|e| explain_link(e, "server"))?;
+        ensure!(m.imm.is_none(), "the server wrote into this side's memory");
+        Msg::decode(m.data)?
+    };
+    match msg {
+        Msg::Credit { count } => {
+            ensure!(
+                count <= slots,
+                "the server returned more credits than it has slots"
+            );
+            Ok(u64::from(count))
+        }
+        Msg::Fail { message, .. } => bail!("the server failed the transfer: {message}"),
+        other => bail!("the server sent {} during the transfer", other.name()),
+    }
+}
+
+/// After a stream failed: the server's verdict on the first stream — its
+/// `Fail`, waited for (up to the connection's timeout) since the server
+/// sends it only once all its streams stopped. `None` if the server left
+/// without one.
+fn await_verdict(conn: &mut Connection, shown: &str) -> Option<anyhow::Error> {
+    if let Some(verdict) = server_verdict(conn, shown) {
+        return Some(verdict);
+    }
+    loop {
+        let message = match conn.recv() {
+            Ok(m) if m.imm.is_none() => Msg::decode(m.data).ok(),
+            Ok(_) => None,
+            Err(_) => return None,
+        };
+        match message {
+            Some(Msg::Credit { .. }) => continue,
+            Some(Msg::Fail { message, .. }) => {
+                return Some(anyhow::anyhow!(
+                    "the server failed the transfer of {shown}: {message}"
+                ))
+            }
+            _ => return None,
+        }
+    }
 }
 
 /// Names the step of connecting that failed: resolving the address (a

@@ -7,7 +7,7 @@
 //! a subtree boundary of BLAKE3's tree and, except the last, *is* a
 //! complete subtree of it: its chaining value (CV) depends only on its
 //! bytes and its offset ([`ChunkGeometry::chunk_cv`], through
-//! [`blake3::hazmat`]). The sender puts each chunk's CV in its notice, the
+//! [`blake3::hazmat`]). The sender puts each chunk's CV after its data in the slot (a 32-byte trailer), the
 //! receiver recomputes and compares it, and [`FileDigest`] merges the CVs
 //! into the root hash, which equals `blake3::hash(file)` (`b3sum FILE`).
 //!
@@ -43,14 +43,14 @@ use std::ops::Range;
 
 use blake3::hazmat::{merge_subtrees_non_root, merge_subtrees_root, HasherExt, Mode};
 
-use super::SLOT_SIZE;
+use super::CHUNK;
 
 /// The 32-byte value checked per chunk: a BLAKE3 chaining value, or for a
 /// one-chunk file its root hash (see the [module documentation](self)).
 pub type ChainingValue = blake3::hazmat::ChainingValue;
 
-/// Bytes per chunk in protocol v3: a chunk fills its slot (no trailer).
-pub const CHUNK_LEN: u64 = SLOT_SIZE as u64;
+/// Bytes per chunk in protocol v3 (its chaining value follows it in the slot).
+pub const CHUNK_LEN: u64 = CHUNK;
 
 /// The largest chunk this module accepts: a chunk must fit one buffer.
 pub const MAX_CHUNK_LEN: u64 = 1 << 30;

@@ -5,14 +5,18 @@
 //!   messages) with their bounds-checked decoders.
 //! - [`server`] — `filexfer serve`: the accept loop (a thread per
 //!   transfer, at most `--max-clients` at once) and one transfer's receive
-//!   side: per-chunk CRC32C, whole-file BLAKE3 digest, temp file, fsync, link
+//!   side: each chunk copied once out of its slot and checked against its
+//!   BLAKE3 chaining value on the verifier pool, temp file, fsync, link
 //!   into place without overwriting, fsync of the directory.
 //! - [`classic`] — serving clients of the classic rdma-file-transfer
 //!   example unchanged (told apart by their all-zero private data).
+//! - [`streams`] — `--streams N`: a transfer's further queue pairs
+//!   joining it, and a wait on one stream that the others can stop.
+//! - [`in_flight`] — the names a server is receiving, reserved at `Start`.
 //! - [`temp`] — the server's locked temp files, and removing those a dead
 //!   server left behind.
 //! - [`client`] — `filexfer send`: keeps every server slot busy with
-//!   RDMA WRITE_WITH_IMM straight from the file into registered memory.
+//!   RDMA WRITE_WITH_IMM of the chunks its hashing pool read and hashed.
 //! - [`digest`] — protocol v3's digest: each slot-sized chunk's BLAKE3
 //!   chaining value, merged in any order into `blake3::hash(file)`.
 //! - [`chunk_pool`] — v3's fixed, recycled chunk buffers (private copies
@@ -22,12 +26,12 @@
 //! - [`read_ahead`] — v3's sender pool: `pread` and hash the chunks ahead
 //!   of the sender, handed out in order with their values.
 //!
-//! # The native protocol
+//! # The native protocol (version 3)
 //!
 //! 1. The client connects over rdma_cm with a [`pinpoll::Connection`],
 //!    whose private data is its ring's
 //!    [`pinpoll::connect::RegionDescriptor`] followed by
-//!    [`protocol::HELLO`] (`PPFX`, version 2). The server registers a ring
+//!    [`protocol::HELLO`] (`PPFX`, version 3). The server registers a ring
 //!    of [`SLOTS`] chunk slots of [`SLOT_SIZE`] bytes with remote write
 //!    only, posts its receives, and accepts with the ring's descriptor as
 //!    private data. Anything else is rejected with a reason; an extra
@@ -36,28 +40,40 @@
 //!    ([`name::validate`]), refuses an existing target (unless
 //!    `--overwrite`), creates a temp file with `create_new` in `--dir`, and
 //!    answers `Ready{slots, slot_size}` or `Fail{code, message}`.
-//! 3. Chunk `i` (of [`chunk_len`] bytes, the last one shorter) goes to
-//!    slot `i % slots` by WRITE_WITH_IMM, the immediate naming the slot,
-//!    with its CRC32C (big-endian) as a 4-byte trailer. The client has at
-//!    most `slots` chunks in flight; the server checks slot, length and
-//!    CRC of its one private copy of the chunk (the slot stays writable
-//!    by the client), writes and hashes that copy, and SENDs `Credit{1}`
-//!    for the slot.
-//! 4. Client SENDs `Finish{size, digest}` (BLAKE3 of the whole file);
-//!    the server checks both,
-//!    fsyncs, links the temp file to the final name (refusing an existing
-//!    one), removes the temp name, fsyncs the directory, and only then
-//!    SENDs `Complete{size}`. Any failure is `Fail` and the temp file is
-//!    removed: a bad or partial file never appears under the final name.
+//! 3. Chunk `i` (of [`CHUNK`] bytes, the last one shorter) goes to slot
+//!    `i % slots` by WRITE_WITH_IMM, the immediate naming the slot, with
+//!    its BLAKE3 chaining value ([`digest`]) as a 32-byte trailer. The
+//!    client has at most `slots` chunks in flight. The server checks slot
+//!    and length, copies the chunk and its value once out of the slot
+//!    (which stays writable by the client) into a buffer of its verifier
+//!    pool, SENDs `Credit{1}` for the slot at once, and a verifier thread
+//!    checks that private copy against the value, `pwrite`s it at the
+//!    chunk's offset and merges the value into the file's digest: what is
+//!    checked is what is stored.
+//!
+//!    With `Start{streams: N > 1}` the server's `Ready` carries a token;
+//!    the client connects N-1 more times with
+//!    [`protocol::join_hello`] (the token, the stream's index), and
+//!    stream `s` carries chunks `s, s+N, ...` into its own ring, credited
+//!    on its own connection ([`streams`]).
+//! 4. Client SENDs `Finish{size, digest}` (BLAKE3 of the whole file, as
+//!    `b3sum` prints it); once every chunk is checked and written the
+//!    server compares both, checks the file's size, fsyncs, links the temp
+//!    file to the final name (refusing an existing one), removes the temp
+//!    name, fsyncs the directory, and only then SENDs `Complete{size}`.
+//!    Any failure is `Fail` and the temp file is removed: a bad or partial
+//!    file never appears under the final name.
 
 pub mod chunk_pool;
 pub mod classic;
 pub mod client;
 pub mod digest;
+pub mod in_flight;
 pub mod name;
 pub mod protocol;
 pub mod read_ahead;
 pub mod server;
+pub mod streams;
 pub mod temp;
 pub mod verify;
 
@@ -67,22 +83,18 @@ use pinpoll::{EngineConfig, IdlePolicy, PageSize, QpConfig};
 
 /// Default rdma_cm port (the classic example's).
 pub const DEFAULT_PORT: u16 = 12345;
-/// Bytes per chunk slot in the server's ring (data plus CRC trailer).
-pub const SLOT_SIZE: u32 = 256 * 1024;
+/// Data bytes of every chunk but the last: a power of two, so that each
+/// chunk is a whole subtree of BLAKE3's tree (see [`digest`]).
+pub const CHUNK: u64 = 256 * 1024;
+/// The chunk's BLAKE3 chaining value, sent after its data in the slot.
+pub const TRAILER: usize = 32;
+/// Bytes per chunk slot in the server's ring: a chunk and its trailer,
+/// rounded up to the engine's 64-byte slot granularity.
+pub const SLOT_SIZE: u32 = (CHUNK as u32 + TRAILER as u32).next_multiple_of(64);
 /// Chunk slots in the server's ring: the chunks in flight.
 pub const SLOTS: u32 = 16;
-/// The CRC32C trailer after each chunk's data.
-pub const TRAILER: usize = 4;
 /// Chunks posted with one doorbell, at most.
 pub(crate) const BATCH: u32 = 4;
-
-/// The data bytes of a chunk that fills a slot of `slot_size` bytes.
-pub fn chunk_len(slot_size: u32) -> u64 {
-    u64::from(slot_size) - TRAILER as u64
-}
-
-/// The data bytes of every chunk but the last with the default geometry.
-pub const CHUNK: u64 = SLOT_SIZE as u64 - TRAILER as u64;
 
 /// Heartbeats a peer may leave unanswered (see [`engine_config`]).
 pub const HEARTBEAT_MISSES: u32 = 3;
@@ -139,12 +151,35 @@ pub fn with_transport(mut cfg: EngineConfig, profile: Option<&EngineConfig>) -> 
     cfg
 }
 
-/// Pins the calling thread to `core` (`--core`), if given.
+/// Pins the calling thread to `core` (`--core`), if given. The core is
+/// not looked up in the thread's own affinity: a thread started by a
+/// pinned one inherits that one core, and must still be able to move to
+/// another of the list ([`check_cores`] checked them all at start-up).
 pub fn pin(core: Option<usize>) -> anyhow::Result<()> {
     match core {
         Some(core) => anyhow::Context::context(pinpoll_appkit::pin(core), "--core"),
         None => Ok(()),
     }
+}
+
+/// Checks that every core of `--core` is one this process may run on, so
+/// that a wrong list fails at start-up, not in a stream's thread.
+pub fn check_cores(cores: &[usize]) -> anyhow::Result<()> {
+    let available = core_affinity::get_core_ids().unwrap_or_default();
+    match cores
+        .iter()
+        .find(|c| !available.iter().any(|a| a.id == **c))
+    {
+        Some(core) => anyhow::bail!("--core {core}: no such core available to this process"),
+        None => Ok(()),
+    }
+}
+
+/// The core stream `index` is pinned to: `--core`'s list in turn (none
+/// without one).
+pub fn core_for(cores: &[usize], index: u64) -> Option<usize> {
+    let n = cores.len() as u64;
+    (n > 0).then(|| cores[(index % n) as usize])
 }
 
 /// `N bytes in S s (R MiB/s)`.
@@ -156,6 +191,11 @@ pub fn summary(bytes: u64, elapsed: Duration) -> String {
         0.0
     };
     format!("{bytes} bytes in {secs:.3} s ({rate:.1} MiB/s)")
+}
+
+/// [`summary`] and the file's BLAKE3 digest in hex, as `b3sum` prints it.
+pub fn digest_summary(bytes: u64, elapsed: Duration, digest: &blake3::Hash) -> String {
+    format!("{}, BLAKE3 {}", summary(bytes, elapsed), digest.to_hex())
 }
 
 /// Names the usual causes of a failed wait on the connection.
@@ -228,6 +268,46 @@ mod tests {
             line.starts_with("work request 166 (RDMA_WRITE) failed: REM_ACCESS_ERR"),
             "{line}"
         );
+    }
+
+    #[test]
+    fn a_thread_started_by_a_pinned_one_moves_to_another_core() {
+        let cores: Vec<usize> = core_affinity::get_core_ids()
+            .unwrap_or_default()
+            .iter()
+            .map(|c| c.id)
+            .collect();
+        assert!(cores.len() >= 2, "this test needs two cores: {cores:?}");
+        check_cores(&cores).unwrap();
+        let (first, second) = (cores[0], cores[1]);
+        let moved = std::thread::spawn(move || {
+            pin(Some(first))?;
+            // Started by a thread pinned to `first`, it inherits that core.
+            std::thread::spawn(move || {
+                pin(Some(second))?;
+                let now: Vec<usize> = core_affinity::get_core_ids()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|c| c.id)
+                    .collect();
+                anyhow::Ok(now)
+            })
+            .join()
+            .expect("no panic")
+        })
+        .join()
+        .expect("no panic")
+        .unwrap();
+        assert_eq!(moved, [second]);
+        assert!(check_cores(&[usize::MAX]).is_err());
+    }
+
+    #[test]
+    fn streams_take_the_cores_of_the_list_in_turn() {
+        assert_eq!(core_for(&[], 3), None);
+        let cores = [4, 7];
+        let taken: Vec<_> = (0..5).map(|s| core_for(&cores, s)).collect();
+        assert_eq!(taken, [Some(4), Some(7), Some(4), Some(7), Some(4)]);
     }
 
     #[test]

@@ -4,21 +4,28 @@
 //!
 //! Connect private data: the client's ring descriptor
 //! ([`RegionDescriptor`], which the engine's connection handshake puts
-//! first), then [`HELLO`] (8 bytes): `PPFX`, version, 3 zero bytes.
-//! rdma_cm pads private data with zeros, so a classic client's (none)
-//! arrives as all zeros and never matches.
+//! first), then [`HELLO`] (8 bytes): `PPFX`, version, 0 (a transfer's
+//! first stream), 2 zero bytes — or for each further stream of a
+//! `--streams N` transfer [`join_hello`] (18 bytes): `PPFX`, version, 1
+//! (join), 2 zero bytes, the token from the transfer's `Ready` (u64), the
+//! stream's index (u16, `1..N`). rdma_cm pads private data with zeros, so a
+//! classic client's (none) arrives as all zeros and never matches.
 //!
 //! Every control message (SEND) starts with an 8-byte header: `PPFX`,
 //! version, kind, 2 zero bytes; then the kind's body, exact length:
 //!
 //! | kind | message    | body |
 //! |------|------------|------|
-//! | 1    | `Start`    | size u64, name length u16, name (1..=255 bytes) |
-//! | 2    | `Ready`    | slots u32, slot size u32 |
+//! | 1    | `Start`    | size u64, streams u16 (1..=16), name length u16, name (1..=255 bytes) |
+//! | 2    | `Ready`    | slots u32, slot size u32 (each stream's ring), token u64 (for the joining streams) |
 //! | 3    | `Credit`   | count u32 |
-//! | 4    | `Finish`   | size u64, BLAKE3 digest (32 bytes) |
+//! | 4    | `Finish`   | size u64, BLAKE3 digest of the file (32 bytes) |
 //! | 5    | `Complete` | size u64 |
 //! | 6    | `Fail`     | code u16, message length u16, message (UTF-8, ≤ 1024) |
+//!
+//! Chunks are not messages: each is an RDMA WRITE_WITH_IMM of its data
+//! followed by its 32-byte BLAKE3 chaining value (see
+//! [`digest`](super::digest)) into the slot the immediate names.
 
 use std::fmt;
 
@@ -29,14 +36,29 @@ use crate::filexfer::name::MAX_NAME;
 
 const MAGIC: [u8; 4] = *b"PPFX";
 /// The protocol version; a peer with another one is refused. Version 2
-/// replaced version 1's whole-file SHA-256 with BLAKE3: the hash was ~98 %
-/// of each side's instructions, at ~55 instructions per byte.
-pub const VERSION: u8 = 2;
+/// replaced version 1's whole-file SHA-256 with BLAKE3; version 3 replaced
+/// version 2's per-chunk CRC32C and second pass over the file with one
+/// BLAKE3 pass: each chunk carries its chaining value, and the values
+/// merge into the file's digest.
+pub const VERSION: u8 = 3;
 /// The header every control message starts with (kind and two reserved
 /// bytes follow).
 static WIRE: Header = Header::new("filexfer message", "PPFX", Some(VERSION));
 /// The client's connect private data, after its ring descriptor.
 pub const HELLO: [u8; 8] = [b'P', b'P', b'F', b'X', VERSION, 0, 0, 0];
+/// The most streams (queue pairs) one transfer may use.
+pub const MAX_STREAMS: u16 = 16;
+
+/// The connect private data of stream `stream` (`1..N`) of the transfer
+/// whose `Ready` gave `token`, after the stream's ring descriptor.
+pub fn join_hello(token: u64, stream: u16) -> [u8; 18] {
+    let mut b = [0u8; 18];
+    b[..8].copy_from_slice(&HELLO);
+    b[5] = 1;
+    b[8..16].copy_from_slice(&token.to_be_bytes());
+    b[16..].copy_from_slice(&stream.to_be_bytes());
+    b
+}
 /// The longest `Fail` message.
 pub const MAX_FAIL: usize = 1024;
 const HEADER: usize = 8;
@@ -46,8 +68,10 @@ pub const CREDIT_LEN: usize = HEADER + 4;
 /// What the connect private data says the client speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hello {
-    /// `PPFX` and this side's [`VERSION`].
+    /// `PPFX` and this side's [`VERSION`]: a transfer's first stream.
     Native,
+    /// A further stream of the transfer whose `Ready` gave `token`.
+    Join { token: u64, stream: u16 },
     /// No private data at all (all zeros): a classic client.
     Classic,
 }
@@ -63,7 +87,14 @@ pub fn classify_hello(private: &[u8]) -> Result<Hello, String> {
                 hello[4]
             ));
         }
-        return Ok(Hello::Native);
+        return match hello[5] {
+            0 => Ok(Hello::Native),
+            1 if hello.len() >= 18 => Ok(Hello::Join {
+                token: u64::from_be_bytes(hello[8..16].try_into().expect("8 bytes")),
+                stream: u16::from_be_bytes([hello[16], hello[17]]),
+            }),
+            kind => Err(format!("a filexfer hello of unknown kind {kind}")),
+        };
     }
     if private.iter().all(|b| *b == 0) {
         return Ok(Hello::Classic);
@@ -86,10 +117,12 @@ pub enum FailCode {
     Exists,
     /// A local I/O error (create, write, fsync, link).
     Io,
-    /// A CRC or digest mismatch, or a size that does not add up.
+    /// A chunk or digest mismatch, or a size that does not add up.
     Integrity,
     /// A message or write that breaks the protocol.
     Protocol,
+    /// The file is larger than the server takes (`--max-size`).
+    TooLarge,
     /// Any code this side does not know.
     Other(u16),
 }
@@ -102,6 +135,7 @@ impl FailCode {
             FailCode::Io => 3,
             FailCode::Integrity => 4,
             FailCode::Protocol => 5,
+            FailCode::TooLarge => 6,
             FailCode::Other(n) => n,
         }
     }
@@ -113,6 +147,7 @@ impl FailCode {
             3 => FailCode::Io,
             4 => FailCode::Integrity,
             5 => FailCode::Protocol,
+            6 => FailCode::TooLarge,
             n => FailCode::Other(n),
         }
     }
@@ -123,11 +158,14 @@ impl FailCode {
 pub enum Msg {
     Start {
         size: u64,
+        /// Queue pairs the transfer uses, `1..=MAX_STREAMS`.
+        streams: u16,
         name: Vec<u8>,
     },
     Ready {
         slots: u32,
         slot_size: u32,
+        token: u64,
     },
     Credit {
         count: u32,
@@ -190,17 +228,27 @@ impl Msg {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(64);
         match self {
-            Msg::Start { size, name } => {
+            Msg::Start {
+                size,
+                streams,
+                name,
+            } => {
                 let name = &name[..name.len().min(MAX_NAME)];
                 b.extend_from_slice(&header(1));
                 b.extend_from_slice(&size.to_be_bytes());
+                b.extend_from_slice(&streams.to_be_bytes());
                 b.extend_from_slice(&(name.len() as u16).to_be_bytes());
                 b.extend_from_slice(name);
             }
-            Msg::Ready { slots, slot_size } => {
+            Msg::Ready {
+                slots,
+                slot_size,
+                token,
+            } => {
                 b.extend_from_slice(&header(2));
                 b.extend_from_slice(&slots.to_be_bytes());
                 b.extend_from_slice(&slot_size.to_be_bytes());
+                b.extend_from_slice(&token.to_be_bytes());
             }
             Msg::Credit { count } => b.extend_from_slice(&credit(*count)),
             Msg::Finish { size, digest } => {
@@ -250,30 +298,13 @@ impl Msg {
             }
         };
         match b[5] {
-            1 => {
-                if body.len() < 10 {
-                    return bad(format!(
-                        "Start with a {}-byte body, expected at least 10",
-                        body.len()
-                    ));
-                }
-                let len = usize::from(u16_at(8));
-                if len == 0 || len > MAX_NAME {
-                    return bad(format!(
-                        "Start with a {len}-byte name, expected 1..={MAX_NAME}"
-                    ));
-                }
-                exact("Start", 10 + len)?;
-                Ok(Msg::Start {
-                    size: u64_at(0),
-                    name: body[10..].to_vec(),
-                })
-            }
+            1 => decode_start(body),
             2 => {
-                exact("Ready", 8)?;
+                exact("Ready", 16)?;
                 Ok(Msg::Ready {
                     slots: u32_at(0),
                     slot_size: u32_at(4),
+                    token: u64_at(8),
                 })
             }
             3 => {
@@ -315,6 +346,41 @@ impl Msg {
     }
 }
 
+/// The body of a `Start`: size, streams, name, each checked.
+fn decode_start(body: &[u8]) -> Result<Msg, BadMessage> {
+    let bad = |m: String| Err(BadMessage(m));
+    if body.len() < 12 {
+        return bad(format!(
+            "Start with a {}-byte body, expected at least 12",
+            body.len()
+        ));
+    }
+    let streams = u16::from_be_bytes([body[8], body[9]]);
+    if !(1..=MAX_STREAMS).contains(&streams) {
+        return bad(format!(
+            "Start with {streams} streams, expected 1..={MAX_STREAMS}"
+        ));
+    }
+    let len = usize::from(u16::from_be_bytes([body[10], body[11]]));
+    if len == 0 || len > MAX_NAME {
+        return bad(format!(
+            "Start with a {len}-byte name, expected 1..={MAX_NAME}"
+        ));
+    }
+    if body.len() != 12 + len {
+        return bad(format!(
+            "Start with a {}-byte body, expected {}",
+            body.len(),
+            12 + len
+        ));
+    }
+    Ok(Msg::Start {
+        size: u64::from_be_bytes(body[..8].try_into().expect("8 bytes")),
+        streams,
+        name: body[12..].to_vec(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -324,15 +390,18 @@ mod tests {
         vec![
             Msg::Start {
                 size: 0,
+                streams: 1,
                 name: b"a".to_vec(),
             },
             Msg::Start {
                 size: u64::MAX,
+                streams: MAX_STREAMS,
                 name: vec![b'n'; 255],
             },
             Msg::Ready {
                 slots: 16,
                 slot_size: 262144,
+                token: u64::MAX - 5,
             },
             Msg::Credit { count: 1 },
             Msg::Finish {
@@ -347,6 +416,10 @@ mod tests {
             Msg::Fail {
                 code: FailCode::Other(77),
                 message: String::new(),
+            },
+            Msg::Fail {
+                code: FailCode::TooLarge,
+                message: "too large".into(),
             },
         ]
     }
@@ -364,6 +437,7 @@ mod tests {
         let good = Msg::Ready {
             slots: 1,
             slot_size: 64,
+            token: 9,
         }
         .encode();
         let cases: Vec<(Vec<u8>, &str)> = vec![
@@ -379,10 +453,10 @@ mod tests {
             (
                 {
                     let mut b = good.clone();
-                    b[4] = 3;
+                    b[4] = 2;
                     b
                 },
-                "version 3",
+                "version 2",
             ),
             (
                 {
@@ -406,25 +480,27 @@ mod tests {
                     b.push(0);
                     b
                 },
-                "Ready with a 9-byte body",
+                "Ready with a 17-byte body",
             ),
             (
                 Msg::Start {
                     size: 1,
+                    streams: 1,
                     name: b"ab".to_vec(),
                 }
-                .encode()[..19]
+                .encode()[..21]
                     .to_vec(),
-                "Start with a 11-byte body, expected 12",
+                "Start with a 13-byte body, expected 14",
             ),
             (
                 {
                     let mut b = Msg::Start {
                         size: 1,
+                        streams: 1,
                         name: b"a".to_vec(),
                     }
                     .encode();
-                    b[16..18].copy_from_slice(&0u16.to_be_bytes());
+                    b[18..20].copy_from_slice(&0u16.to_be_bytes());
                     b
                 },
                 "0-byte name",
@@ -433,13 +509,27 @@ mod tests {
                 {
                     let mut b = Msg::Start {
                         size: 1,
+                        streams: 1,
                         name: b"a".to_vec(),
                     }
                     .encode();
-                    b[16..18].copy_from_slice(&300u16.to_be_bytes());
+                    b[18..20].copy_from_slice(&300u16.to_be_bytes());
                     b
                 },
                 "300-byte name",
+            ),
+            (
+                {
+                    let mut b = Msg::Start {
+                        size: 1,
+                        streams: 1,
+                        name: b"a".to_vec(),
+                    }
+                    .encode();
+                    b[16..18].copy_from_slice(&17u16.to_be_bytes());
+                    b
+                },
+                "Start with 17 streams, expected 1..=16",
             ),
             (
                 {
@@ -498,6 +588,19 @@ mod tests {
             .contains("without a ring descriptor"));
         // A descriptor with nothing after it: no hello.
         assert!(classify_hello(&native(&[])).is_err());
+        // A further stream names its transfer and its index.
+        assert_eq!(
+            classify_hello(&native(&join_hello(0x0123_4567_89ab_cdef, 3))),
+            Ok(Hello::Join {
+                token: 0x0123_4567_89ab_cdef,
+                stream: 3
+            })
+        );
+        let mut odd = HELLO;
+        odd[5] = 7;
+        assert!(classify_hello(&native(&odd))
+            .unwrap_err()
+            .contains("unknown kind 7"));
     }
 
     proptest! {
@@ -515,7 +618,7 @@ mod tests {
         }
 
         #[test]
-        fn mutated_valid_messages_never_panic(i in 0usize..8, at in 0usize..300, value in any::<u8>(), cut in 0usize..300) {
+        fn mutated_valid_messages_never_panic(i in 0usize..9, at in 0usize..300, value in any::<u8>(), cut in 0usize..300) {
             let mut b = samples()[i].encode();
             if at < b.len() { b[at] = value; }
             b.truncate(cut.max(1));
@@ -523,8 +626,8 @@ mod tests {
         }
 
         #[test]
-        fn starts_round_trip(size in any::<u64>(), name in proptest::collection::vec(any::<u8>(), 1..=255)) {
-            let m = Msg::Start { size, name };
+        fn starts_round_trip(size in any::<u64>(), streams in 1..=MAX_STREAMS, name in proptest::collection::vec(any::<u8>(), 1..=255)) {
+            let m = Msg::Start { size, streams, name };
             prop_assert_eq!(Msg::decode(&m.encode()), Ok(m));
         }
     }

@@ -1,14 +1,16 @@
 //! The sender's side of protocol v3: reads a file's chunks with `pread` on
 //! a pool of threads, ahead of the sender, each into a private buffer
-//! together with its chaining value, and hands them out in index order.
+//! together with its chaining value, and hands them out in index order —
+//! every chunk, or with `--streams N` those of one [`Lane`]: chunks
+//! `lane, lane + N, lane + 2N, ...`.
 //!
 //! The sender copies each chunk's bytes into its slot and puts the value
-//! in the chunk's notice. The value is computed from the same buffer the
-//! bytes are sent from, so a file that changes while it is sent gives
-//! chunks that match their values (and a digest of what was sent), never a
-//! value of bytes that were not sent. The reader merges the values as it
-//! hands them out; [`HashingReader::finish`] returns the file's BLAKE3 hash
-//! for the `Finish` message.
+//! after them. The value is computed from the same buffer the bytes are
+//! sent from, so a file that changes while it is sent gives chunks that
+//! match their values (and a digest of what was sent), never a value of
+//! bytes that were not sent. The sender merges the values it was handed
+//! into the file's digest ([`FileDigest`](super::digest::FileDigest)) for
+//! the `Finish` message.
 //!
 //! The look-ahead is bounded by the buffers: a thread reads chunk `i` only
 //! once it holds a free buffer, and buffers come back as the sender drops
@@ -21,16 +23,37 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use super::chunk_pool::{BufferPool, ChunkBuffer, PipelineError, PoolSize, Serve, Workers};
-use super::digest::{ChainingValue, ChunkGeometry, FileDigest};
+use super::digest::{ChainingValue, ChunkGeometry};
 
-/// Reads, hashes and hands out one file's chunks in order.
+/// Which chunks a reader reads: every `count`-th, from chunk `index`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lane {
+    pub index: u64,
+    pub count: u64,
+}
+
+impl Lane {
+    /// Every chunk.
+    pub const ALL: Lane = Lane { index: 0, count: 1 };
+
+    /// The `position`-th chunk of this lane (counted from 0).
+    pub fn chunk(&self, position: u64) -> u64 {
+        self.index + position * self.count
+    }
+
+    /// How many of `chunks` chunks this lane has.
+    pub fn len(&self, chunks: u64) -> u64 {
+        chunks.saturating_sub(self.index).div_ceil(self.count)
+    }
+}
+
+/// Reads, hashes and hands out one file's chunks (or one lane's) in order.
 pub struct HashingReader {
     shared: Arc<Shared>,
     /// Held only to be dropped with the reader: that stops and joins them.
     _workers: Workers,
-    /// The next chunk to hand out.
-    next: u64,
-    digest: FileDigest,
+    /// Handed out: the lane's chunks before this position.
+    handed: u64,
 }
 
 /// A chunk handed out by [`HashingReader`]: its bytes and its value. Its
@@ -63,6 +86,9 @@ impl HashedChunk<'_> {
 struct Shared {
     file: Arc<File>,
     geometry: ChunkGeometry,
+    lane: Lane,
+    /// The lane's chunks.
+    chunks: u64,
     buffers: BufferPool,
     state: Mutex<State>,
     /// Signalled whenever a chunk is done or the reader failed.
@@ -70,30 +96,45 @@ struct Shared {
 }
 
 struct State {
-    /// Chunks `..next_claim` have been taken by a thread.
+    /// The lane's chunks before this position have been taken by a thread.
     next_claim: u64,
-    /// `hashed[i % len]` holds chunk `i` once it is read and hashed. A
-    /// claimed chunk holds a buffer until handed out, so chunks claimed and
-    /// not yet handed out span fewer indices than there are buffers (the
-    /// ring's length): they never share an entry.
+    /// `hashed[p % len]` holds the lane's chunk at position `p` once it is
+    /// read and hashed. A claimed chunk holds a buffer until handed out, so
+    /// chunks claimed and not yet handed out span fewer positions than
+    /// there are buffers (the ring's length): they never share an entry.
     hashed: Vec<Option<(ChainingValue, ChunkBuffer)>>,
     failure: Option<PipelineError>,
     stopping: bool,
 }
 
 impl HashingReader {
-    /// A reader of `file`, laid out by `geometry`, on `size.threads`
-    /// threads with `size.buffers` chunk buffers: at most that many chunks
-    /// are read ahead of the caller.
+    /// A reader of every chunk of `file`, laid out by `geometry`, on
+    /// `size.threads` threads with `size.buffers` chunk buffers: at most
+    /// that many chunks are read ahead of the caller.
     pub fn new(
         file: Arc<File>,
         geometry: ChunkGeometry,
         size: PoolSize,
     ) -> Result<Self, PipelineError> {
+        Self::lane(file, geometry, Lane::ALL, size)
+    }
+
+    /// A reader of the chunks of `lane` only (see [`new`](Self::new)).
+    pub fn lane(
+        file: Arc<File>,
+        geometry: ChunkGeometry,
+        lane: Lane,
+        size: PoolSize,
+    ) -> Result<Self, PipelineError> {
+        if lane.count == 0 || lane.index >= lane.count {
+            return Err(PipelineError::Empty("lane"));
+        }
         let hashed = (0..size.buffers).map(|_| None).collect();
         let shared = Arc::new(Shared {
             file,
             geometry,
+            lane,
+            chunks: lane.len(geometry.chunk_count()),
             buffers: BufferPool::for_chunks(size.buffers, &geometry)?,
             state: Mutex::new(State {
                 next_claim: 0,
@@ -106,9 +147,7 @@ impl HashingReader {
         Ok(Self {
             _workers: Workers::start("filexfer-hash", size.threads, &shared)?,
             shared,
-            next: 0,
-            // Handed out in order: a value never waits for another.
-            digest: FileDigest::new(geometry, 1),
+            handed: 0,
         })
     }
 
@@ -117,9 +156,9 @@ impl HashingReader {
         &self.shared.geometry
     }
 
-    /// Whether every chunk has been handed out.
+    /// Whether every chunk (of the lane) has been handed out.
     pub fn is_done(&self) -> bool {
-        self.next == self.shared.geometry.chunk_count()
+        self.handed == self.shared.chunks
     }
 
     /// The next chunk, waiting for it to be read and hashed; `Ok(None)`
@@ -135,19 +174,14 @@ impl HashingReader {
         self.hand_out(false)
     }
 
-    /// The file's BLAKE3 hash, once every chunk has been handed out.
-    pub fn finish(self) -> Result<blake3::Hash, PipelineError> {
-        Ok(self.digest.finish()?)
-    }
-
     fn hand_out(&mut self, wait: bool) -> Result<Option<HashedChunk<'_>>, PipelineError> {
         if self.is_done() {
             return Ok(None);
         }
-        let index = self.next;
+        let position = self.handed;
         let (cv, chunk) = {
             let mut state = self.shared.lock();
-            let entry = (index % state.hashed.len() as u64) as usize;
+            let entry = (position % state.hashed.len() as u64) as usize;
             loop {
                 if let Some(e) = &state.failure {
                     return Err(e.clone());
@@ -165,10 +199,9 @@ impl HashingReader {
                     .unwrap_or_else(PoisonError::into_inner);
             }
         };
-        self.digest.record(index, cv)?;
-        self.next += 1;
+        self.handed += 1;
         Ok(Some(HashedChunk {
-            index,
+            index: self.shared.lane.chunk(position),
             cv,
             chunk,
             _reader: PhantomData,
@@ -181,12 +214,12 @@ impl Serve for Shared {
     /// file is read, the reader fails or stops.
     fn serve(&self) {
         while let Some(mut chunk) = self.buffers.take() {
-            let Some(index) = self.claim() else { return };
+            let Some(position) = self.claim() else { return };
             let read = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                self.read_and_hash(index, &mut chunk)
+                self.read_and_hash(self.lane.chunk(position), &mut chunk)
             }));
             let mut state = self.lock();
-            let entry = (index % state.hashed.len() as u64) as usize;
+            let entry = (position % state.hashed.len() as u64) as usize;
             match read {
                 Ok(Ok(cv)) => state.hashed[entry] = Some((cv, chunk)),
                 Ok(Err(e)) => drop(state.failure.get_or_insert(e)),
@@ -210,14 +243,11 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The next chunk no thread has taken, unless there is none or the
-    /// reader failed or stopped.
+    /// The position of the lane's next chunk no thread has taken, unless
+    /// there is none or the reader failed or stopped.
     fn claim(&self) -> Option<u64> {
         let mut state = self.lock();
-        if state.stopping
-            || state.failure.is_some()
-            || state.next_claim == self.geometry.chunk_count()
-        {
+        if state.stopping || state.failure.is_some() || state.next_claim == self.chunks {
             return None;
         }
         state.next_claim += 1;
@@ -251,10 +281,8 @@ mod tests {
     fn size(threads: usize, buffers: usize) -> PoolSize {
         PoolSize { threads, buffers }
     }
-    use crate::filexfer::chunk_pool::test_support::{
-        digest_error, seeded_bytes, ScratchFile, POOL_EDGE_SIZES,
-    };
-    use crate::filexfer::digest::{DigestError, CHUNK_LEN};
+    use crate::filexfer::chunk_pool::test_support::{seeded_bytes, ScratchFile, POOL_EDGE_SIZES};
+    use crate::filexfer::digest::{FileDigest, CHUNK_LEN};
     use crate::filexfer::verify::VerifierPool;
 
     fn file_with(scratch: &ScratchFile, data: &[u8]) -> Arc<File> {
@@ -272,17 +300,19 @@ mod tests {
             HashingReader::new(file_with(&scratch, &data), geometry, size(threads, buffers))
                 .unwrap();
         let mut sent = Vec::with_capacity(data.len());
+        let mut digest = FileDigest::new(geometry, 1);
         let mut expected_index = 0;
         while let Some(chunk) = reader.next_chunk().unwrap() {
             assert_eq!(chunk.index(), expected_index);
             let cv = geometry.chunk_cv(chunk.index(), chunk.bytes()).unwrap();
             assert_eq!(chunk.cv(), &cv, "{len}: chunk {expected_index}");
             sent.extend_from_slice(chunk.bytes());
+            digest.record(chunk.index(), cv).unwrap();
             expected_index += 1;
         }
         assert_eq!(expected_index, geometry.chunk_count());
         assert!(sent == data, "{len} bytes: the chunks differ from the file");
-        assert_eq!(reader.finish().unwrap(), blake3::hash(&data), "{len}");
+        assert_eq!(digest.finish().unwrap(), blake3::hash(&data), "{len}");
     }
 
     #[test]
@@ -311,9 +341,7 @@ mod tests {
             copy.copy_from(chunk.bytes()).unwrap();
             verifier.submit(chunk.index(), *chunk.cv(), copy).unwrap();
         }
-        let (sent, received) = (reader.finish().unwrap(), verifier.finish().unwrap());
-        assert_eq!(sent, blake3::hash(&data));
-        assert_eq!(received, sent);
+        assert_eq!(verifier.finish().unwrap(), blake3::hash(&data));
         assert!(std::fs::read(target.path()).unwrap() == data);
     }
 
@@ -333,7 +361,49 @@ mod tests {
         }
         assert!(reader.try_next_chunk().unwrap().is_none());
         assert!(sent == data);
-        assert_eq!(reader.finish().unwrap(), blake3::hash(&data));
+    }
+
+    #[test]
+    fn lanes_read_every_nth_chunk_in_order_and_together_the_whole_file() {
+        let len = 10 * 1024 + 7;
+        let data = seeded_bytes(len, 15);
+        let scratch = ScratchFile::new("lanes");
+        let file = file_with(&scratch, &data);
+        let geometry = ChunkGeometry::new(len, 1024).unwrap();
+        let mut digest = FileDigest::new(geometry, 16);
+        let mut seen = vec![false; 11];
+        for index in 0..3 {
+            let lane = Lane { index, count: 3 };
+            let mut reader =
+                HashingReader::lane(Arc::clone(&file), geometry, lane, size(2, 3)).unwrap();
+            let mut expected = index;
+            while let Some(chunk) = reader.next_chunk().unwrap() {
+                assert_eq!(chunk.index(), expected, "lane {index}");
+                let range = geometry.chunk_range(expected).unwrap();
+                assert!(chunk.bytes() == &data[range.start as usize..range.end as usize]);
+                digest.record(chunk.index(), *chunk.cv()).unwrap();
+                seen[expected as usize] = true;
+                expected += 3;
+            }
+            assert_eq!(lane.len(11), (expected - index) / 3, "lane {index}");
+        }
+        assert!(seen.iter().all(|s| *s), "{seen:?}");
+        assert_eq!(digest.finish().unwrap(), blake3::hash(&data));
+        // A lane past the last chunk has none; a lane that is none is refused.
+        let lane = Lane { index: 3, count: 4 };
+        let mut short = HashingReader::lane(
+            Arc::clone(&file),
+            ChunkGeometry::new(3 * 1024, 1024).unwrap(),
+            lane,
+            size(1, 1),
+        )
+        .unwrap();
+        assert!(short.is_done() && short.next_chunk().unwrap().is_none());
+        let bad = Lane { index: 2, count: 2 };
+        assert!(matches!(
+            HashingReader::lane(file, geometry, bad, size(1, 1)),
+            Err(PipelineError::Empty("lane"))
+        ));
     }
 
     #[test]
@@ -362,7 +432,7 @@ mod tests {
     }
 
     #[test]
-    fn an_abandoned_reader_joins_its_threads_and_an_early_finish_is_refused() {
+    fn an_abandoned_reader_joins_its_threads() {
         let scratch = ScratchFile::new("abandon");
         let data = seeded_bytes(64 * 1024, 14);
         let geometry = ChunkGeometry::new(data.len() as u64, 1024).unwrap();
@@ -370,14 +440,7 @@ mod tests {
         let mut reader = HashingReader::new(Arc::clone(&file), geometry, size(2, 4)).unwrap();
         assert_eq!(reader.next_chunk().unwrap().map(|c| c.index()), Some(0));
         assert!(Arc::strong_count(&file) > 1);
-        assert_eq!(
-            digest_error(reader.finish().unwrap_err()),
-            DigestError::Missing {
-                first: 1,
-                missing: 63,
-                count: 64
-            }
-        );
+        drop(reader);
         // The threads are gone with their share of the file.
         assert_eq!(Arc::strong_count(&file), 1);
         assert!(matches!(

@@ -1,23 +1,30 @@
 //! `filexfer serve`: the accept loop and one transfer's receive side.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
+use pinpoll::connect::cm::Request;
 use pinpoll::{Access, Connection, Endpoint, EngineConfig};
 
 use crate::cli::{show_addr, socket_addr, CommonArgs};
+use crate::filexfer::chunk_pool::{PipelineError, PoolSize};
 use crate::filexfer::classic::ClassicSide;
+use crate::filexfer::digest::{ChunkGeometry, DigestError};
+use crate::filexfer::in_flight::InFlight;
 use crate::filexfer::name::{self, RESERVED_PREFIX};
 use crate::filexfer::protocol::{self, classify_hello, FailCode, Hello, Msg};
-use crate::filexfer::temp::{self, TempFile};
+use crate::filexfer::read_ahead::Lane;
+use crate::filexfer::streams::{first_failure, next_arrival, Arrival, Gathering, Joins};
+use crate::filexfer::temp::{self, free_space, TempFile};
+use crate::filexfer::verify::VerifierPool;
 use crate::filexfer::{
-    engine_config, explain_link, is_registration, pin, summary, with_transport, TRAILER,
+    check_cores, core_for, digest_summary, engine_config, explain_link, is_registration, pin,
+    with_transport, CHUNK, SLOTS, TRAILER,
 };
 use crate::output::{printable, Output};
 use crate::run::error_line;
@@ -34,7 +41,14 @@ pub struct ServeOptions {
     pub max_clients: usize,
     pub count: Option<u64>,
     pub overwrite: bool,
-    pub core: Option<usize>,
+    /// Cores to pin to (`--core`): the accept loop and each transfer's
+    /// first stream to the first, stream `s` to core `s % len`.
+    pub cores: Vec<usize>,
+    /// Threads checking and writing each transfer's chunks.
+    pub verify_threads: usize,
+    /// The largest file accepted (`--max-size`); without it, the free
+    /// space of `dir` when the transfer starts.
+    pub max_size: Option<u64>,
     /// Transport settings from a tuning profile (`--profile`).
     pub profile: Option<pinpoll::EngineConfig>,
 }
@@ -54,7 +68,7 @@ impl std::fmt::Display for Refusal {
 
 impl std::error::Error for Refusal {}
 
-fn refusal(code: FailCode, message: impl Into<String>) -> anyhow::Error {
+pub(crate) fn refusal(code: FailCode, message: impl Into<String>) -> anyhow::Error {
     Refusal {
         code,
         message: message.into(),
@@ -103,7 +117,8 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
     if let Some(device) = &common.device {
         device_exists(device)?;
     }
-    pin(opts.core)?;
+    check_cores(&opts.cores)?;
+    pin(opts.cores.first().copied())?;
     let cfg = with_transport(
         engine_config(common.timeout, opts.hugepages),
         opts.profile.as_ref(),
@@ -119,6 +134,8 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
     // Set by a transfer that ended because its RDMA device went away.
     let device_lost: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
     let serial = Arc::new(AtomicU64::new(0));
+    let in_flight = InFlight::default();
+    let joins = Joins::default();
     let (done_tx, done_rx) = mpsc::channel::<bool>();
     let mut threads = Vec::new();
     let collect = |rx: &mpsc::Receiver<bool>| rx.try_iter().filter(|ok| !ok).count() as u64;
@@ -129,6 +146,11 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
         };
         let peer = show_addr(req.peer_addr());
         let hello = classify_hello(req.private_data());
+        if let Ok(Hello::Join { token, stream }) = hello {
+            join_stream(req, &joins, &cfg, token, stream);
+            continue;
+        }
+        let peer_ip = req.peer_addr().map(|a| a.ip());
         let busy = active.load(Ordering::SeqCst) >= opts.max_clients;
         if busy && hello.is_ok() {
             let reason = format!(
@@ -150,15 +172,21 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
         ) {
             (_, Err(err)) => Err(refuse(req, err)),
             (Err(why), _) => Err(refuse(req, anyhow::anyhow!(why))),
-            (Ok(Hello::Classic), _) => match ClassicSide::prepare(req.endpoint(), cfg.pages) {
-                Err(err) => Err(refuse(req, err)),
-                Ok(side) => req
-                    .accept(&[])
-                    .context("accepting")
-                    .map(|ep| Side::Classic(Box::new((side, ep)))),
-            },
+            (Ok(Hello::Classic), _) => {
+                match ClassicSide::prepare(req.endpoint(), cfg.pages, opts.max_size) {
+                    Err(err) => Err(refuse(req, err)),
+                    Ok(side) => req
+                        .accept(&[])
+                        .context("accepting")
+                        .map(|ep| Side::Classic(Box::new((side, ep)))),
+                }
+            }
             // The client is told why when its ring cannot be registered
             // (the engine's own refusal names no cause).
+            // Joins were handed over above; this arm only completes the match.
+            (Ok(Hello::Join { .. }), _) => {
+                Err(refuse(req, anyhow::anyhow!("a stream of no transfer")))
+            }
             (Ok(Hello::Native), _) => {
                 match pinpoll::memory::check_memlock(cfg.registered_bytes()) {
                     Err(err) => Err(refuse(
@@ -188,9 +216,19 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
             cfg: cfg.clone(),
             peer: peer.clone(),
             serial: serial.fetch_add(1, Ordering::SeqCst),
+            verify_threads: opts.verify_threads,
+            max_size: opts.max_size,
+            in_flight: in_flight.clone(),
+            joins: joins.clone(),
+            peer_ip,
+            cores: opts.cores.clone(),
             out,
         };
-        let (active, done_tx, core) = (Arc::clone(&active), done_tx.clone(), opts.core);
+        let (active, done_tx, core) = (
+            Arc::clone(&active),
+            done_tx.clone(),
+            opts.cores.first().copied(),
+        );
         let device_lost = Arc::clone(&device_lost);
         let spawned = std::thread::Builder::new()
             .name(format!("filexfer {peer}"))
@@ -238,6 +276,10 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
     {
         match crate::session::next_request(listener, &cfg.qp) {
             Ok(Incoming::Request(req)) => {
+                if let Ok(Hello::Join { token, stream }) = classify_hello(req.private_data()) {
+                    join_stream(*req, &joins, &cfg, token, stream);
+                    continue;
+                }
                 let peer = show_addr(req.peer_addr());
                 let reason =
                     "server busy: finishing its last transfers, it accepts no more; try again later\0";
@@ -269,6 +311,32 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
         ))?;
     }
     server.finish()
+}
+
+/// Accepts a further stream of a transfer that waits for it and hands it
+/// over; rejects, with the reason, a stream no transfer waits for. A
+/// stream is part of an admitted transfer: it is neither counted nor
+/// refused as busy.
+fn join_stream(req: Request, joins: &Joins, cfg: &EngineConfig, token: u64, stream: u16) {
+    let peer = show_addr(req.peer_addr());
+    if let Err(why) = joins.admits(token, stream, req.peer_addr().map(|a| a.ip())) {
+        tracing::warn!(peer, stream, why, "refusing a stream");
+        if let Err(err) = req.reject(format!("{why}\0").as_bytes()) {
+            tracing::warn!(error = %err, "rejecting a stream failed");
+        }
+        return;
+    }
+    let accepted = Connection::builder(cfg)
+        .remote_access(Access::REMOTE_WRITE)
+        .accept(req);
+    let delivered = match accepted {
+        Ok(conn) => joins.deliver(token, stream, conn),
+        Err(err) => Err(error_line(&native_accept_error(err))),
+    };
+    // The transfer that waits for the stream fails without it, and says so.
+    if let Err(why) = delivered {
+        tracing::warn!(peer, stream, why, "a stream could not join its transfer");
+    }
 }
 
 fn lost(device_lost: &std::sync::Mutex<Option<String>>) -> Option<String> {
@@ -317,58 +385,91 @@ struct Transfer {
     cfg: EngineConfig,
     peer: String,
     serial: u64,
+    verify_threads: usize,
+    max_size: Option<u64>,
+    in_flight: InFlight,
+    joins: Joins,
+    peer_ip: Option<std::net::IpAddr>,
+    cores: Vec<usize>,
     out: Output,
 }
 
-/// Receiving state: what the client declared and what arrived.
-struct Receiving {
-    size: u64,
-    received: u64,
-    next_chunk: u64,
+/// Where a stream's chunk must land: its ring's slots and their size.
+#[derive(Debug, Clone, Copy)]
+struct Ring {
     slots: u32,
-    slot_size: u32,
-    hasher: blake3::Hasher,
+    slot_size: usize,
 }
 
-impl Receiving {
-    /// Checks a WRITE_WITH_IMM against everything the server knows and
-    /// returns the byte range of its data in the target ring.
-    fn check_chunk(&self, imm: u32, len: u32) -> anyhow::Result<std::ops::Range<usize>> {
-        let expected_slot = (self.next_chunk % u64::from(self.slots)) as u32;
-        if imm >= self.slots {
-            return Err(refusal(
-                FailCode::Protocol,
-                format!("chunk for slot {imm}; the ring has {} slots", self.slots),
-            ));
-        }
-        if imm != expected_slot {
-            return Err(refusal(
-                FailCode::Protocol,
-                format!("chunk for slot {imm}, expected slot {expected_slot}"),
-            ));
-        }
-        let left = self.size - self.received;
-        let want = left.min(crate::filexfer::chunk_len(self.slot_size)) + TRAILER as u64;
-        if left == 0 {
-            return Err(refusal(
-                FailCode::Protocol,
-                format!("a chunk after all {} declared bytes", self.size),
-            ));
-        }
-        if u64::from(len) != want {
-            return Err(refusal(
-                FailCode::Protocol,
-                format!("chunk {} has {len} bytes, expected {want}", self.next_chunk),
-            ));
-        }
-        let start = imm as usize * self.slot_size as usize;
-        Ok(start..start + len as usize)
+/// Checks the WRITE_WITH_IMM at `position` of `lane` (chunk `index` of
+/// the file laid out by `geometry`) against everything the server knows,
+/// and returns the byte range of its data and trailer in the ring.
+fn check_chunk(
+    ring: Ring,
+    geometry: &ChunkGeometry,
+    lane: Lane,
+    position: u64,
+    (imm, len): (u32, u32),
+) -> anyhow::Result<std::ops::Range<usize>> {
+    let expected_slot = (position % u64::from(ring.slots)) as u32;
+    if imm >= ring.slots {
+        return Err(refusal(
+            FailCode::Protocol,
+            format!("chunk for slot {imm}; the ring has {} slots", ring.slots),
+        ));
+    }
+    if imm != expected_slot {
+        return Err(refusal(
+            FailCode::Protocol,
+            format!("chunk for slot {imm}, expected slot {expected_slot}"),
+        ));
+    }
+    let index = lane.chunk(position);
+    let Ok(range) = geometry.chunk_range(index) else {
+        return Err(refusal(
+            FailCode::Protocol,
+            format!("a chunk after all {} declared bytes", geometry.file_len()),
+        ));
+    };
+    let want = range.end - range.start + TRAILER as u64;
+    if u64::from(len) != want {
+        return Err(refusal(
+            FailCode::Protocol,
+            format!("chunk {index} has {len} bytes, expected {want}"),
+        ));
+    }
+    let start = imm as usize * ring.slot_size;
+    Ok(start..start + len as usize)
+}
+
+/// The refusal a failed verifier pool means for the client.
+fn pipeline_refusal(err: PipelineError, shown: &str) -> anyhow::Error {
+    match &err {
+        PipelineError::Digest(DigestError::Mismatch { index }) => refusal(
+            FailCode::Integrity,
+            format!(
+                "chunk {index} (bytes {}..) does not match its BLAKE3 chaining value: the file was not kept",
+                index * CHUNK
+            ),
+        ),
+        PipelineError::Digest(e) => refusal(FailCode::Integrity, format!("{shown}: {e}")),
+        PipelineError::Write { .. } => refusal(
+            FailCode::Io,
+            format!("writing {shown} on the server: {}", error_line(&err.into())),
+        ),
+        _ => refusal(
+            FailCode::Io,
+            format!("verifying {shown} on the server: {}", error_line(&err.into())),
+        ),
     }
 }
 
 impl Transfer {
     fn run(&self, mut conn: Connection) -> anyhow::Result<()> {
-        let result = self.receive(&mut conn);
+        // A transfer's further streams carry no verdict (the first one
+        // does): they are closed once it is settled.
+        let mut others = Vec::new();
+        let result = self.receive(&mut conn, &mut others);
         if let Err(err) = &result {
             // Tell the client why, when the connection still works.
             if let Some(r) = err.downcast_ref::<Refusal>() {
@@ -387,40 +488,36 @@ impl Transfer {
         // The outcome is settled (the file is in place, or the client was
         // told why not): a teardown that does not drain cleanly changes
         // nothing, so it is only logged, and briefly waited for.
-        conn.set_completion_timeout(self.cfg.completion_timeout.min(Duration::from_secs(2)));
-        if let Err(e) = conn.close() {
-            tracing::debug!(error = %e, "closing the connection");
+        for mut conn in others.into_iter().chain([conn]) {
+            conn.set_completion_timeout(self.cfg.completion_timeout.min(Duration::from_secs(2)));
+            if let Err(e) = conn.close() {
+                tracing::debug!(error = %e, "closing the connection");
+            }
         }
         result
     }
 
-    fn receive(&self, conn: &mut Connection) -> anyhow::Result<()> {
-        let link = |e| explain_link(e, "client");
-        let start = {
-            let m = conn
-                .recv()
-                .map_err(link)
-                .context("waiting for the client's Start")?;
-            if m.imm.is_some() {
-                return Err(refusal(FailCode::Protocol, "a chunk before Start"));
-            }
-            Msg::decode(m.data).map_err(|e| refusal(FailCode::Protocol, e.to_string()))?
-        };
-        let Msg::Start { size, name } = start else {
-            return Err(refusal(
-                FailCode::Protocol,
-                format!("{} before Start", start.name()),
-            ));
-        };
-        let name = name::validate(&name)
-            .map_err(|e| refusal(FailCode::BadRequest, e.to_string()))?
-            .to_owned();
+    fn receive(&self, conn: &mut Connection, others: &mut Vec<Connection>) -> anyhow::Result<()> {
+        let (size, streams, name) = read_start(conn)?;
         let shown = printable(name.as_bytes());
         let began = Instant::now();
+        if let Some(max) = self.max_size.filter(|max| size > *max) {
+            return Err(refusal(
+                FailCode::TooLarge,
+                format!("{shown} is {size} bytes, more than the server takes (--max-size {max})"),
+            ));
+        }
         let final_path = self.dir.join(&name);
+        // Held until the file is in place or the transfer failed.
+        let _reserved = self.in_flight.reserve(&name).ok_or_else(|| {
+            refusal(
+                FailCode::Exists,
+                format!("{shown} already exists on the server (another client is sending it now)"),
+            )
+        })?;
         self.check_target(&final_path, &shown)?;
         self.check_space(size, &shown)?;
-        let mut temp = TempFile::create(&self.dir, self.serial).map_err(|e| {
+        let temp = TempFile::create(&self.dir, self.serial).map_err(|e| {
             refusal(
                 FailCode::Io,
                 format!("creating a temporary file in the server's directory: {e}"),
@@ -431,113 +528,10 @@ impl Transfer {
             "client {}: receiving {shown} ({size} bytes)",
             self.peer
         ))?;
-        let mut st = Receiving {
-            size,
-            received: 0,
-            next_chunk: 0,
-            slots: crate::filexfer::SLOTS,
-            slot_size: conn.slot_size() as u32,
-            hasher: blake3::Hasher::new(),
-        };
-        send_and_wait(
-            conn,
-            &Msg::Ready {
-                slots: st.slots,
-                slot_size: st.slot_size,
-            }
-            .encode(),
-            self.cfg.completion_timeout,
-            "client",
-        )?;
-        // Each chunk is copied once out of the slot the client may write
-        // again at any time; the CRC check, the file and the digest all see
-        // that one private copy, so what is checked is what is stored.
-        let mut chunk = vec![0u8; st.slot_size as usize];
-        let finish = loop {
-            let (imm, len, msg) = {
-                let m = conn.recv().map_err(link).with_context(|| {
-                    format!("receiving {shown} ({} of {size} bytes so far)", st.received)
-                })?;
-                let msg = match m.imm {
-                    Some(_) => None,
-                    None => Some(
-                        Msg::decode(m.data)
-                            .map_err(|e| refusal(FailCode::Protocol, e.to_string()))?,
-                    ),
-                };
-                (m.imm, m.len, msg)
-            };
-            if let Some(msg) = msg {
-                break msg;
-            }
-            let imm = imm.expect("a write with immediate");
-            let range = st.check_chunk(imm, len)?;
-            let copy = &mut chunk[..range.len()];
-            conn.target().copy_to(range.start, copy)?;
-            let (data, trailer) = copy.split_at(len as usize - TRAILER);
-            let crc = crc32c::crc32c(data);
-            let sent = u32::from_be_bytes(trailer.try_into().expect("4-byte trailer"));
-            if crc != sent {
-                return Err(refusal(
-                    FailCode::Integrity,
-                    format!("chunk {} (bytes {}..) failed its CRC32C check: {crc:#010x}, sent {sent:#010x}", st.next_chunk, st.received)
-                ));
-            }
-            temp.file_mut().write_all(data).map_err(|e| {
-                refusal(FailCode::Io, format!("writing {shown} on the server: {e}"))
-            })?;
-            st.hasher.update(data);
-            st.received += data.len() as u64;
-            st.next_chunk += 1;
-            conn.send(&protocol::credit(1))
-                .map_err(link)
-                .context("returning a credit")?;
-        };
-        let Msg::Finish {
-            size: fsize,
-            digest: declared,
-        } = finish
-        else {
-            return Err(refusal(
-                FailCode::Protocol,
-                format!("{} during the transfer", finish.name()),
-            ));
-        };
-        if fsize != size || st.received != size {
-            return Err(refusal(
-                FailCode::Integrity,
-                format!(
-                    "the client declared {size} bytes, finished with {fsize}, and {} arrived",
-                    st.received
-                ),
-            ));
-        }
-        let digest: [u8; 32] = st.hasher.finalize().into();
-        if digest != declared {
-            return Err(refusal(
-                FailCode::Integrity,
-                "the file's BLAKE3 digest does not match the client's: the file was not kept",
-            ));
-        }
-        temp.file().sync_all().map_err(|e| {
-            refusal(
-                FailCode::Io,
-                format!("fsync of {shown} failed on the server: {e}"),
-            )
-        })?;
-        self.put_in_place(&mut temp, &final_path, &shown)?;
-        // Without --overwrite the data now live under the final name too:
-        // dropping the temp file removes only its temp name.
-        drop(temp);
-        pause_before_dir_fsync();
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| {
-                refusal(
-                    FailCode::Io,
-                    format!("fsync of the server's directory failed: {e}"),
-                )
-            })?;
+        let pool = self.verifier(&temp, size, streams, &shown)?;
+        *others = self.open_streams(conn, streams)?;
+        let digest = self.receive_chunks(conn, others, pool, &shown)?;
+        self.store(temp, size, &final_path, &shown)?;
         // The file is verified, durable and in place: the transfer has
         // succeeded here. The client disconnects as soon as it has read
         // Complete, which can overtake the acknowledgement of Complete (a
@@ -561,23 +555,228 @@ impl Transfer {
         self.out.progress(format_args!(
             "client {}: received {shown}: {}",
             self.peer,
-            summary(size, began.elapsed())
+            digest_summary(size, began.elapsed(), &digest)
         ))?;
         Ok(())
+    }
+
+    /// The verifier pool of one transfer: `--verify-threads` threads, and
+    /// buffers for every stream's ring of chunks, so that a slot's credit
+    /// goes back as soon as its chunk is copied even while every thread is
+    /// busy.
+    fn verifier(
+        &self,
+        temp: &TempFile,
+        size: u64,
+        streams: u16,
+        shown: &str,
+    ) -> anyhow::Result<VerifierPool> {
+        let file = temp.file().try_clone().map_err(|e| {
+            refusal(
+                FailCode::Io,
+                format!("opening {shown} for the verifier threads: {e}"),
+            )
+        })?;
+        let threads = self.verify_threads.max(1);
+        let size_of = PoolSize {
+            threads,
+            buffers: (2 * threads).max(SLOTS as usize * usize::from(streams)),
+        };
+        VerifierPool::new(Arc::new(file), ChunkGeometry::v3(size), size_of)
+            .map_err(|e| pipeline_refusal(e, shown))
+    }
+
+    /// Answers `Ready` and, for a transfer of several streams, waits for
+    /// streams `1..N` to join; returns their connections.
+    fn open_streams(&self, conn: &mut Connection, streams: u16) -> anyhow::Result<Vec<Connection>> {
+        let gathering = (streams > 1).then(|| self.joins.open(self.peer_ip, streams));
+        let ready = Msg::Ready {
+            slots: SLOTS,
+            slot_size: conn.slot_size() as u32,
+            token: gathering.as_ref().map_or(0, Gathering::token),
+        };
+        send_and_wait(conn, &ready.encode(), self.cfg.completion_timeout, "client")?;
+        match gathering {
+            Some(gathering) => gathering.gather(self.cfg.completion_timeout),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Receives every chunk on every stream, each stream on its own thread
+    /// (the first on this one), and the client's `Finish`; returns the
+    /// file's BLAKE3 digest once every chunk is checked and written and
+    /// the digest is the one the client declared. A stream that fails
+    /// stops the others and fails the transfer.
+    fn receive_chunks(
+        &self,
+        conn: &mut Connection,
+        others: &mut [Connection],
+        pool: VerifierPool,
+        shown: &str,
+    ) -> anyhow::Result<blake3::Hash> {
+        let size = pool.geometry().file_len();
+        let count = others.len() as u64 + 1;
+        let stop = AtomicBool::new(false);
+        let lane = |index| Lane { index, count };
+        let failing = |r: anyhow::Result<(u64, Option<Msg>)>| {
+            if r.is_err() {
+                stop.store(true, Ordering::Release);
+            }
+            r
+        };
+        let (pool_ref, stop_ref) = (&pool, &stop);
+        let (received, finish) = std::thread::scope(|scope| {
+            let threads: Vec<_> = others
+                .iter_mut()
+                .zip(1..)
+                .map(|(other, index)| {
+                    let core = core_for(&self.cores, index);
+                    scope.spawn(move || {
+                        failing(pin(core).and_then(|()| {
+                            self.receive_lane(other, pool_ref, lane(index), stop_ref, shown)
+                        }))
+                    })
+                })
+                .collect();
+            let first = failing(self.receive_lane(conn, pool_ref, lane(0), stop_ref, shown));
+            let rest = threads.into_iter().map(|t| {
+                t.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a stream's thread panicked")))
+            });
+            settle_lanes(first, rest)
+        })?;
+        let Some(Msg::Finish {
+            size: fsize,
+            digest: declared,
+        }) = finish
+        else {
+            let name = finish.as_ref().map_or("nothing", Msg::name);
+            return Err(refusal(
+                FailCode::Protocol,
+                format!("{name} during the transfer"),
+            ));
+        };
+        if fsize != size || received != size {
+            return Err(refusal(
+                FailCode::Integrity,
+                format!(
+                    "the client declared {size} bytes, finished with {fsize}, and {received} arrived"
+                ),
+            ));
+        }
+        let digest = pool.finish().map_err(|e| pipeline_refusal(e, shown))?;
+        if *digest.as_bytes() != declared {
+            return Err(refusal(
+                FailCode::Integrity,
+                "the file's BLAKE3 digest does not match the client's: the file was not kept",
+            ));
+        }
+        Ok(digest)
+    }
+
+    /// Receives the chunks of `lane` on `conn`: each is copied once out of
+    /// the slot the client may write again at any time, its credit is
+    /// returned at once, and a verifier thread checks that private copy
+    /// against the chunk's value and writes it, so what is checked is what
+    /// is stored. Returns the data bytes received and, on the first
+    /// stream, the message that ended it (`Finish`).
+    fn receive_lane(
+        &self,
+        conn: &mut Connection,
+        pool: &VerifierPool,
+        lane: Lane,
+        stop: &AtomicBool,
+        shown: &str,
+    ) -> anyhow::Result<(u64, Option<Msg>)> {
+        let failed = |e| pipeline_refusal(e, shown);
+        let geometry = *pool.geometry();
+        let chunks = lane.len(geometry.chunk_count());
+        let ring = Ring {
+            slots: SLOTS,
+            slot_size: conn.slot_size(),
+        };
+        let rewritten = await_rewrite_chunk();
+        let (mut position, mut received) = (0u64, 0u64);
+        while lane.index == 0 || position < chunks {
+            let arrival =
+                next_arrival(conn, stop, self.cfg.completion_timeout).with_context(|| {
+                    format!(
+                        "receiving {shown} (stream {}: {received} bytes so far)",
+                        lane.index
+                    )
+                })?;
+            let chunk = match arrival {
+                Arrival::Chunk { slot, len } => (slot, len),
+                Arrival::Message(msg) if lane.index == 0 => return Ok((received, Some(msg))),
+                Arrival::Message(msg) => {
+                    return Err(refusal(
+                        FailCode::Protocol,
+                        format!("{} on stream {}", msg.name(), lane.index),
+                    ))
+                }
+            };
+            let range = check_chunk(ring, &geometry, lane, position, chunk)?;
+            let index = lane.chunk(position);
+            if rewritten == Some(index) {
+                await_rewrite(conn, range.clone(), geometry, index);
+            }
+            let (mut copy, mut cv) = (pool.buffer().map_err(failed)?, [0u8; TRAILER]);
+            let data_len = range.len() - TRAILER;
+            let target = conn.target();
+            target.copy_to(range.start, copy.bytes_mut(data_len).map_err(failed)?)?;
+            target.copy_to(range.start + data_len, &mut cv)?;
+            conn.send(&protocol::credit(1))
+                .map_err(|e| explain_link(e, "client"))
+                .context("returning a credit")?;
+            pool.submit(index, cv, copy).map_err(failed)?;
+            received += data_len as u64;
+            position += 1;
+        }
+        Ok((received, None))
+    }
+
+    /// Makes the verified temp file durable and puts it in place: checks
+    /// its size, fsyncs it, links it to its final name, fsyncs the
+    /// directory.
+    fn store(
+        &self,
+        mut temp: TempFile,
+        size: u64,
+        final_path: &Path,
+        shown: &str,
+    ) -> anyhow::Result<()> {
+        let io = |what: &str, e: std::io::Error| refusal(FailCode::Io, format!("{what}: {e}"));
+        let stored = temp
+            .file()
+            .metadata()
+            .map_err(|e| io(&format!("reading the size of {shown} on the server"), e))?
+            .len();
+        if stored != size {
+            return Err(refusal(
+                FailCode::Integrity,
+                format!("{shown} is {stored} bytes on the server, not {size}"),
+            ));
+        }
+        temp.file()
+            .sync_all()
+            .map_err(|e| io(&format!("fsync of {shown} failed on the server"), e))?;
+        self.put_in_place(&mut temp, final_path, shown)?;
+        // Without --overwrite the data now live under the final name too:
+        // dropping the temp file removes only its temp name.
+        drop(temp);
+        pause_before_dir_fsync();
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io("fsync of the server's directory failed", e))
     }
 
     /// Refuses a file larger than the free space of `--dir` before any
     /// data moves (the reservation in [`reserve`] is what guarantees it;
     /// this names the numbers).
     fn check_space(&self, size: u64, shown: &str) -> anyhow::Result<()> {
-        let vfs = match rustix::fs::statvfs(&self.dir) {
-            Ok(vfs) => vfs,
-            Err(e) => {
-                tracing::debug!(error = %e, "statvfs of --dir");
-                return Ok(());
-            }
+        let Some(free) = free_space(&self.dir) else {
+            return Ok(());
         };
-        let free = vfs.f_bavail.saturating_mul(vfs.f_frsize);
         if size > free {
             return Err(refusal(
                 FailCode::Io,
@@ -638,6 +837,109 @@ impl Transfer {
             )),
         }
     }
+}
+
+/// The outcome of a transfer's streams: the bytes they received and the
+/// first stream's closing message — or the error of the stream that
+/// failed first (not that of one it stopped).
+fn settle_lanes(
+    first: anyhow::Result<(u64, Option<Msg>)>,
+    rest: impl Iterator<Item = anyhow::Result<(u64, Option<Msg>)>>,
+) -> anyhow::Result<(u64, Option<Msg>)> {
+    let (mut received, mut finish, mut errors) = (0, None, Vec::new());
+    for (lane, outcome) in std::iter::once(first).chain(rest).enumerate() {
+        match outcome {
+            Ok((bytes, message)) => {
+                received += bytes;
+                if lane == 0 {
+                    finish = message;
+                }
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    match first_failure(errors) {
+        Some(e) => Err(e),
+        None => Ok((received, finish)),
+    }
+}
+
+/// Reads the client's `Start`: the file's size, its streams, its name
+/// (validated).
+fn read_start(conn: &mut Connection) -> anyhow::Result<(u64, u16, String)> {
+    let start = {
+        let m = conn
+            .recv()
+            .map_err(|e| explain_link(e, "client"))
+            .context("waiting for the client's Start")?;
+        if m.imm.is_some() {
+            return Err(refusal(FailCode::Protocol, "a chunk before Start"));
+        }
+        Msg::decode(m.data).map_err(|e| refusal(FailCode::Protocol, e.to_string()))?
+    };
+    let Msg::Start {
+        size,
+        streams,
+        name,
+    } = start
+    else {
+        return Err(refusal(
+            FailCode::Protocol,
+            format!("{} before Start", start.name()),
+        ));
+    };
+    let name = name::validate(&name)
+        .map_err(|e| refusal(FailCode::BadRequest, e.to_string()))?
+        .to_owned();
+    Ok((size, streams, name))
+}
+
+/// Test hook, debug builds only: `PINPOLL_FX_AWAIT_REWRITE=N` makes the
+/// server, before it copies chunk `N` out of its slot, wait (up to 10 s)
+/// until the slot no longer matches the chunk's value: the client has
+/// written it again — as a client with the
+/// matching hook ([`crate::filexfer::client::REWRITE_ENV`]) does right
+/// after the chunk. The copy then sees the rewritten bytes, so a test can
+/// check that they are refused, never stored. Release builds never wait.
+pub const AWAIT_REWRITE_ENV: &str = "PINPOLL_FX_AWAIT_REWRITE";
+
+/// The chunk whose rewrite [`AWAIT_REWRITE_ENV`] waits for, if any.
+fn await_rewrite_chunk() -> Option<u64> {
+    if !cfg!(debug_assertions) {
+        return None;
+    }
+    let value = std::env::var(AWAIT_REWRITE_ENV).ok()?;
+    let parsed = value.parse().ok();
+    if parsed.is_none() {
+        eprintln!("{AWAIT_REWRITE_ENV}={value:?} ignored: expected a chunk index");
+    }
+    parsed
+}
+
+/// Waits until chunk `index`, whose data and value `slot` holds in the
+/// target ring, no longer matches its value: the client wrote the slot
+/// again (see [`AWAIT_REWRITE_ENV`]).
+fn await_rewrite(
+    conn: &Connection,
+    slot: std::ops::Range<usize>,
+    geometry: ChunkGeometry,
+    index: u64,
+) {
+    let data_len = slot.len() - TRAILER;
+    let (mut data, mut cv) = (vec![0u8; data_len], [0u8; TRAILER]);
+    let target = conn.target();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let copied = target
+            .copy_to(slot.start, &mut data)
+            .and_then(|()| target.copy_to(slot.start + data_len, &mut cv));
+        if copied.is_ok() && geometry.chunk_cv(index, &data) != Ok(cv) {
+            eprintln!("{AWAIT_REWRITE_ENV}: the client rewrote the slot after its chunk");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    eprintln!("{AWAIT_REWRITE_ENV}: the slot was not rewritten within 10 s");
 }
 
 /// Test hook, debug builds only: `PINPOLL_FX_PAUSE_BEFORE_DIR_FSYNC=SECS`

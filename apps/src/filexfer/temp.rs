@@ -117,6 +117,18 @@ fn owner_pid(name: &str) -> Option<u32> {
     pid.parse().ok()
 }
 
+/// The bytes an unprivileged process can still write to the file system
+/// of `dir`, if statvfs says.
+pub fn free_space(dir: &Path) -> Option<u64> {
+    match rustix::fs::statvfs(dir) {
+        Ok(vfs) => Some(vfs.f_bavail.saturating_mul(vfs.f_frsize)),
+        Err(e) => {
+            tracing::debug!(error = %e, "statvfs of --dir");
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

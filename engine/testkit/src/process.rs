@@ -217,9 +217,16 @@ pub struct Server {
 
 impl Server {
     pub fn start(bin: &str, args: &[&str]) -> Server {
+        Server::start_env(bin, args, &[])
+    }
+
+    /// [`Server::start`] with extra environment variables.
+    pub fn start_env(bin: &str, args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut all = args.to_vec();
         all.extend(["--port", "0"]);
-        let proc = Running::spawn(command(bin, &all));
+        let mut cmd = command(bin, &all);
+        cmd.envs(env.iter().copied());
+        let proc = Running::spawn(cmd);
         let line = proc.wait_for_line(|l| l.starts_with("listening on "));
         let Some(line) = line else {
             let finished = proc.finish();
