@@ -128,8 +128,9 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
         None => Some(open_source(path)?),
     };
     let faults = Faults::from_env()?;
+    // Checked here, used once the hashing threads run: a thread pinned
+    // now would hand its one core down to every thread it starts.
     check_cores(&opts.cores)?;
-    pin(opts.cores.first().copied())?;
 
     let cfg = with_transport(
         engine_config(common.timeout, opts.hugepages),
@@ -382,21 +383,23 @@ impl Sending<'_> {
         others: &mut [Option<Connection>],
     ) -> anyhow::Result<blake3::Hash> {
         let count = others.len() as u64 + 1;
+        // Every lane's hashing threads start before any stream's thread is
+        // pinned, so they may run on every core, not on a stream's one.
+        let mut readers = (0..count)
+            .map(|index| self.reader(Lane { index, count }))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let first_reader = readers.remove(0);
         let digest = Mutex::new(FileDigest::new(self.geometry, (SLOTS * 4) as usize));
         let stop = AtomicBool::new(false);
         let results: Vec<anyhow::Result<()>> = std::thread::scope(|scope| {
             let threads: Vec<_> = others
                 .iter_mut()
-                .zip(1..)
-                .map(|(slot, index)| {
+                .zip(readers)
+                .map(|(slot, reader)| {
                     let (digest, stop) = (&digest, &stop);
                     scope.spawn(move || {
                         let conn = slot.as_mut().context("the stream's connection")?;
-                        let sent = pin(core_for(self.cores, index))
-                            .inspect_err(|_| stop.store(true, Ordering::Release))
-                            .and_then(|()| {
-                                self.send_lane(conn, Lane { index, count }, digest, stop)
-                            });
+                        let sent = self.send_lane(conn, reader, digest, stop);
                         if matches!(&sent, Err(e) if e.downcast_ref::<StreamDropped>().is_some()) {
                             *slot = None;
                         }
@@ -404,7 +407,7 @@ impl Sending<'_> {
                     })
                 })
                 .collect();
-            let first = self.send_lane(first, Lane { index: 0, count }, &digest, &stop);
+            let first = self.send_lane(first, first_reader, &digest, &stop);
             std::iter::once(first)
                 .chain(threads.into_iter().map(|t| {
                     t.join()
@@ -421,23 +424,32 @@ impl Sending<'_> {
             .context("merging the chunks' values into the file's digest")
     }
 
-    /// Sends the chunks of `lane` on `conn` (see [`send_chunks`]); a
-    /// failure stops the other streams.
-    fn send_lane(
-        &self,
-        conn: &mut Connection,
-        lane: Lane,
-        digest: &Mutex<FileDigest>,
-        stop: &AtomicBool,
-    ) -> anyhow::Result<()> {
+    /// The reader of `lane`: its share of `--verify-threads` hashing
+    /// threads, and buffers for them and a batch.
+    fn reader(&self, lane: Lane) -> anyhow::Result<HashingReader> {
         let threads = (self.threads / lane.count as usize).max(1);
         let pool = PoolSize {
             threads,
             buffers: 2 * threads + BATCH as usize,
         };
-        let sent = HashingReader::lane(Arc::clone(&self.file), self.geometry, lane, pool)
+        HashingReader::for_lane(Arc::clone(&self.file), self.geometry, lane, pool)
             .map_err(anyhow::Error::new)
-            .and_then(|mut reader| self.send_chunks(conn, &mut reader, lane, digest, stop));
+            .with_context(|| format!("stream {}", lane.index))
+    }
+
+    /// Sends the chunks of `reader`'s lane on `conn` (see [`send_chunks`])
+    /// from this thread, pinned to the lane's core of `--core`; a failure
+    /// stops the other streams.
+    fn send_lane(
+        &self,
+        conn: &mut Connection,
+        mut reader: HashingReader,
+        digest: &Mutex<FileDigest>,
+        stop: &AtomicBool,
+    ) -> anyhow::Result<()> {
+        let lane = reader.lane();
+        let sent = pin(core_for(self.cores, lane.index))
+            .and_then(|()| self.send_chunks(conn, &mut reader, lane, digest, stop));
         if sent.is_err() {
             stop.store(true, Ordering::Release);
         }

@@ -116,11 +116,11 @@ impl HashingReader {
         geometry: ChunkGeometry,
         size: PoolSize,
     ) -> Result<Self, PipelineError> {
-        Self::lane(file, geometry, Lane::ALL, size)
+        Self::for_lane(file, geometry, Lane::ALL, size)
     }
 
     /// A reader of the chunks of `lane` only (see [`new`](Self::new)).
-    pub fn lane(
+    pub fn for_lane(
         file: Arc<File>,
         geometry: ChunkGeometry,
         lane: Lane,
@@ -149,6 +149,11 @@ impl HashingReader {
             shared,
             handed: 0,
         })
+    }
+
+    /// The lane this reader reads.
+    pub fn lane(&self) -> Lane {
+        self.shared.lane
     }
 
     /// The layout of the file being read.
@@ -375,7 +380,7 @@ mod tests {
         for index in 0..3 {
             let lane = Lane { index, count: 3 };
             let mut reader =
-                HashingReader::lane(Arc::clone(&file), geometry, lane, size(2, 3)).unwrap();
+                HashingReader::for_lane(Arc::clone(&file), geometry, lane, size(2, 3)).unwrap();
             let mut expected = index;
             while let Some(chunk) = reader.next_chunk().unwrap() {
                 assert_eq!(chunk.index(), expected, "lane {index}");
@@ -391,7 +396,7 @@ mod tests {
         assert_eq!(digest.finish().unwrap(), blake3::hash(&data));
         // A lane past the last chunk has none; a lane that is none is refused.
         let lane = Lane { index: 3, count: 4 };
-        let mut short = HashingReader::lane(
+        let mut short = HashingReader::for_lane(
             Arc::clone(&file),
             ChunkGeometry::new(3 * 1024, 1024).unwrap(),
             lane,
@@ -401,7 +406,7 @@ mod tests {
         assert!(short.is_done() && short.next_chunk().unwrap().is_none());
         let bad = Lane { index: 2, count: 2 };
         assert!(matches!(
-            HashingReader::lane(file, geometry, bad, size(1, 1)),
+            HashingReader::for_lane(file, geometry, bad, size(1, 1)),
             Err(PipelineError::Empty("lane"))
         ));
     }

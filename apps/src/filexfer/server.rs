@@ -117,8 +117,10 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
     if let Some(device) = &common.device {
         device_exists(device)?;
     }
+    // Checked here; a transfer pins its polling threads once its verifier
+    // threads run (a pinned thread hands its one core down to every thread
+    // it starts). The accept loop waits in bounded slices, unpinned.
     check_cores(&opts.cores)?;
-    pin(opts.cores.first().copied())?;
     let cfg = with_transport(
         engine_config(common.timeout, opts.hugepages),
         opts.profile.as_ref(),
@@ -233,9 +235,9 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
         let spawned = std::thread::Builder::new()
             .name(format!("filexfer {peer}"))
             .spawn(move || {
-                let result = pin(core).and_then(|()| match side {
+                let result = match side {
                     Side::Native(conn) => job.run(*conn),
-                    Side::Classic(classic) => {
+                    Side::Classic(classic) => pin(core).and_then(|()| {
                         let (classic, ep) = *classic;
                         classic.serve(
                             ep,
@@ -245,8 +247,8 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
                             &job.peer,
                             job.out,
                         )
-                    }
-                });
+                    }),
+                };
                 let ok = match result {
                     Ok(()) => true,
                     Err(err) => {
@@ -638,7 +640,11 @@ impl Transfer {
                     })
                 })
                 .collect();
-            let first = failing(self.receive_lane(conn, pool_ref, lane(0), stop_ref, shown));
+            // Pinned only now: the verifier threads, started by this
+            // thread, may run on every core.
+            let first = failing(pin(core_for(&self.cores, 0)).and_then(|()| {
+                self.receive_lane(conn, pool_ref, lane(0), stop_ref, shown)
+            }));
             let rest = threads.into_iter().map(|t| {
                 t.join()
                     .unwrap_or_else(|_| Err(anyhow::anyhow!("a stream's thread panicked")))
