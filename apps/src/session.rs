@@ -177,6 +177,10 @@ pub struct Accepting {
     qp: QpConfig,
     out: Output,
     served: u64,
+    /// Admitted clients whose handshake has not ended yet (servers that
+    /// hand it to another thread): counted towards `--count` until it
+    /// fails.
+    handshaking: u64,
     failed: u64,
 }
 
@@ -205,6 +209,7 @@ impl Accepting {
             qp,
             out,
             served: 0,
+            handshaking: 0,
             failed: 0,
         })
     }
@@ -213,13 +218,14 @@ impl Accepting {
     /// signal, still listening.
     pub fn open(&self) -> bool {
         self.listener.is_some()
-            && !matches!(self.count, Some(n) if self.served >= n)
+            && !matches!(self.count, Some(n) if self.served + self.handshaking >= n)
             && !self.shutdown.requested()
     }
 
     /// The next connect request, waiting a short slice. `None` when none
     /// came (look at the stop conditions and call again) or when one
-    /// failed on its own, which is reported and counted as a failed client.
+    /// failed on its own, which is reported and counted as a failed client
+    /// (not as one served: it never got a connection).
     pub fn next_client(&mut self) -> anyhow::Result<Option<Request>> {
         let Some(listener) = &self.listener else {
             return Ok(None);
@@ -228,7 +234,6 @@ impl Accepting {
             Incoming::Request(req) => Ok(Some(*req)),
             Incoming::Idle => Ok(None),
             Incoming::Refused => {
-                self.served += 1;
                 self.failed += 1;
                 Ok(None)
             }
@@ -238,6 +243,19 @@ impl Accepting {
     /// Counts a request as a client served (towards `--count`).
     pub fn take(&mut self) {
         self.served += 1;
+    }
+
+    /// Counts a request whose handshake goes on elsewhere: it holds its
+    /// place towards `--count` until [`handshake_ended`](Self::handshake_ended).
+    pub fn handshaking(&mut self) {
+        self.handshaking += 1;
+    }
+
+    /// A handshake counted by [`handshaking`](Self::handshaking) ended: an
+    /// established one is a client served; a failed one is not.
+    pub fn handshake_ended(&mut self, established: bool) {
+        self.handshaking = self.handshaking.saturating_sub(1);
+        self.served += u64::from(established);
     }
 
     /// Reports client `peer`'s failure, one line on stderr, and counts it.

@@ -1079,6 +1079,17 @@ fn a_flipped_bit_in_one_chunk_fails_the_transfer_and_keeps_nothing() {
 /// failure.
 fn a_fault_fails_once_then_the_file_goes_through(
     hook: (&str, &str),
+    file: (&str, usize),
+    extra: &[&str],
+) -> String {
+    a_fault_fails_once_then_the_file_goes_through_to(&[], hook, file, extra)
+}
+
+/// [`a_fault_fails_once_then_the_file_goes_through`] to a server started
+/// with `server_args` too.
+fn a_fault_fails_once_then_the_file_goes_through_to(
+    server_args: &[&str],
+    hook: (&str, &str),
     (name, len): (&str, usize),
     extra: &[&str],
 ) -> String {
@@ -1087,7 +1098,9 @@ fn a_fault_fails_once_then_the_file_goes_through(
     let dst = Scratch::new("dst");
     let file = src.join(name);
     random_file(&file, len, len as u64);
-    let server = start_server(&dst, &["--count", "2"]);
+    let mut args = vec!["--count", "2"];
+    args.extend_from_slice(server_args);
+    let server = start_server(&dst, &args);
     let (host, port, path) = (addr4(), server.port_arg(), file.display().to_string());
     let mut args = vec!["send", &host, &path, "--port", &port, "--timeout", "20"];
     args.extend_from_slice(extra);
@@ -1100,6 +1113,58 @@ fn a_fault_fails_once_then_the_file_goes_through(
     assert_eq!(client_errors(&done).len(), 1, "{done:#?}");
     assert_eq!(dst.names(), [name]);
     line
+}
+
+/// `--min-rate`: a client that trickles its chunks (one per 400 ms, 640
+/// KiB/s, against 1 MiB/s) is ended once a whole window has passed, with
+/// an error that names the bound; nothing is kept, and the same file then
+/// goes through (it ends long before a window, so it is never measured).
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_client_below_min_rate_is_cut_off_and_nothing_is_kept() {
+    use pinpoll_apps::filexfer::client::TRICKLE_ENV;
+    let _g = serial();
+    let line = a_fault_fails_once_then_the_file_goes_through_to(
+        &["--min-rate", "1048576"],
+        (TRICKLE_ENV, "400"),
+        ("slow.bin", 40 * CHUNK as usize + 5),
+        &[],
+    );
+    assert!(
+        line.contains("slow.bin")
+            && line.contains("fell below --min-rate")
+            && line.contains("at least 1048576 required"),
+        "{line}"
+    );
+}
+
+/// `--deadline`: a transfer that takes longer is ended with an error that
+/// names the bound, its temporary file removed, and the server reports it.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_transfer_past_its_deadline_is_ended_and_nothing_is_kept() {
+    use pinpoll_apps::filexfer::client::TRICKLE_ENV;
+    let _g = serial();
+    needs_debug_build(TRICKLE_ENV);
+    let src = Scratch::new("src");
+    let dst = Scratch::new("dst");
+    let file = src.join("late.bin");
+    random_file(&file, 20 * CHUNK as usize, 5);
+    let server = start_server(
+        &dst,
+        &["--count", "1", "--deadline", "2", "--min-rate", "0"],
+    );
+    let (host, port, path) = (addr4(), server.port_arg(), file.display().to_string());
+    let args = ["send", &host, &path, "--port", &port, "--timeout", "20"];
+    let out = run_within_env(FILEXFER, &args, &[(TRICKLE_ENV, "500")], BOUND);
+    let line = out.assert_one_error_line("client");
+    assert!(
+        line.contains("late.bin") && line.contains("took longer than --deadline 2 s"),
+        "{line}"
+    );
+    let done = server.finish();
+    assert_eq!(client_errors(&done).len(), 1, "{done:#?}");
+    assert!(dst.names().is_empty(), "{:?}", dst.names());
 }
 
 /// `--max-size`: a native client declaring more is refused at its Start,

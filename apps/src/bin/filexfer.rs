@@ -96,7 +96,8 @@ enum Command {
         #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
         max_clients: u32,
         /// Exit after this many transfers (successful or not; busy
-        /// rejections do not count); exit status 0 only if all succeeded.
+        /// rejections and failed handshakes do not count); exit status 0
+        /// only if all succeeded.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
         count: Option<u64>,
         /// Replace an existing regular file of the same name (never a
@@ -110,6 +111,16 @@ enum Command {
         /// more. Default: the free space of --dir when the transfer starts.
         #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
         max_size: Option<u64>,
+        /// The slowest a transfer may be, in bytes per second over any 10 s
+        /// once its chunks flow: a slower one is ended with an error and
+        /// its temporary file removed, so a trickling client cannot hold a
+        /// slot and its reservation. 0: no bound.
+        #[arg(long, value_name = "BYTES_PER_S", default_value_t = 65536)]
+        min_rate: u64,
+        /// The longest a transfer may take once its chunks flow, in
+        /// seconds; a longer one is ended like a slow one. 0: no bound.
+        #[arg(long, value_name = "SECONDS", default_value_t = 86400)]
+        deadline: u64,
     },
     /// Send FILE to a filexfer server; exit 0 once the server has it
     /// verified, fsynced and in place.
@@ -176,6 +187,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             count,
             overwrite,
             max_size,
+            min_rate,
+            deadline,
         } => server::serve(
             &ServeOptions {
                 dir,
@@ -188,6 +201,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 cores: cli.core.clone(),
                 verify_threads,
                 max_size,
+                min_rate,
+                deadline: Duration::from_secs(deadline),
                 profile,
             },
             &cli.common,

@@ -14,6 +14,8 @@
 //!   `--streams` transfer drop its connection after its first batch of
 //!   chunks — a stream dying mid-transfer, which must fail the whole
 //!   transfer cleanly.
+//! - `PINPOLL_FILEXFER_TEST_TRICKLE_MS=T` sends one chunk every `T` ms —
+//!   a client too slow for the server's `--min-rate` or `--deadline`.
 
 use std::fs::File;
 use std::io::IsTerminal as _;
@@ -82,6 +84,10 @@ pub const REWRITE_ENV: &str = "PINPOLL_FILEXFER_TEST_REWRITE";
 /// docs).
 pub const DROP_STREAM_ENV: &str = "PINPOLL_FILEXFER_TEST_DROP_STREAM";
 
+/// The test-only hook that sends one chunk per this many milliseconds
+/// (see the module docs).
+pub const TRICKLE_ENV: &str = "PINPOLL_FILEXFER_TEST_TRICKLE_MS";
+
 /// The error of a stream that the test-only hook dropped.
 #[derive(Debug, thiserror::Error)]
 #[error("{DROP_STREAM_ENV}: stream {0} dropped its connection")]
@@ -93,6 +99,7 @@ struct Faults {
     flip: Option<u64>,
     rewrite: Option<u64>,
     drop_stream: Option<u64>,
+    trickle: Option<Duration>,
 }
 
 impl Faults {
@@ -111,6 +118,12 @@ impl Faults {
             flip: chunk(FLIP_BIT_ENV)?,
             rewrite: chunk(REWRITE_ENV)?,
             drop_stream: chunk(DROP_STREAM_ENV)?,
+            trickle: match std::env::var(TRICKLE_ENV) {
+                Err(_) => None,
+                Ok(v) => Some(Duration::from_millis(v.parse().with_context(|| {
+                    format!("{TRICKLE_ENV}={v:?}: expected milliseconds")
+                })?)),
+            },
         })
     }
 }
@@ -484,7 +497,11 @@ impl Sending<'_> {
             settle(conn, self.timeout, "server")?;
             // A rewrite takes a request of its own in the batch.
             let room = u64::from(BATCH) - u64::from(self.faults.rewrite.is_some());
-            let n = credits.min(room).min(chunks - position);
+            let mut n = credits.min(room).min(chunks - position);
+            if let Some(pause) = self.faults.trickle {
+                std::thread::sleep(pause);
+                n = 1;
+            }
             let mut posted = 0;
             let mut b = conn.batch();
             for _ in 0..n {

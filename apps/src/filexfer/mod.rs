@@ -64,12 +64,14 @@
 //!    Any failure is `Fail` and the temp file is removed: a bad or partial
 //!    file never appears under the final name.
 
+pub mod admission;
 pub mod chunk_pool;
 pub mod classic;
 pub mod client;
 pub mod digest;
 pub mod in_flight;
 pub mod name;
+pub mod pace;
 pub mod protocol;
 pub mod read_ahead;
 pub mod server;

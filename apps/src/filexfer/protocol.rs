@@ -123,6 +123,9 @@ pub enum FailCode {
     Protocol,
     /// The file is larger than the server takes (`--max-size`).
     TooLarge,
+    /// The transfer fell below the server's `--min-rate` or exceeded its
+    /// `--deadline`.
+    TooSlow,
     /// Any code this side does not know.
     Other(u16),
 }
@@ -136,6 +139,7 @@ impl FailCode {
             FailCode::Integrity => 4,
             FailCode::Protocol => 5,
             FailCode::TooLarge => 6,
+            FailCode::TooSlow => 7,
             FailCode::Other(n) => n,
         }
     }
@@ -148,6 +152,7 @@ impl FailCode {
             4 => FailCode::Integrity,
             5 => FailCode::Protocol,
             6 => FailCode::TooLarge,
+            7 => FailCode::TooSlow,
             n => FailCode::Other(n),
         }
     }

@@ -2,8 +2,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,12 +11,14 @@ use pinpoll::connect::cm::Request;
 use pinpoll::{Access, Connection, Endpoint, EngineConfig};
 
 use crate::cli::{show_addr, socket_addr, CommonArgs};
+use crate::filexfer::admission::Admission;
 use crate::filexfer::chunk_pool::{PipelineError, PoolSize};
 use crate::filexfer::classic::ClassicSide;
 use crate::filexfer::digest::{ChunkGeometry, DigestError};
 use crate::filexfer::in_flight::InFlight;
 use crate::filexfer::name::{self, RESERVED_PREFIX};
-use crate::filexfer::protocol::{self, classify_hello, FailCode, Hello, Msg};
+use crate::filexfer::pace::Pace;
+use crate::filexfer::protocol::{self, FailCode, Msg};
 use crate::filexfer::read_ahead::Lane;
 use crate::filexfer::streams::{first_failure, next_arrival, Arrival, Gathering, Joins};
 use crate::filexfer::temp::{self, free_space, TempFile};
@@ -28,8 +29,7 @@ use crate::filexfer::{
 };
 use crate::output::{printable, Output};
 use crate::run::error_line;
-use crate::session::{check_device, device_exists, refuse};
-use crate::session::{Accepting, Incoming};
+use crate::session::{device_exists, Accepting};
 
 /// What `serve` needs from the command line.
 #[derive(Debug, Clone)]
@@ -49,6 +49,11 @@ pub struct ServeOptions {
     /// The largest file accepted (`--max-size`); without it, the free
     /// space of `dir` when the transfer starts.
     pub max_size: Option<u64>,
+    /// The slowest a transfer may be, in bytes/s over a window
+    /// (`--min-rate`); 0: no bound.
+    pub min_rate: u64,
+    /// The longest a transfer may take (`--deadline`); 0: no bound.
+    pub deadline: Duration,
     /// Transport settings from a tuning profile (`--profile`).
     pub profile: Option<pinpoll::EngineConfig>,
 }
@@ -104,15 +109,7 @@ pub fn check_dir(dir: &Path) -> anyhow::Result<PathBuf> {
 /// on stderr; the result is an error if any failed.
 pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::Result<()> {
     let dir = check_dir(&opts.dir)?;
-    match temp::remove_orphans(&dir) {
-        Ok(removed) if !removed.is_empty() => out.progress(format_args!(
-            "removed {} temporary file(s) left by a server that died: {}",
-            removed.len(),
-            removed.join(", ")
-        ))?,
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "looking for temporary files left by a dead server"),
-    }
+    remove_orphans(&dir, out)?;
     let addr = socket_addr(&opts.bind, opts.port).context("--bind")?;
     if let Some(device) = &common.device {
         device_exists(device)?;
@@ -132,194 +129,43 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
     pinpoll::memory::check_memlock(cfg.registered_bytes())
         .context("registering the chunk ring of a client")?;
     let mut server = Accepting::listen(addr, opts.count, cfg.qp.clone(), out)?;
-    let active = Arc::new(AtomicUsize::new(0));
-    // Set by a transfer that ended because its RDMA device went away.
-    let device_lost: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
-    let serial = Arc::new(AtomicU64::new(0));
-    let in_flight = InFlight::default();
-    let joins = Joins::default();
-    let (done_tx, done_rx) = mpsc::channel::<bool>();
-    let mut threads = Vec::new();
-    let collect = |rx: &mpsc::Receiver<bool>| rx.try_iter().filter(|ok| !ok).count() as u64;
-    while server.open() && lost(&device_lost).is_none() {
-        server.count_failed(collect(&done_rx));
-        let Some(mut req) = server.next_client()? else {
-            continue;
-        };
-        let peer = show_addr(req.peer_addr());
-        let hello = classify_hello(req.private_data());
-        if let Ok(Hello::Join { token, stream }) = hello {
-            join_stream(req, &joins, &cfg, token, stream);
-            continue;
-        }
-        let peer_ip = req.peer_addr().map(|a| a.ip());
-        let busy = active.load(Ordering::SeqCst) >= opts.max_clients;
-        if busy && hello.is_ok() {
-            let reason = format!(
-                "server busy: {} transfers in progress (--max-clients {}); try again later\0",
-                opts.max_clients, opts.max_clients
-            );
-            if let Err(err) = req.reject(reason.as_bytes()) {
-                tracing::warn!(error = %err, "rejecting a client failed");
-            }
-            out.progress(format_args!("client {peer}: refused, server busy"))?;
-            continue;
-        }
-        server.take();
-        // Everything up to the accept happens here: a request cannot move
-        // to another thread (it holds the raw rdma_cm event).
-        let accepted = match (
-            hello,
-            check_device(req.endpoint(), common.device.as_deref()),
-        ) {
-            (_, Err(err)) => Err(refuse(req, err)),
-            (Err(why), _) => Err(refuse(req, anyhow::anyhow!(why))),
-            (Ok(Hello::Classic), _) => {
-                match ClassicSide::prepare(req.endpoint(), cfg.pages, opts.max_size) {
-                    Err(err) => Err(refuse(req, err)),
-                    Ok(side) => req
-                        .accept(&[])
-                        .context("accepting")
-                        .map(|ep| Side::Classic(Box::new((side, ep)))),
-                }
-            }
-            // The client is told why when its ring cannot be registered
-            // (the engine's own refusal names no cause).
-            // Joins were handed over above; this arm only completes the match.
-            (Ok(Hello::Join { .. }), _) => {
-                Err(refuse(req, anyhow::anyhow!("a stream of no transfer")))
-            }
-            (Ok(Hello::Native), _) => {
-                match pinpoll::memory::check_memlock(cfg.registered_bytes()) {
-                    Err(err) => Err(refuse(
-                        req,
-                        anyhow::Error::new(err).context("registering the chunk ring"),
-                    )),
-                    Ok(()) => Connection::builder(&cfg)
-                        .remote_access(Access::REMOTE_WRITE)
-                        .accept(req)
-                        .map(|conn| Side::Native(Box::new(conn)))
-                        .map_err(native_accept_error),
-                }
-            }
-        };
-        let side = match accepted {
-            Ok(side) => side,
-            Err(err) => {
-                server.failed(&peer, &err);
-                continue;
-            }
-        };
-        out.progress(format_args!("client {peer}: connected"))?;
-        active.fetch_add(1, Ordering::SeqCst);
-        let job = Transfer {
-            dir: dir.clone(),
-            overwrite: opts.overwrite,
-            cfg: cfg.clone(),
-            peer: peer.clone(),
-            serial: serial.fetch_add(1, Ordering::SeqCst),
-            verify_threads: opts.verify_threads,
-            max_size: opts.max_size,
-            in_flight: in_flight.clone(),
-            joins: joins.clone(),
-            peer_ip,
-            cores: opts.cores.clone(),
-            out,
-        };
-        let (active, done_tx, core) = (
-            Arc::clone(&active),
-            done_tx.clone(),
-            opts.cores.first().copied(),
-        );
-        let device_lost = Arc::clone(&device_lost);
-        let spawned = std::thread::Builder::new()
-            .name(format!("filexfer {peer}"))
-            .spawn(move || {
-                let result = match side {
-                    Side::Native(conn) => job.run(*conn),
-                    Side::Classic(classic) => pin(core).and_then(|()| {
-                        let (classic, ep) = *classic;
-                        classic.serve(
-                            ep,
-                            job.dir.clone(),
-                            job.serial,
-                            job.cfg.completion_timeout,
-                            &job.peer,
-                            job.out,
-                        )
-                    }),
-                };
-                let ok = match result {
-                    Ok(()) => true,
-                    Err(err) => {
-                        eprintln!("error: client {}: {}", job.peer, error_line(&err));
-                        if let Some(why) = device_gone(&err) {
-                            if let Ok(mut lost) = device_lost.lock() {
-                                lost.get_or_insert(why);
-                            }
-                        }
-                        false
-                    }
-                };
-                active.fetch_sub(1, Ordering::SeqCst);
-                let _ = done_tx.send(ok);
-            });
-        match spawned {
-            Ok(handle) => threads.push(handle),
-            Err(err) => server.failed(&peer, &anyhow::Error::new(err).context("starting a thread")),
+    let mut admission = Admission::new(opts, common.device.as_deref(), &cfg, dir, out);
+    while server.open() && admission.device_lost().is_none() {
+        admission.collect(&mut server);
+        if let Some(req) = server.next_client()? {
+            admission.admit(req, &mut server)?;
         }
     }
-    // Clients that come while the last transfers finish (--count reached,
-    // a signal, a lost device) are told so at once, not left to time out
-    // on a listener that nobody answers.
-    while let Some(listener) = server
-        .listener()
-        .filter(|_| active.load(Ordering::SeqCst) > 0)
-    {
-        match crate::session::next_request(listener, &cfg.qp) {
-            Ok(Incoming::Request(req)) => {
-                if let Ok(Hello::Join { token, stream }) = classify_hello(req.private_data()) {
-                    join_stream(*req, &joins, &cfg, token, stream);
-                    continue;
-                }
-                let peer = show_addr(req.peer_addr());
-                let reason =
-                    "server busy: finishing its last transfers, it accepts no more; try again later\0";
-                if let Err(err) = req.reject(reason.as_bytes()) {
-                    tracing::warn!(error = %err, "rejecting a client failed");
-                }
-                out.progress(format_args!("client {peer}: refused, server finishing"))?;
-            }
-            Ok(Incoming::Idle | Incoming::Refused) => {}
-            Err(err) => {
-                tracing::warn!(error = %err, "waiting for clients while finishing");
-                break;
-            }
-        }
-    }
-    server.stop_listening();
-    for handle in threads {
-        if handle.join().is_err() {
-            server.count_failed(1);
-        }
-    }
-    server.count_failed(collect(&done_rx));
-    if let Some(why) = lost(&device_lost) {
-        // The failed transfer said why in its error line. Staying up would
-        // keep the dead device open, and removing a device (`rdma link
-        // delete`) waits until every process has let go of it.
-        out.progress(format_args!(
-            "stopping: {why}; start the server again once the device is back"
-        ))?;
-    }
+    admission.finish(&mut server)?;
     server.finish()
+}
+
+/// Removes the temporary files a server that died left in `dir`, and says
+/// so.
+fn remove_orphans(dir: &Path, out: Output) -> anyhow::Result<()> {
+    match temp::remove_orphans(dir) {
+        Ok(removed) if !removed.is_empty() => out.progress(format_args!(
+            "removed {} temporary file(s) left by a server that died: {}",
+            removed.len(),
+            removed.join(", ")
+        ))?,
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "looking for temporary files left by a dead server"),
+    }
+    Ok(())
 }
 
 /// Accepts a further stream of a transfer that waits for it and hands it
 /// over; rejects, with the reason, a stream no transfer waits for. A
 /// stream is part of an admitted transfer: it is neither counted nor
 /// refused as busy.
-fn join_stream(req: Request, joins: &Joins, cfg: &EngineConfig, token: u64, stream: u16) {
+pub(crate) fn join_stream(
+    req: Request,
+    joins: &Joins,
+    cfg: &EngineConfig,
+    token: u64,
+    stream: u16,
+) {
     let peer = show_addr(req.peer_addr());
     if let Err(why) = joins.admits(token, stream, req.peer_addr().map(|a| a.ip())) {
         tracing::warn!(peer, stream, why, "refusing a stream");
@@ -341,27 +187,9 @@ fn join_stream(req: Request, joins: &Joins, cfg: &EngineConfig, token: u64, stre
     }
 }
 
-fn lost(device_lost: &std::sync::Mutex<Option<String>>) -> Option<String> {
-    device_lost.lock().ok().and_then(|l| l.clone())
-}
-
-/// Whether `err` says the RDMA device itself went away (removed, or a
-/// fatal device error) — not a port that may come back — and if so, which.
-fn device_gone(err: &anyhow::Error) -> Option<String> {
-    err.chain()
-        .find_map(|cause| match cause.downcast_ref::<pinpoll::Error>() {
-            Some(pinpoll::Error::DeviceEvent { device, event })
-                if event.contains("DEVICE_REMOVAL") || event.contains("DEVICE_FATAL") =>
-            {
-                Some(format!("RDMA device {device} reported {event}"))
-            }
-            _ => None,
-        })
-}
-
 /// Why a native client could not be accepted. Whatever failed before
 /// the accept itself made the engine refuse the client.
-fn native_accept_error(err: pinpoll::Error) -> anyhow::Error {
+pub(crate) fn native_accept_error(err: pinpoll::Error) -> anyhow::Error {
     let step = match &err {
         pinpoll::Error::Cm { .. } | pinpoll::Error::CmEvent { .. } => {
             return anyhow::Error::new(err).context("accepting")
@@ -373,7 +201,7 @@ fn native_accept_error(err: pinpoll::Error) -> anyhow::Error {
 }
 
 /// An accepted connection, by the protocol its client speaks.
-enum Side {
+pub(crate) enum Side {
     // Boxed: both are large (a connection holds its pre-built work
     // requests) and moved only once, into the transfer's thread.
     Native(Box<Connection>),
@@ -381,19 +209,31 @@ enum Side {
 }
 
 /// One transfer's receive side.
-struct Transfer {
-    dir: PathBuf,
-    overwrite: bool,
-    cfg: EngineConfig,
-    peer: String,
-    serial: u64,
-    verify_threads: usize,
-    max_size: Option<u64>,
-    in_flight: InFlight,
-    joins: Joins,
-    peer_ip: Option<std::net::IpAddr>,
-    cores: Vec<usize>,
-    out: Output,
+pub(crate) struct Transfer {
+    pub(crate) dir: PathBuf,
+    pub(crate) overwrite: bool,
+    pub(crate) cfg: EngineConfig,
+    pub(crate) peer: String,
+    pub(crate) serial: u64,
+    pub(crate) verify_threads: usize,
+    pub(crate) max_size: Option<u64>,
+    pub(crate) min_rate: u64,
+    pub(crate) deadline: Duration,
+    pub(crate) in_flight: InFlight,
+    pub(crate) joins: Joins,
+    pub(crate) peer_ip: Option<std::net::IpAddr>,
+    pub(crate) cores: Vec<usize>,
+    pub(crate) out: Output,
+}
+
+/// What every stream's thread of one transfer shares.
+#[derive(Clone, Copy)]
+struct Receiving<'a> {
+    pool: &'a VerifierPool,
+    pace: &'a Pace,
+    /// Set by the stream that failed: the others stop.
+    stop: &'a AtomicBool,
+    shown: &'a str,
 }
 
 /// Where a stream's chunk must land: its ring's slots and their size.
@@ -467,6 +307,25 @@ fn pipeline_refusal(err: PipelineError, shown: &str) -> anyhow::Error {
 }
 
 impl Transfer {
+    /// Runs the transfer on the accepted `side`, on this thread.
+    pub(crate) fn serve(self, side: Side) -> anyhow::Result<()> {
+        match side {
+            Side::Native(conn) => self.run(*conn),
+            Side::Classic(classic) => {
+                pin(core_for(&self.cores, 0))?;
+                let (classic, ep) = *classic;
+                classic.serve(
+                    ep,
+                    self.dir.clone(),
+                    self.serial,
+                    self.cfg.completion_timeout,
+                    &self.peer,
+                    self.out,
+                )
+            }
+        }
+    }
+
     fn run(&self, mut conn: Connection) -> anyhow::Result<()> {
         // A transfer's further streams carry no verdict (the first one
         // does): they are closed once it is settled.
@@ -626,7 +485,15 @@ impl Transfer {
             }
             r
         };
-        let (pool_ref, stop_ref) = (&pool, &stop);
+        // The bounds on a slow client start once every stream is here.
+        let pace = Pace::new(self.min_rate, self.deadline);
+        let shared = Receiving {
+            pool: &pool,
+            pace: &pace,
+            stop: &stop,
+            shown,
+        };
+        let shared = &shared;
         let (received, finish) = std::thread::scope(|scope| {
             let threads: Vec<_> = others
                 .iter_mut()
@@ -634,17 +501,18 @@ impl Transfer {
                 .map(|(other, index)| {
                     let core = core_for(&self.cores, index);
                     scope.spawn(move || {
-                        failing(pin(core).and_then(|()| {
-                            self.receive_lane(other, pool_ref, lane(index), stop_ref, shown)
-                        }))
+                        failing(
+                            pin(core).and_then(|()| self.receive_lane(other, lane(index), shared)),
+                        )
                     })
                 })
                 .collect();
             // Pinned only now: the verifier threads, started by this
             // thread, may run on every core.
-            let first = failing(pin(core_for(&self.cores, 0)).and_then(|()| {
-                self.receive_lane(conn, pool_ref, lane(0), stop_ref, shown)
-            }));
+            let first = failing(
+                pin(core_for(&self.cores, 0))
+                    .and_then(|()| self.receive_lane(conn, lane(0), shared)),
+            );
             let rest = threads.into_iter().map(|t| {
                 t.join()
                     .unwrap_or_else(|_| Err(anyhow::anyhow!("a stream's thread panicked")))
@@ -689,11 +557,15 @@ impl Transfer {
     fn receive_lane(
         &self,
         conn: &mut Connection,
-        pool: &VerifierPool,
         lane: Lane,
-        stop: &AtomicBool,
-        shown: &str,
+        shared: &Receiving<'_>,
     ) -> anyhow::Result<(u64, Option<Msg>)> {
+        let Receiving {
+            pool,
+            pace,
+            stop,
+            shown,
+        } = *shared;
         let failed = |e| pipeline_refusal(e, shown);
         let geometry = *pool.geometry();
         let chunks = lane.len(geometry.chunk_count());
@@ -737,6 +609,8 @@ impl Transfer {
             pool.submit(index, cv, copy).map_err(failed)?;
             received += data_len as u64;
             position += 1;
+            pace.arrived(data_len as u64)
+                .map_err(|slow| refusal(FailCode::TooSlow, format!("{shown}: {slow}")))?;
         }
         Ok((received, None))
     }

@@ -248,3 +248,17 @@ impl Connector {
         Ok(self.endpoint)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server may take a request off its accept loop and complete the
+    /// handshake (accept → ESTABLISHED) on the transfer's own thread.
+    #[test]
+    fn a_request_moves_to_another_thread() {
+        fn send<T: Send>() {}
+        send::<Request>();
+        send::<Listener>();
+    }
+}
