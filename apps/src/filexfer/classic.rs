@@ -18,13 +18,14 @@
 
 use std::fs::File;
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
 use pinpoll::{Access, Endpoint, MemoryRegion, PageSize, Posted, RegionOp, SharedRegion, WcOpcode};
 
 use crate::filexfer::name;
+use crate::filexfer::pace::Pace;
 use crate::filexfer::temp::{free_space, TempFile};
 use crate::filexfer::{explain_link, summary};
 use crate::output::{printable, Output};
@@ -143,22 +144,52 @@ impl ClassicSide {
         Ok(len)
     }
 
-    /// Serves one classic client.
-    pub fn serve(
-        mut self,
-        mut ep: Endpoint,
-        dir: PathBuf,
-        serial: u64,
-        timeout: Duration,
-        peer: &str,
-        out: Output,
-    ) -> anyhow::Result<()> {
+    /// Serves one classic client: the file's name, its data until an
+    /// empty write, then the file durable and in place, then `MSG_DONE`.
+    pub fn serve(mut self, mut ep: Endpoint, job: &ClassicJob<'_>) -> anyhow::Result<()> {
+        let timeout = job.timeout;
         self.send(&mut ep, MSG_MR, timeout)?;
         // What the client wrote is copied out of its reach once, and only
         // the copy is looked at: what is checked is what is stored.
         let mut copy = vec![0u8; BUFFER];
+        let name = self.read_name(&mut ep, &mut copy, timeout)?;
+        let shown = printable(name.as_bytes());
+        let target = job.dir.join(&name);
+        if std::fs::symlink_metadata(&target).is_ok() {
+            bail!("{shown} already exists on the server");
+        }
+        let mut temp =
+            TempFile::create(job.dir, job.serial).context("creating a temporary file")?;
+        let began = Instant::now();
+        let result = self
+            .receive(&mut ep, &mut temp, &mut copy, job, &shown)
+            .and_then(|total| put_in_place(&temp, &target, job.dir, &shown).map(|()| total));
+        // The temp name goes, whether the file is in place or not.
+        drop(temp);
+        let total = result?;
+        self.say_done(&mut ep, timeout)?;
+        job.out.progress(format_args!(
+            "client {}: received {shown} (classic): {}",
+            job.peer,
+            summary(total, began.elapsed())
+        ))?;
+        // The classic client disconnects after MSG_DONE.
+        if let Some(recv) = self.recv.take() {
+            let _ = ep.complete(recv, timeout.min(Duration::from_secs(2)));
+        }
+        let _ = ep.disconnect();
+        Ok(())
+    }
+
+    /// The file's name: the last component of the path the client wrote.
+    fn read_name(
+        &mut self,
+        ep: &mut Endpoint,
+        copy: &mut [u8],
+        timeout: Duration,
+    ) -> anyhow::Result<String> {
         let len = self
-            .next_write(&mut ep, timeout)
+            .next_write(ep, timeout)
             .context("waiting for the file name")?;
         let raw = &mut copy[..len];
         self.buffer.copy_to(0, raw)?;
@@ -166,53 +197,56 @@ impl ClassicSide {
         let raw = raw.strip_suffix(&[0]).unwrap_or(raw);
         // The classic client sends a path: keep its last component only.
         let base = raw.rsplit(|b| *b == b'/').next().unwrap_or(raw);
-        let name = name::validate(base)?.to_owned();
-        let shown = printable(name.as_bytes());
-        let target = dir.join(&name);
-        if std::fs::symlink_metadata(&target).is_ok() {
-            bail!("{shown} already exists on the server");
-        }
-        let mut temp = TempFile::create(&dir, serial).context("creating a temporary file")?;
+        Ok(name::validate(base)?.to_owned())
+    }
+
+    /// Receives the file's data into `temp` until the client's empty
+    /// write, within the server's size cap and pace; returns its length.
+    fn receive(
+        &mut self,
+        ep: &mut Endpoint,
+        temp: &mut TempFile,
+        copy: &mut [u8],
+        job: &ClassicJob<'_>,
+        shown: &str,
+    ) -> anyhow::Result<u64> {
         let (cap, cap_name) = match self.max_size {
             Some(max) => (max, "--max-size"),
-            None => (free_space(&dir).unwrap_or(u64::MAX), "the free space"),
+            None => (free_space(job.dir).unwrap_or(u64::MAX), "the free space"),
         };
-        let began = Instant::now();
-        let result = (|| -> anyhow::Result<u64> {
-            out.progress(format_args!("client {peer}: receiving {shown} (classic)"))?;
-            self.send(&mut ep, MSG_READY, timeout)?;
-            let mut total = 0u64;
-            loop {
-                let len = self
-                    .next_write(&mut ep, timeout)
-                    .context("receiving the file")?;
-                if len == 0 {
-                    break;
-                }
-                if total + len as u64 > cap {
-                    bail!("{shown} is more than {cap} bytes ({cap_name} of the server); the transfer was cut off and nothing kept");
-                }
-                let chunk = &mut copy[..len];
-                self.buffer.copy_to(0, chunk)?;
-                temp.file_mut()
-                    .write_all(chunk)
-                    .context("writing the file")?;
-                total += len as u64;
-                self.send(&mut ep, MSG_READY, timeout)?;
+        job.out.progress(format_args!(
+            "client {}: receiving {shown} (classic)",
+            job.peer
+        ))?;
+        self.send(ep, MSG_READY, job.timeout)?;
+        let mut total = 0u64;
+        loop {
+            let len = self
+                .next_write(ep, job.timeout)
+                .context("receiving the file")?;
+            if len == 0 {
+                return Ok(total);
             }
-            temp.file().sync_all().context("fsync")?;
-            std::fs::hard_link(temp.path(), &target)
-                .with_context(|| format!("linking {shown} into place"))?;
-            File::open(&dir)
-                .and_then(|d| d.sync_all())
-                .context("fsync of the directory")?;
-            Ok(total)
-        })();
-        // The temp name goes, whether the file is in place or not.
-        drop(temp);
-        let total = result?;
-        match self.send(&mut ep, MSG_DONE, timeout) {
-            Ok(()) => {}
+            if total + len as u64 > cap {
+                bail!("{shown} is more than {cap} bytes ({cap_name} of the server); the transfer was cut off and nothing kept");
+            }
+            let chunk = &mut copy[..len];
+            self.buffer.copy_to(0, chunk)?;
+            temp.file_mut()
+                .write_all(chunk)
+                .context("writing the file")?;
+            total += len as u64;
+            job.pace
+                .arrived(len as u64)
+                .map_err(|slow| anyhow::anyhow!("{shown}: {slow}; nothing kept"))?;
+            self.send(ep, MSG_READY, job.timeout)?;
+        }
+    }
+
+    /// Sends `MSG_DONE`: the file is in place.
+    fn say_done(&mut self, ep: &mut Endpoint, timeout: Duration) -> anyhow::Result<()> {
+        match self.send(ep, MSG_DONE, timeout) {
+            Ok(()) => Ok(()),
             // The file is in place. A classic client disconnects the moment
             // MSG_DONE arrives, and its DREQ can overtake the ACK of that
             // very SEND, flushing it here: the client has it all the same.
@@ -223,20 +257,34 @@ impl ClassicSide {
                 ) =>
             {
                 tracing::debug!("classic client left before MSG_DONE's completion");
+                Ok(())
             }
-            Err(e) => return Err(e),
+            Err(e) => Err(e),
         }
-        out.progress(format_args!(
-            "client {peer}: received {shown} (classic): {}",
-            summary(total, began.elapsed())
-        ))?;
-        // The classic client disconnects after MSG_DONE.
-        if let Some(recv) = self.recv.take() {
-            let _ = ep.complete(recv, timeout.min(Duration::from_secs(2)));
-        }
-        let _ = ep.disconnect();
-        Ok(())
     }
+}
+
+/// What the server gives one classic transfer.
+pub struct ClassicJob<'a> {
+    pub dir: &'a Path,
+    /// Names the temporary file.
+    pub serial: u64,
+    pub timeout: Duration,
+    pub peer: &'a str,
+    pub out: Output,
+    /// `--min-rate` and `--deadline`, over the whole transfer.
+    pub pace: Pace,
+}
+
+/// Makes the received `temp` durable and links it to `target`, then makes
+/// the directory entry durable.
+fn put_in_place(temp: &TempFile, target: &Path, dir: &Path, shown: &str) -> anyhow::Result<()> {
+    temp.file().sync_all().context("fsync")?;
+    std::fs::hard_link(temp.path(), target)
+        .with_context(|| format!("linking {shown} into place"))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .context("fsync of the directory")
 }
 
 /// `filexfer send --classic`: sends `path` (under the name `name`) to a

@@ -13,7 +13,7 @@ use pinpoll::{Access, Connection, Endpoint, EngineConfig};
 use crate::cli::{show_addr, socket_addr, CommonArgs};
 use crate::filexfer::admission::Admission;
 use crate::filexfer::chunk_pool::{PipelineError, PoolSize};
-use crate::filexfer::classic::ClassicSide;
+use crate::filexfer::classic::{ClassicJob, ClassicSide};
 use crate::filexfer::digest::{ChunkGeometry, DigestError};
 use crate::filexfer::in_flight::InFlight;
 use crate::filexfer::name::{self, RESERVED_PREFIX};
@@ -316,11 +316,14 @@ impl Transfer {
                 let (classic, ep) = *classic;
                 classic.serve(
                     ep,
-                    self.dir.clone(),
-                    self.serial,
-                    self.cfg.completion_timeout,
-                    &self.peer,
-                    self.out,
+                    &ClassicJob {
+                        dir: &self.dir,
+                        serial: self.serial,
+                        timeout: self.cfg.completion_timeout,
+                        peer: &self.peer,
+                        out: self.out,
+                        pace: Pace::new(self.min_rate, self.deadline),
+                    },
                 )
             }
         }
