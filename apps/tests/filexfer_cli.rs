@@ -36,6 +36,8 @@ fn help_explains_every_flag() {
         "--overwrite",
         "--bind",
         "--max-size <BYTES>",
+        "--min-rate <BYTES_PER_S>",
+        "--deadline <SECONDS>",
     ] {
         assert!(
             serve.stdout.contains(flag),
@@ -81,6 +83,8 @@ fn bad_command_lines_exit_2_with_one_line() {
         &["send", "h", "f", "--core", "0,x"][..],
         &["serve", "--max-size", "0"][..],
         &["serve", "--max-size", "lots"][..],
+        &["serve", "--min-rate", "fast"][..],
+        &["serve", "--deadline", "-1"][..],
         &["frob"][..],
     ] {
         let out = run_within(FILEXFER, args, BOUND);
