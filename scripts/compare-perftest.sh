@@ -71,8 +71,8 @@ dev=${PINPOLL_DEVICE:?PINPOLL_DEVICE unset: not inside scripts/softroce-vm}
 gid=${PINPOLL_GID_INDEX:?PINPOLL_GID_INDEX unset}
 addr=${PINPOLL_ADDR4:?PINPOLL_ADDR4 unset}
 [ -x "$perf" ] || { echo "error: $perf is missing; build it on the host first" >&2; exit 1; }
-for p in ib_write_lat ib_send_lat ib_read_lat ib_write_bw ib_send_bw ib_read_bw python3 taskset; do
-    command -v "$p" >/dev/null || { echo "error: $p is not installed (apt-get install perftest util-linux python3)" >&2; exit 1; }
+for p in ib_write_lat ib_send_lat ib_read_lat ib_write_bw ib_send_bw ib_read_bw rcopy python3 taskset; do
+    command -v "$p" >/dev/null || { echo "error: $p is not installed (apt-get install perftest rdmacm-utils util-linux python3)" >&2; exit 1; }
 done
 run_dir="$out/$(date +%Y%m%d-%H%M%S)"
 mkdir -p "$run_dir"
@@ -177,7 +177,37 @@ point write-bw-1m write-bw 1048576 "$bw1m_n" ib_write_bw -- --report_gbits
 point send-bw-64k send-bw 65536 "$bw64k_n" ib_send_bw -- --report_gbits
 point read-bw-64k read-bw 65536 "$bw64k_n" ib_read_bw -- --report_gbits
 
-# filexfer (built by apps/ when it exists) against ib_write_bw at 1 MiB.
+# rdma-core's rcopy (rsockets; verifies nothing, fsyncs nothing) copies
+# $1 to $2 once: server on core 0, client on core 1. Its figure is its own
+# "N bytes in S seconds": the data and the server's acknowledgement, without
+# process start, connection set-up, open and fallocate. Recorded as
+# "filexfer rcopy" when the copy is byte-identical.
+rcopy_once() {
+    local src=$1 dst=$2 r=$3 secs
+    next_port
+    rm -f "$dst"
+    stdbuf -oL taskset -c 0 rcopy -p "$port" > "$run_dir/rcopy.server.$r.txt" 2>&1 &
+    local rpid=$!
+    for _ in $(seq 240); do
+        grep -q "waiting for connection" "$run_dir/rcopy.server.$r.txt" && break
+        sleep 0.25
+    done
+    if timeout 300 taskset -c 1 rcopy "$src" "$addr:$dst" -p "$port" > "$run_dir/rcopy.$r.txt" 2>&1 &&
+        secs=$(sed -n 's/.* bytes in \([0-9.]*\) seconds .*/\1/p' "$run_dir/rcopy.$r.txt") &&
+        [ -n "$secs" ] && cmp -s "$src" "$dst"; then
+        python3 -c "import json,sys; json.dump({'seconds': $secs, 'bytes': 64<<20}, open(sys.argv[1],'w'))" "$run_dir/rcopy.$r.json"
+        record filexfer rcopy "$run_dir/rcopy.$r.json"
+    else
+        record filexfer failed "$run_dir/rcopy.$r.txt"
+    fi
+    # rcopy's server serves forever: stopped by the pid it was started as.
+    kill "$rpid" 2>/dev/null || true
+    wait "$rpid" 2>/dev/null || true
+    rm -f "$dst"
+}
+
+# filexfer (built by apps/ when it exists) against rcopy and ib_write_bw at
+# 1 MiB, interleaved.
 filexfer=""
 for f in "$target_dir/release/filexfer" "$target_dir/debug/filexfer"; do
     [ -x "$f" ] && { filexfer=$f; break; }
@@ -218,6 +248,7 @@ if [ -n "$filexfer" ]; then
         wait "$fpid" 2>/dev/null || true
         perftest ib_write_bw "filexfer-ref.perftest.$r" -s 1048576 -n 64 --report_gbits &&
             record filexfer perftest "$run_dir/filexfer-ref.perftest.$r.txt"
+        rcopy_once "$file" "$fxdir/rcopy.dst" "$r"
     done
     rm -rf "$fxdir"
 fi
