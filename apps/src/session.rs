@@ -178,8 +178,8 @@ pub struct Accepting {
     out: Output,
     served: u64,
     /// Admitted clients whose handshake has not ended yet (servers that
-    /// hand it to another thread): counted towards `--count` until it
-    /// fails.
+    /// hand it to another thread): no further client is admitted while
+    /// they could still reach `--count`.
     handshaking: u64,
     failed: u64,
 }
@@ -218,7 +218,7 @@ impl Accepting {
     /// signal, still listening.
     pub fn open(&self) -> bool {
         self.listener.is_some()
-            && !matches!(self.count, Some(n) if self.served + self.handshaking >= n)
+            && !matches!(self.count, Some(n) if self.served >= n)
             && !self.shutdown.requested()
     }
 
@@ -243,6 +243,13 @@ impl Accepting {
     /// Counts a request as a client served (towards `--count`).
     pub fn take(&mut self) {
         self.served += 1;
+    }
+
+    /// Whether another client may start a handshake: `--count` is not
+    /// reached even if every handshake under way succeeds. (A failed one
+    /// makes room again, so the loop goes on while this is false.)
+    pub fn has_room(&self) -> bool {
+        !matches!(self.count, Some(n) if self.served + self.handshaking >= n)
     }
 
     /// Counts a request whose handshake goes on elsewhere: it holds its

@@ -96,8 +96,9 @@ impl<'a> Admission<'a> {
     }
 
     /// Admits `req`: joins a further stream to its transfer, refuses a
-    /// client while `--max-clients` transfers run, or starts a transfer on
-    /// a thread of its own.
+    /// client while `--max-clients` transfers run or while the handshakes
+    /// under way would reach `--count`, or starts a transfer on a thread of
+    /// its own.
     pub fn admit(&mut self, req: Request, server: &mut Accepting) -> anyhow::Result<()> {
         let peer = show_addr(req.peer_addr());
         let hello = classify_hello(req.private_data());
@@ -106,10 +107,15 @@ impl<'a> Admission<'a> {
             return Ok(());
         }
         let max = self.opts.max_clients;
-        if hello.is_ok() && self.active.load(Ordering::SeqCst) >= max {
-            let reason = format!(
-                "server busy: {max} transfers in progress (--max-clients {max}); try again later\0"
-            );
+        let busy = if self.active.load(Ordering::SeqCst) >= max {
+            Some(format!("{max} transfers in progress (--max-clients {max})"))
+        } else if !server.has_room() {
+            Some("its last transfer (--count) is starting".to_owned())
+        } else {
+            None
+        };
+        if let Some(busy) = busy.filter(|_| hello.is_ok()) {
+            let reason = format!("server busy: {busy}; try again later\0");
             if let Err(err) = req.reject(reason.as_bytes()) {
                 tracing::warn!(error = %err, "rejecting a client failed");
             }
