@@ -36,6 +36,8 @@ FAULT_CASES=(
     delay_is_tolerated fault
     loss_1pct_is_retransmitted fault
     loss_10pct_is_retransmitted fault
+    streams_survive_delay_and_loss fault
+    slow_client_is_cut_by_min_rate fault
     total_loss_fails_within_budget fault
     no_server_is_refused fault
     no_host_fails_within_budget fault

@@ -60,23 +60,32 @@ write_message() { # sets out and rc of delay_is_tolerated
     rc=$?
 }
 
-# LOSS of guest 0's packets dropped: packets are lost, rxe retransmits
-# them, and a file of MIB arrives identical.
-lossy_file_arrives() { # LOSS MIB
-    local compared
+# Guest 0's packets under NETEM (a loss, perhaps with a delay): packets
+# are lost, rxe retransmits them, and a file of MIB sent with SEND-ARGS
+# arrives identical.
+lossy_file_arrives() { # "NETEM" MIB [SEND-ARGS...]
+    local compared faults=$1
     rm -f "$SRC/lossy.bin"
     make_src lossy.bin "$2"
+    shift 2
     why=''
     fx_listen /tmp/kl --count 1 --timeout 60 || { why="server did not start"; return; }
-    inject netem loss "$1"
-    with_counters 1 1 send_lossy
+    # shellcheck disable=SC2086 # NETEM is words
+    inject netem $faults
+    with_counters 1 1 send_lossy "$@"
     netem
-    finish >/dev/null 2>&1 || fail_if "the server failed"
+    finish >/tmp/server.out 2>&1 || fail_if "the server failed: $(tail -2 /tmp/server.out | tr '\n' ' ')"
     fail_if "$compared"
 }
-send_lossy() { compared=$(send_and_compare /tmp/kl "$SRC/lossy.bin" 60); }
-loss_1pct_is_retransmitted() { lossy_file_arrives 1% "$LOSSY_MIB"; }
-loss_10pct_is_retransmitted() { lossy_file_arrives 10% "$HEAVY_LOSSY_MIB"; }
+send_lossy() { compared=$(send_and_compare /tmp/kl "$SRC/lossy.bin" 60 "$@"); }
+loss_1pct_is_retransmitted() { lossy_file_arrives "loss 1%" "$LOSSY_MIB"; }
+loss_10pct_is_retransmitted() { lossy_file_arrives "loss 10%" "$HEAVY_LOSSY_MIB"; }
+
+# One file striped across 4 queue pairs (--streams 4) under a 20 ms delay
+# and 1 % loss: every stream loses packets at its own places and rxe
+# retransmits them within its queue pair (a long, lossy path), yet the
+# server reassembles the stripes into the file that was sent.
+streams_survive_delay_and_loss() { lossy_file_arrives "delay 20ms loss 1%" "$LOSSY_MIB" --streams 4; }
 
 # Every packet lost while a client connects (the peer's address was just
 # resolved, so the loss hits the connection request): the client ends
@@ -104,6 +113,44 @@ total_loss_fails_within_budget() {
 
 connect_lost() { # under the watchdog; sets rc
     timeout -s KILL $((budget + WATCHDOG_MARGIN)) "$BIN/basic" client "$PEER4" --port "$port" --timeout "$TOTAL_LOSS_TIMEOUT" >/tmp/client.out 2>&1
+    rc=$?
+}
+
+# ---------------------------------------------------------------- a slow client
+# A client slowed by a 200 ms delay on every packet of guest 0 is ended
+# by the server's --min-rate once a 10 s window has passed: the client
+# fails with the one error that names the bound, the server reports the
+# failed transfer, and nothing — no file, no temp file — is left.
+#
+# Why these figures: rxe lets a queue pair have at most 128 packets (of
+# 1 KiB at its MTU of 1024) unacknowledged, so under a 200 ms round trip
+# one stream carries at most ~650 KB/s, a third of MIN_RATE; undelayed,
+# the guests' link carries ~6 MB/s (BIG_MIB in ~10 s), three times
+# MIN_RATE. Delayed, SLOW_MIB lasts well past the 10 s window, so the
+# rate is measured; undelayed it ends within a few seconds, before any
+# window (the disarmed run succeeds). The softroce profile on both sides
+# (ACK timeout ~0.5 s, above the round trip) keeps rxe from retransmitting
+# every packet the delay holds past the default ~67 ms.
+SLOW_MIB=16 SLOW_DELAY=200ms MIN_RATE=2000000
+slow_client_is_cut_by_min_rate() {
+    local rc server_rc
+    make_src slow.bin "$SLOW_MIB"
+    why=''
+    fx_listen /tmp/kr --count 1 --timeout 60 --min-rate "$MIN_RATE" --profile softroce || { why="server did not start"; return; }
+    inject netem delay "$SLOW_DELAY"
+    with_counters 0 0 send_slowly
+    netem
+    finish >/tmp/server.out 2>&1
+    server_rc=$?
+    fail_if "$(check_error "$rc" /tmp/client.out "fell below --min-rate")"
+    fail_if "$(check_error "$server_rc" /tmp/server.out "client .*slow.bin.*fell below --min-rate")"
+    [ -z "$(remote_names /tmp/kr)" ] || fail_if "left on the server: $(remote_names /tmp/kr)"
+    # Its error, or (undelayed) the rate it had: "sent slow.bin: ... MiB/s".
+    note "client: $(tail -1 /tmp/client.out)"
+    [ -n "$why" ] || note "server: $(grep '^error:' /tmp/server.out)"
+}
+send_slowly() { # sets rc of slow_client_is_cut_by_min_rate
+    timeout 300 "$BIN/filexfer" send "$PEER4" "$SRC/slow.bin" --port "$port" --timeout 30 --profile softroce >/tmp/client.out 2>&1
     rc=$?
 }
 
@@ -199,8 +246,10 @@ kill_sending_client() {
     [ -n "$why" ] || said /tmp/server.out
 }
 wait_job_lines() { # TEXT SECS: until the server job printed a line with TEXT
-    local n
-    for ((n = 0; n < $2 * 10; n++)); do
+    # By the clock: each look at the log is a round trip to guest 1 that
+    # takes far longer than the pause between looks under TCG.
+    local until=$((SECONDS + $2))
+    while [ "$SECONDS" -lt "$until" ]; do
         pinpoll-peer-log 1 "$job" 2>&1 | grep -q -- "$1" && return 0
         sleep 0.1
     done
@@ -360,7 +409,7 @@ delete_device() {
     fi
     wait_bounded "$cpid" 90
     why=$(check_error $? /tmp/client.out "the server \(disconnected\|stopped answering\|sent nothing\)")
-    [ "${rc:-1}" -eq 0 ] || fail_if "rdma link delete failed (rc=${rc:-not run}): $(tr '\n' ' ' </tmp/delete.out 2>/dev/null)"
+    [ "${rc:-1}" -eq 0 ] || fail_if "rdma link delete failed (rc=${rc:-not run}): $(tr '\n' ' ' 2>/dev/null </tmp/delete.out)"
     fail_if "$(check_error "$src" /tmp/server.out "reported \(RDMA_CM_EVENT_DEVICE_REMOVAL\|DEVICE_FATAL\|PORT_ERR\): the port or device failed")"
     grep -q "^stopping: RDMA device $DEV reported" /tmp/server.out || fail_if "the server did not say it stops for the device: $(tr '\n' ' ' </tmp/server.out)"
     ! grep -q "panicked" /tmp/server.out || fail_if "the server panicked: $(tr '\n' ' ' </tmp/server.out)"
