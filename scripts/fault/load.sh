@@ -86,10 +86,13 @@ run_load() { # CLIENTS FILES MIB PROFILE_ARGS
 # Memory bound: a native transfer registers its rings — send, target and
 # READ rings of SLOTS (16) x SLOT_SIZE (256 KiB) = 4 MiB each, and a receive
 # ring of 2 x SLOTS slots = 8 MiB: 20 MiB (EngineConfig::registered_bytes
-# of filexfer::engine_config) — and pinned memory is resident. At most
-# --max-clients (8) transfers run at once: 160 MiB, plus 64 MiB for the
-# program, its threads' stacks and the allocator. 224 MiB in all, whatever
-# the number of files: 256 files leaking one ring set each would be 5 GiB.
+# of filexfer::engine_config) — and pinned memory is resident; its verifier
+# pool holds SLOTS chunk buffers per stream (or 2 per verifier thread, if
+# more): 4 MiB for these single-stream clients. 24 MiB per transfer; at
+# most --max-clients (8) run at once: 192 MiB, plus 64 MiB for the program,
+# its threads' stacks and the allocator. 256 MiB in all, whatever the
+# number of files: 256 files leaking one transfer's memory each would be
+# 6 GiB.
 #
 # Why softroce: with the default ACK timeout (QP timeout 14, ~67 ms) the
 # TCG guests' stalls make Linux 6.1's rxe retransmit spuriously, and it
@@ -99,7 +102,7 @@ run_load() { # CLIENTS FILES MIB PROFILE_ARGS
 # ~0.5 s), and this case is about load, not rxe.
 LOAD_CLIENTS=8 LOAD_FILES=32 LOAD_MIB=4
 load_is_served_in_bounded_memory() {
-    local total before after limit_kb=$(((20 * LOAD_CLIENTS + 64) * 1024))
+    local total before after limit_kb=$(((24 * LOAD_CLIENTS + 64) * 1024))
     why=''
     before=$(rxe_counters)
     run_load "$LOAD_CLIENTS" "$LOAD_FILES" "$LOAD_MIB" "--profile softroce" || { why="server did not start"; return; }
