@@ -125,7 +125,7 @@ connect_lost() { # under the watchdog; sets rc
 # Why these figures: rxe lets a queue pair have at most 128 packets (of
 # 1 KiB at its MTU of 1024) unacknowledged, so under a 200 ms round trip
 # one stream carries at most ~650 KB/s, a third of MIN_RATE; undelayed,
-# the guests' link carries ~6 MB/s (BIG_MIB in ~10 s), three times
+# the guests' link carries ~5 MB/s (BIG_MIB in 12-15 s), more than twice
 # MIN_RATE. Delayed, SLOW_MIB lasts well past the 10 s window, so the
 # rate is measured; undelayed it ends within a few seconds, before any
 # window (the disarmed run succeeds). The softroce profile on both sides
