@@ -4,4 +4,6 @@
 
 pub use crate::sys::mem::{check_memlock, memlock_limit, PageSize};
 pub use crate::sys::mr::{Access, LocalSlice, RemoteSlice};
-pub use crate::sys::region::{MemoryRegion, Posted, RawQueuePair, RegionOp, SharedRegion};
+pub use crate::sys::region::{
+    MemoryRegion, Posted, RawQueuePair, RegionOp, RegionRefused, SharedRegion,
+};

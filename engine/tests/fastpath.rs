@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use pinpoll::{Error, Event, RemoteSlice, WcStatus};
+use pinpoll::{Access, Error, Event, MemoryRegion, PageSize, RemoteSlice, WcStatus};
 use pinpoll_testkit::pair::{cm_pair, engine_config, oob_pair, target_bytes};
 use pinpoll_testkit::pattern;
 
@@ -213,6 +213,91 @@ fn inline_and_ring_payloads_arrive_byte_for_byte() {
         let published = pattern(3000, 99);
         server.target_mut().copy_from(4096, &published).unwrap();
         assert_eq!(client.read(4096, 3000).unwrap(), &published[..]);
+    }
+}
+
+/// A region of `len` bytes on `conn`'s device holding `pattern(len, seed)`.
+fn filled_region(conn: &pinpoll::Connection, len: usize, seed: u8) -> MemoryRegion {
+    let mut region = conn
+        .endpoint()
+        .register(len, PageSize::Base, Access::LOCAL_READ)
+        .unwrap();
+    region.as_mut_slice()[..len].copy_from_slice(&pattern(len, seed));
+    region
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn lent_regions_are_written_untouched_and_come_back_only_after_their_requests_retire() {
+    let cfg = engine_config();
+    for (mut client, mut server) in [cm_pair(&cfg), oob_pair(&cfg)] {
+        let len = 3000;
+        let regions: Vec<_> = (0..4u8)
+            .map(|i| filled_region(&client, len, 40 + i))
+            .collect();
+        let mut b = client.batch();
+        for (i, region) in (0..4u8).zip(regions) {
+            if i == 3 {
+                b.signal_next();
+            }
+            let imm = (i == 3).then_some(0x5eed);
+            b.write_region(region, len, u64::from(i) * 4096, imm)
+                .unwrap();
+        }
+        assert_eq!(b.post().unwrap(), 4);
+        // No completion was polled: every region is still the NIC's.
+        assert_eq!(client.lent_regions(), 4);
+        assert!(client.reclaim().is_none());
+        let last = server.recv().unwrap();
+        assert_eq!((last.imm, last.len as usize), (Some(0x5eed), len));
+        for i in 0..4u8 {
+            let at = usize::from(i) * 4096;
+            assert!(
+                target_bytes(&server, at..at + len) == pattern(len, 40 + i),
+                "region {i} as written"
+            );
+        }
+        while client.outstanding() > 0 {
+            client.reap().unwrap();
+        }
+        // Back in lending order, with what they held.
+        for i in 0..4u8 {
+            let region = client.reclaim().expect("a retired region");
+            assert!(
+                region.as_slice()[..len] == pattern(len, 40 + i),
+                "region {i}"
+            );
+        }
+        assert!(client.reclaim().is_none() && client.lent_regions() == 0);
+
+        // Refused: more bytes than the region, a remote range outside the
+        // peer's ring. The region comes back in the error, untouched.
+        let region = filled_region(&client, 100, 7);
+        let outside = client.peer_ring().len;
+        let mut b = client.batch();
+        let refused = b.write_region(region, 200, 0, None).unwrap_err();
+        assert!(
+            matches!(refused.error, Error::OutOfRegion { .. }),
+            "{}",
+            refused.error
+        );
+        let refused = b
+            .write_region(refused.region, 100, outside, None)
+            .unwrap_err();
+        assert!(
+            matches!(refused.error, Error::OutOfRegion { .. }),
+            "{}",
+            refused.error
+        );
+        assert!(refused.region.as_slice()[..100] == pattern(100, 7));
+        assert!(b.is_empty());
+        drop(b);
+        // A batch dropped unposted hands its region back at once.
+        let mut b = client.batch();
+        b.write_region(refused.region, 100, 0, None).unwrap();
+        drop(b);
+        let back = client.reclaim().expect("a region whose request never went");
+        assert!(back.as_slice()[..100] == pattern(100, 7));
     }
 }
 

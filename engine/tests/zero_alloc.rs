@@ -7,8 +7,8 @@
 //! After a warm-up, each operation kind runs 100 000 times (10 000 for
 //! READs waited for one at a time) with both counts unchanged: in direct
 //! mode SEND, WRITE, WRITE_WITH_IMM, READ, a mixed batch,
-//! `try_write_from`, `Batch::send_from`, the waiting `read` and
-//! `try_recv`; in engine mode SEND, WRITE, WRITE_WITH_IMM, READ, the mixed
+//! `try_write_from`, `Batch::write_region` with its regions reclaimed,
+//! `Batch::send_from`, the waiting `read` and `try_recv`; in engine mode SEND, WRITE, WRITE_WITH_IMM, READ, the mixed
 //! operations, and READs waited for with `Engine::wait`. Then each mode
 //! sits idle for 400 heartbeat intervals while a wait (direct) or the
 //! worker (engine) runs its slow path — peer checks and heartbeats, which
@@ -28,7 +28,10 @@ use std::time::{Duration, Instant};
 
 use pinpoll::alloc::CountingAllocator;
 use pinpoll::connect::cm::Listener;
-use pinpoll::{Connection, Engine, EngineConfig, EngineEvent, Error, Event, QpConfig, Stats};
+use pinpoll::{
+    Access, Connection, Engine, EngineConfig, EngineEvent, Error, Event, MemoryRegion, PageSize,
+    QpConfig, Stats,
+};
 use pinpoll_malloc_count::{is_counted_run, run_counted, CHeap, Calls};
 use pinpoll_testkit::cm_addr;
 
@@ -79,18 +82,23 @@ enum Kind {
     Read,
     Mixed,
     WriteFrom,
+    WriteRegion,
     SendFrom,
     ReadWait,
     TryRecv,
 }
 
-const DIRECT_KINDS: [Kind; 9] = [
+/// Registered regions `WriteRegion` lends, in turn.
+const REGIONS: usize = 8;
+
+const DIRECT_KINDS: [Kind; 10] = [
     Kind::Send,
     Kind::Write,
     Kind::WriteImm,
     Kind::Read,
     Kind::Mixed,
     Kind::WriteFrom,
+    Kind::WriteRegion,
     Kind::SendFrom,
     Kind::ReadWait,
     Kind::TryRecv,
@@ -237,7 +245,7 @@ fn wait_ack(client: &mut Connection) {
     assert_eq!(got.data, ACK);
 }
 
-fn direct(client: &mut Connection, kind: Kind, n: u64) {
+fn direct(client: &mut Connection, regions: &mut Vec<MemoryRegion>, kind: Kind, n: u64) {
     match kind {
         Kind::Send | Kind::WriteImm => windows(client, kind, n),
         Kind::Write => {
@@ -248,6 +256,7 @@ fn direct(client: &mut Connection, kind: Kind, n: u64) {
         Kind::Read => batched_reads(client, n),
         Kind::Mixed => mixed_batches(client, n),
         Kind::WriteFrom => writes_from_slots(client, n),
+        Kind::WriteRegion => writes_from_regions(client, regions, n),
         Kind::SendFrom => sends_from_slots(client, n),
         Kind::ReadWait => waiting_reads(client, n),
         Kind::TryRecv => try_recv_windows(client, n),
@@ -342,6 +351,56 @@ fn writes_from_slots(client: &mut Connection, n: u64) {
             }
         }
     }
+    for i in n - CELLS..n {
+        read_cell(client, i, payload(i).len(), fill_byte(i));
+    }
+}
+
+/// `Batch::write_region` from `regions` in turn, each filled while it is
+/// this side's and reclaimed once its WRITE retired; then the last write
+/// of every cell is read back with the waiting `read`.
+fn writes_from_regions(client: &mut Connection, regions: &mut Vec<MemoryRegion>, n: u64) {
+    let mut i = 0;
+    while i < n {
+        while let Some(region) = client.reclaim() {
+            regions.push(region);
+        }
+        let Some(mut region) = regions.pop() else {
+            client.reap().unwrap();
+            continue;
+        };
+        let len = payload(i).len();
+        region.as_mut_slice()[..len].fill(fill_byte(i));
+        let mut b = client.batch();
+        if regions.is_empty() {
+            // The last free region: its WRITE's completion retires the
+            // others, so they can come back.
+            b.signal_next();
+        }
+        match b.write_region(region, len, cell(i), None) {
+            Ok(_) => {
+                b.post().unwrap();
+                i += 1;
+            }
+            Err(refused) => {
+                drop(b);
+                assert!(
+                    matches!(refused.error, Error::Full { .. }) && client.outstanding() > 0,
+                    "write_region {i}: {}",
+                    refused.error
+                );
+                regions.push(refused.region);
+                client.reap().unwrap();
+            }
+        }
+    }
+    client
+        .wait_idle(|ev| assert!(!matches!(ev, Event::Failed(_)), "{ev:?}"))
+        .unwrap();
+    while let Some(region) = client.reclaim() {
+        regions.push(region);
+    }
+    assert_eq!(regions.len(), REGIONS, "every lent region came back");
     for i in n - CELLS..n {
         read_cell(client, i, payload(i).len(), fill_byte(i));
     }
@@ -674,13 +733,21 @@ fn c_allocations_are_counted(meter: &Meter) {
 
 fn direct_mode(cfg: &EngineConfig, meter: &Meter, report: &mut Report) {
     let (mut client, server, stop, consumed) = pair(cfg);
+    let mut regions = Vec::with_capacity(REGIONS);
+    for _ in 0..REGIONS {
+        let region = client
+            .endpoint()
+            .register(CELL_BYTES as usize, PageSize::Base, Access::LOCAL_READ)
+            .unwrap();
+        regions.push(region);
+    }
     for kind in DIRECT_KINDS {
-        direct(&mut client, kind, WARM_UP);
+        direct(&mut client, &mut regions, kind, WARM_UP);
     }
     direct_idle(&mut client, IDLE_WARM_UP);
     for kind in DIRECT_KINDS {
         let n = measured_ops(kind);
-        let a = meter.measure(|| direct(&mut client, kind, n));
+        let a = meter.measure(|| direct(&mut client, &mut regions, kind, n));
         report.record(format!("direct {kind:?}: {n} operations"), a);
     }
     let mut heartbeats = 0;

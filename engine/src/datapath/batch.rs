@@ -6,6 +6,7 @@ use super::{Connection, Stats};
 use crate::error::{Error, Result};
 use crate::status::WcError;
 use crate::sys::mr::RemoteSlice;
+use crate::sys::region::{MemoryRegion, RegionRefused};
 use crate::sys::send_queue::{Outbound, SendBatch};
 
 /// Requests gathered for one doorbell. Dropping it unposted forgets them
@@ -123,6 +124,36 @@ impl<'d> Batch<'_, 'd> {
         let signal = self.start()?;
         self.inner
             .push_filled(Outbound::Write { remote, imm }, len, signal, fill)
+    }
+
+    /// Adds an RDMA WRITE (with `imm`: WRITE_WITH_IMM) of the first `len`
+    /// bytes of `region` to `remote_offset` in the peer's target ring, sent
+    /// from `region` itself: no copy into the send ring. The connection
+    /// keeps the region until the request retires, then
+    /// [`Connection::reclaim`] gives it back; a refusal gives it back in
+    /// the error. For payloads produced elsewhere (another thread reading
+    /// a file into registered memory) that should reach the wire untouched.
+    // The region comes back in the error unboxed: a refusal for lack of
+    // room is ordinary back-pressure, and must not allocate.
+    #[allow(clippy::result_large_err)]
+    #[inline]
+    pub fn write_region(
+        &mut self,
+        region: MemoryRegion,
+        len: usize,
+        remote_offset: u64,
+        imm: Option<u32>,
+    ) -> std::result::Result<u64, RegionRefused> {
+        let remote = match self.peer.sub(remote_offset, len as u64) {
+            Ok(remote) => remote,
+            Err(error) => return Err(RegionRefused { error, region }),
+        };
+        let signal = match self.start() {
+            Ok(signal) => signal,
+            Err(error) => return Err(RegionRefused { error, region }),
+        };
+        self.inner
+            .push_region(Outbound::Write { remote, imm }, region, len, signal)
     }
 
     /// Adds an RDMA READ of `len` bytes at `remote_offset` of the peer's

@@ -36,7 +36,7 @@ use crate::error::Result;
 use crate::status::WcError;
 use crate::sys::mr::RemoteSlice;
 use crate::sys::recv_queue::RecvQueue;
-use crate::sys::region::SharedRegion;
+use crate::sys::region::{MemoryRegion, SharedRegion};
 use crate::sys::send_queue::SendQueue;
 use liveness::Heartbeat;
 
@@ -162,6 +162,21 @@ impl Connection {
     #[inline]
     pub fn outstanding(&self) -> u64 {
         self.sq.ledger().outstanding()
+    }
+
+    /// The oldest region lent by [`Batch::write_region`] whose request
+    /// has retired (or never went), in lending order; `None` while the
+    /// oldest is still the NIC's. Requests retire as completions are
+    /// polled ([`reap`](Connection::reap), [`poll`](Connection::poll)).
+    #[inline]
+    pub fn reclaim(&mut self) -> Option<MemoryRegion> {
+        self.sq.reclaim()
+    }
+
+    /// Regions lent by [`Batch::write_region`] and not yet reclaimed.
+    #[inline]
+    pub fn lent_regions(&self) -> usize {
+        self.sq.lent()
     }
 
     /// Whether request `seq` has retired (successfully or not).

@@ -11,8 +11,9 @@
 //! - Ownership of registered memory: [`region`] (regions users hold, and
 //!   posting that moves them to the NIC and back), [`send_queue`] and
 //!   [`recv_queue`] (a connection's rings, whose slots only these modules
-//!   hand between CPU and NIC), over the pure accounting in [`ledger`] and
-//!   [`layout`], and the work-request builder in [`wr`].
+//!   hand between CPU and NIC, and which keeps the regions a caller lends
+//!   it in [`lent`] until their requests retire), over the pure accounting
+//!   in [`ledger`] and [`layout`], and the work-request builder in [`wr`].
 //! - [`handoff`]: the lock-free slot ring between an application thread
 //!   and the engine's worker; [`cpu`], [`alloc`]: thread affinity and the
 //!   counting allocator of the zero-allocation test.
@@ -26,6 +27,7 @@ pub(crate) mod device;
 pub(crate) mod handoff;
 pub(crate) mod layout;
 pub(crate) mod ledger;
+pub(crate) mod lent;
 pub(crate) mod mem;
 pub(crate) mod mr;
 pub(crate) mod pd;

@@ -157,6 +157,16 @@ impl SharedRegion {
 /// Identifiers of low-level posts carry the top bit, so they are never
 /// mistaken for the sequence numbers a connection's rings count with.
 const OWNED_ID: u64 = 1 << 63;
+/// A region a post could not take, given back with the reason, so that a
+/// refused post never costs the caller its memory.
+#[derive(Debug, thiserror::Error)]
+#[error("the region was not posted")]
+pub struct RegionRefused {
+    #[source]
+    pub error: Error,
+    pub region: MemoryRegion,
+}
+
 static NEXT_OWNED_ID: AtomicU64 = AtomicU64::new(0);
 
 /// A send-queue operation on a whole [`MemoryRegion`] (its first `len`

@@ -7,14 +7,19 @@
 //! only here, for a completion polled from this queue's own CQ. So a
 //! send-ring slot is written only before its post, and a read-ring slot
 //! is read only after its READ completed and before a later READ takes it.
+//! A caller's own [`MemoryRegion`] that a request sends from is moved
+//! into the queue ([`LentRegions`]) and handed back only once that
+//! request retired.
 
 use std::marker::PhantomData;
 
 use super::cq::{CqPoller, WorkCompletion};
 use super::layout::SlotLayout;
 use super::ledger::{Admitted, Ledger, Request, RequestKind};
+use super::lent::LentRegions;
 use super::mr::{LocalSlice, Registration, RemoteSlice};
 use super::qp::QueuePair;
+use super::region::{MemoryRegion, RegionRefused};
 use super::wr::{Payload, SendChain, SendOpcode, SendRequest};
 use crate::error::{Error, Result};
 use crate::status::WcStatus;
@@ -78,6 +83,8 @@ pub(crate) struct SendQueue {
     inline_threshold: usize,
     poller: CqPoller,
     wcs: [WorkCompletion; POLL_BATCH],
+    /// Regions requests send from, until those requests retire.
+    lent: LentRegions,
 }
 
 impl std::fmt::Debug for SendQueue {
@@ -115,6 +122,9 @@ impl SendQueue {
             inline_threshold,
             poller,
             wcs: WorkCompletion::array(),
+            // Every outstanding request may send from a lent region, and
+            // as many again may wait, rolled back, to be reclaimed.
+            lent: LentRegions::new(2 * depth as usize),
         }
     }
 
@@ -131,6 +141,19 @@ impl SendQueue {
     #[inline]
     pub(crate) fn inline_threshold(&self) -> usize {
         self.inline_threshold
+    }
+
+    /// The oldest lent region whose request retired (or never went).
+    #[inline]
+    pub(crate) fn reclaim(&mut self) -> Option<MemoryRegion> {
+        self.lent
+            .pop_returned(self.ledger.retired(), self.ledger.posted())
+    }
+
+    /// Regions lent and not yet reclaimed.
+    #[inline]
+    pub(crate) fn lent(&self) -> usize {
+        self.lent.len()
     }
 
     #[inline(always)]
@@ -475,6 +498,40 @@ impl<'d> SendBatch<'_, 'd> {
         }
     }
 
+    /// Adds a SEND or WRITE of the first `len` bytes of `region`, sent
+    /// from the region itself; the queue keeps it until the request
+    /// retires ([`SendQueue::reclaim`]). A refusal gives it back.
+    // The region comes back in the error unboxed: a refusal for lack of
+    // room is ordinary back-pressure, and must not allocate.
+    #[allow(clippy::result_large_err)]
+    #[inline]
+    pub(crate) fn push_region(
+        &mut self,
+        op: Outbound,
+        region: MemoryRegion,
+        len: usize,
+        must_signal: bool,
+    ) -> std::result::Result<u64, RegionRefused> {
+        let (opcode, remote, kind) = op.parts();
+        let local = match region.local_slice(0..len) {
+            Ok(local) => local,
+            Err(error) => return Err(RegionRefused { error, region }),
+        };
+        if self.sq.lent.is_full() {
+            let error = full("the lent regions");
+            return Err(RegionRefused { error, region });
+        }
+        let a = match self.admit(kind, must_signal) {
+            Ok(a) => a,
+            Err(error) => return Err(RegionRefused { error, region }),
+        };
+        if let Err(region) = self.sq.lent.push(a.seq, region) {
+            let error = self.sq.give_back(a.seq, full("the lent regions"));
+            return Err(RegionRefused { error, region });
+        }
+        Ok(self.add(a, opcode, Payload::Registered(local), remote))
+    }
+
     /// Adds an RDMA READ into a read-ring slot (always signaled).
     #[inline]
     pub(crate) fn push_read(&mut self, remote: RemoteSlice, len: usize) -> Result<u64> {
@@ -496,8 +553,10 @@ impl<'d> SendBatch<'_, 'd> {
             return Ok(0);
         }
         // SAFETY: every entry's payload is inline bytes borrowed for 'd
-        // (which outlives the batch) or a slot the ledger handed to its
-        // request; they become the NIC's now, back at retirement.
+        // (which outlives the batch), a slot the ledger handed to its
+        // request, or a region lent to the queue (moved in, so nothing
+        // else can reach it); they become the NIC's now, back at
+        // retirement.
         match unsafe { self.sq.chain.post(self.qp, self.len) } {
             Ok(()) => Ok(self.len),
             Err(refused) => {
