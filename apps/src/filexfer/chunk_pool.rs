@@ -138,13 +138,52 @@ impl<T> BoundedQueue<T> {
     }
 }
 
+/// The memory a chunk buffer is made of: plain memory of this process
+/// (`Box<[u8]>`, the default), or registered memory the NIC sends from
+/// ([`pinpoll::MemoryRegion`], the sender's: read into, hashed and sent
+/// with no copy).
+pub trait BufferMemory: Send + 'static {
+    fn as_bytes(&self) -> &[u8];
+    fn as_bytes_mut(&mut self) -> &mut [u8];
+}
+
+impl BufferMemory for Box<[u8]> {
+    fn as_bytes(&self) -> &[u8] {
+        self
+    }
+
+    fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
+impl BufferMemory for pinpoll::MemoryRegion {
+    fn as_bytes(&self) -> &[u8] {
+        self.as_slice()
+    }
+
+    fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.as_mut_slice()
+    }
+}
+
 /// A fixed number of equal buffers, handed out as [`ChunkBuffer`]s that
-/// come back when dropped.
-#[derive(Clone)]
-pub struct BufferPool {
-    free: Arc<BoundedQueue<Box<[u8]>>>,
+/// come back when dropped (or, once taken out with
+/// [`ChunkBuffer::into_memory`], by [`put_back`](Self::put_back)).
+pub struct BufferPool<M = Box<[u8]>> {
+    free: Arc<BoundedQueue<M>>,
     buffer_len: usize,
     count: usize,
+}
+
+impl<M> Clone for BufferPool<M> {
+    fn clone(&self) -> Self {
+        Self {
+            free: Arc::clone(&self.free),
+            buffer_len: self.buffer_len,
+            count: self.count,
+        }
+    }
 }
 
 impl BufferPool {
@@ -152,22 +191,37 @@ impl BufferPool {
     /// laid out by `geometry` (one byte for an empty file: its pool is
     /// never used, but exists like any other).
     pub fn for_chunks(count: usize, geometry: &ChunkGeometry) -> Result<Self, PipelineError> {
-        let largest = geometry.chunk_len().min(geometry.file_len().max(1));
-        Self::new(count, largest as usize)
+        Self::new(count, largest_chunk(geometry))
     }
 
     /// `count` buffers of `buffer_len` bytes each.
     pub fn new(count: usize, buffer_len: usize) -> Result<Self, PipelineError> {
-        if count == 0 {
-            return Err(PipelineError::Empty("buffer"));
-        }
         // Filled with a non-zero byte so that every page is written, hence
         // mapped, now rather than on the first chunk.
-        let buffers = (0..count)
-            .map(|_| vec![0xa5; buffer_len].into_boxed_slice())
-            .collect();
+        Self::from_memory(
+            (0..count)
+                .map(|_| vec![0xa5; buffer_len].into_boxed_slice())
+                .collect(),
+        )
+    }
+}
+
+/// The bytes of the largest chunk of the file `geometry` lays out (at
+/// least one).
+pub fn largest_chunk(geometry: &ChunkGeometry) -> usize {
+    geometry.chunk_len().min(geometry.file_len().max(1)) as usize
+}
+
+impl<M: BufferMemory> BufferPool<M> {
+    /// A pool of these buffers, all free; the shortest sets the length
+    /// every buffer is used to.
+    pub fn from_memory(buffers: Vec<M>) -> Result<Self, PipelineError> {
+        let count = buffers.len();
+        let Some(buffer_len) = buffers.iter().map(|b| b.as_bytes().len()).min() else {
+            return Err(PipelineError::Empty("buffer"));
+        };
         Ok(Self {
-            free: Arc::new(BoundedQueue::filled(buffers, count)),
+            free: Arc::new(BoundedQueue::filled(buffers.into(), count)),
             buffer_len,
             count,
         })
@@ -184,14 +238,21 @@ impl BufferPool {
     }
 
     /// A free buffer, or `None` if all are in use.
-    pub fn try_take(&self) -> Option<ChunkBuffer> {
-        self.free.try_pop().map(|bytes| self.wrap(bytes))
+    pub fn try_take(&self) -> Option<ChunkBuffer<M>> {
+        self.free.try_pop().map(|memory| self.wrap(memory))
     }
 
     /// A free buffer, waiting for one to come back if all are in use;
     /// `None` if the pool is closed and none is free.
-    pub fn take(&self) -> Option<ChunkBuffer> {
-        self.free.pop().map(|bytes| self.wrap(bytes))
+    pub fn take(&self) -> Option<ChunkBuffer<M>> {
+        self.free.pop().map(|memory| self.wrap(memory))
+    }
+
+    /// Returns a buffer's memory that [`ChunkBuffer::into_memory`] took
+    /// out (e.g. after the NIC sent from it).
+    pub fn put_back(&self, memory: M) {
+        // The queue has room for every buffer of the pool, so this fits.
+        let _ = self.free.push(memory);
     }
 
     /// Wakes every [`take`](Self::take) waiting for a buffer, and makes it
@@ -200,10 +261,11 @@ impl BufferPool {
         self.free.close();
     }
 
-    fn wrap(&self, bytes: Box<[u8]>) -> ChunkBuffer {
+    fn wrap(&self, memory: M) -> ChunkBuffer<M> {
         ChunkBuffer {
-            bytes,
+            memory: Some(memory),
             len: 0,
+            capacity: self.buffer_len,
             home: Arc::clone(&self.free),
         }
     }
@@ -211,33 +273,59 @@ impl BufferPool {
 
 /// One buffer of a [`BufferPool`] holding one chunk's bytes; it goes back
 /// to its pool when dropped.
-pub struct ChunkBuffer {
-    bytes: Box<[u8]>,
+pub struct ChunkBuffer<M = Box<[u8]>> {
+    /// `None` only once [`into_memory`](Self::into_memory) took it.
+    memory: Option<M>,
     len: usize,
-    home: Arc<BoundedQueue<Box<[u8]>>>,
+    capacity: usize,
+    home: Arc<BoundedQueue<M>>,
 }
 
-impl ChunkBuffer {
+impl<M: BufferMemory> ChunkBuffer<M> {
     /// The most bytes this buffer holds.
     pub fn capacity(&self) -> usize {
-        self.bytes.len()
+        self.capacity
+    }
+
+    fn memory(&self) -> &[u8] {
+        self.memory
+            .as_ref()
+            .map_or(&[], |m| &m.as_bytes()[..self.capacity])
+    }
+
+    fn memory_mut(&mut self) -> &mut [u8] {
+        let capacity = self.capacity;
+        self.memory
+            .as_mut()
+            .map_or(&mut [], |m| &mut m.as_bytes_mut()[..capacity])
     }
 
     /// The chunk's bytes.
     pub fn bytes(&self) -> &[u8] {
-        &self.bytes[..self.len]
+        &self.memory()[..self.len]
+    }
+
+    /// The chunk's bytes and the `extra` bytes after them, if the buffer
+    /// holds that many.
+    pub fn bytes_and_next(&self, extra: usize) -> Option<&[u8]> {
+        self.memory().get(..self.len + extra)
     }
 
     /// Makes the buffer hold `len` bytes and returns them to be filled
     /// (with whatever they held before: nothing is zeroed).
     pub fn bytes_mut(&mut self, len: usize) -> Result<&mut [u8], PipelineError> {
         let capacity = self.capacity();
-        let bytes = self
-            .bytes
-            .get_mut(..len)
-            .ok_or(PipelineError::TooLong { len, capacity })?;
+        if len > capacity {
+            return Err(PipelineError::TooLong { len, capacity });
+        }
         self.len = len;
-        Ok(bytes)
+        Ok(&mut self.memory_mut()[..len])
+    }
+
+    /// The buffer's bytes after the chunk's, to be filled.
+    pub fn after_bytes_mut(&mut self) -> &mut [u8] {
+        let len = self.len;
+        &mut self.memory_mut()[len..]
     }
 
     /// Makes the buffer hold a copy of `src`.
@@ -245,16 +333,27 @@ impl ChunkBuffer {
         self.bytes_mut(src.len())?.copy_from_slice(src);
         Ok(())
     }
-}
 
-impl Drop for ChunkBuffer {
-    fn drop(&mut self) {
-        // The queue has room for every buffer of the pool, so this fits.
-        let _ = self.home.push(std::mem::take(&mut self.bytes));
+    /// The buffer's memory, out of the pool's hands until
+    /// [`BufferPool::put_back`] returns it (if never, the pool has one
+    /// buffer fewer).
+    pub fn into_memory(mut self) -> M {
+        self.memory
+            .take()
+            .expect("a ChunkBuffer holds its memory until this")
     }
 }
 
-impl std::fmt::Debug for ChunkBuffer {
+impl<M> Drop for ChunkBuffer<M> {
+    fn drop(&mut self) {
+        if let Some(memory) = self.memory.take() {
+            // The queue has room for every buffer of the pool, so this fits.
+            let _ = self.home.push(memory);
+        }
+    }
+}
+
+impl<M: BufferMemory> std::fmt::Debug for ChunkBuffer<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ChunkBuffer")
             .field("len", &self.len)

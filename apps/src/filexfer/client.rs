@@ -26,14 +26,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use pinpoll::{Access, Connection, EngineConfig, Event};
+use pinpoll::{Access, Connection, EngineConfig, Event, MemoryRegion, PageSize};
 
 use crate::cli::{socket_addr, CommonArgs};
-use crate::filexfer::chunk_pool::PoolSize;
-use crate::filexfer::digest::{ChunkGeometry, FileDigest};
+use crate::filexfer::chunk_pool::BufferPool;
+use crate::filexfer::digest::{ChainingValue, ChunkGeometry, FileDigest};
 use crate::filexfer::name;
 use crate::filexfer::protocol::{join_hello, Msg, HELLO};
-use crate::filexfer::read_ahead::{HashedChunk, HashingReader, Lane};
+use crate::filexfer::read_ahead::{HashingReader, Lane};
 use crate::filexfer::server::{send_and_wait, settle};
 use crate::filexfer::streams::{first_failure, Stopped};
 use crate::filexfer::{
@@ -398,8 +398,10 @@ impl Sending<'_> {
         let count = others.len() as u64 + 1;
         // Every lane's hashing threads start before any stream's thread is
         // pinned, so they may run on every core, not on a stream's one.
-        let mut readers = (0..count)
-            .map(|index| self.reader(Lane { index, count }))
+        let mut readers = std::iter::once(&*first)
+            .chain(others.iter().flatten())
+            .zip(0..count)
+            .map(|(conn, index)| self.reader(conn, Lane { index, count }))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let first_reader = readers.remove(0);
         let digest = Mutex::new(FileDigest::new(self.geometry, (SLOTS * 4) as usize));
@@ -437,15 +439,31 @@ impl Sending<'_> {
             .context("merging the chunks' values into the file's digest")
     }
 
-    /// The reader of `lane`: its share of `--verify-threads` hashing
-    /// threads, and buffers for them and a batch.
-    fn reader(&self, lane: Lane) -> anyhow::Result<HashingReader> {
+    /// The reader of `lane`, sent on `conn`: its share of
+    /// `--verify-threads` hashing threads, and buffers registered on
+    /// `conn`'s device — one for every slot the server credits, each sent
+    /// from while its chunk is in flight, and two per thread to read ahead.
+    fn reader(&self, conn: &Connection, lane: Lane) -> anyhow::Result<HashingReader<MemoryRegion>> {
         let threads = (self.threads / lane.count as usize).max(1);
-        let pool = PoolSize {
-            threads,
-            buffers: 2 * threads + BATCH as usize,
-        };
-        HashingReader::for_lane(Arc::clone(&self.file), self.geometry, lane, pool)
+        let count = self.ring.slots.min(MAX_IN_FLIGHT) as usize + 2 * threads;
+        let len = HashingReader::<MemoryRegion>::buffer_len(&self.geometry);
+        // Base pages: a chunk buffer is far smaller than a huge page.
+        let memory = (0..count)
+            .map(|_| conn.endpoint().register(len, PageSize::Base, Access::LOCAL_READ))
+            .collect::<pinpoll::Result<Vec<_>>>()
+            .with_context(|| {
+                format!("registering {count} chunk buffers of {len} bytes (the locked-memory limit: ulimit -l)")
+            })?;
+        BufferPool::from_memory(memory)
+            .and_then(|buffers| {
+                HashingReader::with_buffers(
+                    Arc::clone(&self.file),
+                    self.geometry,
+                    lane,
+                    threads,
+                    buffers,
+                )
+            })
             .map_err(anyhow::Error::new)
             .with_context(|| format!("stream {}", lane.index))
     }
@@ -456,7 +474,7 @@ impl Sending<'_> {
     fn send_lane(
         &self,
         conn: &mut Connection,
-        mut reader: HashingReader,
+        mut reader: HashingReader<MemoryRegion>,
         digest: &Mutex<FileDigest>,
         stop: &AtomicBool,
     ) -> anyhow::Result<()> {
@@ -472,12 +490,13 @@ impl Sending<'_> {
 
 impl Sending<'_> {
     /// Sends every chunk of `lane` that `reader` hands out, each into its
-    /// slot with its chaining value after it, keeping every slot the
-    /// server has credited busy, and records each value in `digest`.
+    /// slot with its chaining value after it, straight from the buffer it
+    /// was read into, keeping every slot the server has credited busy, and
+    /// records each value in `digest`.
     fn send_chunks(
         &self,
         conn: &mut Connection,
-        reader: &mut HashingReader,
+        reader: &mut HashingReader<MemoryRegion>,
         lane: Lane,
         digest: &Mutex<FileDigest>,
         stop: &AtomicBool,
@@ -486,6 +505,7 @@ impl Sending<'_> {
         let chunks = lane.len(self.geometry.chunk_count());
         let slots = u64::from(self.ring.slots);
         let (mut position, mut credits) = (0u64, slots);
+        let mut ready = Vec::with_capacity(BATCH as usize);
         while position < chunks {
             if stop.load(Ordering::Acquire) {
                 bail!(Stopped);
@@ -502,18 +522,23 @@ impl Sending<'_> {
                 std::thread::sleep(pause);
                 n = 1;
             }
+            while (ready.len() as u64) < n {
+                ready.push(self.next_ready(conn, reader)?);
+            }
             let mut posted = 0;
             let mut b = conn.batch();
-            for _ in 0..n {
-                let chunk = reader
-                    .next_chunk()?
-                    .context("the file ended before its last chunk")?;
+            for chunk in ready.drain(..) {
+                if b.len() as u64 + 1 == n {
+                    // Its completion retires the batch: the buffers it
+                    // lent come back without waiting for a later one.
+                    b.signal_next();
+                }
                 let slot = (position % slots) as u32;
                 let remote = u64::from(slot) * u64::from(self.ring.slot_size);
-                self.post_chunk(&mut b, &chunk, slot, remote)
-                    .map_err(link)?;
-                lock(digest).record(chunk.index(), *chunk.cv())?;
-                posted += chunk.bytes().len() as u64;
+                let (index, cv, len) = (chunk.index, chunk.cv, chunk.len);
+                self.post_chunk(&mut b, chunk, slot, remote).map_err(link)?;
+                lock(digest).record(index, cv)?;
+                posted += (len - TRAILER) as u64;
                 position += 1;
             }
             b.post().map_err(link).context("posting chunks")?;
@@ -528,36 +553,94 @@ impl Sending<'_> {
         Ok(())
     }
 
-    /// Adds `chunk` and its value, for `slot` at `remote`, to the batch —
-    /// and the test-only faults meant for it.
+    /// The lane's next chunk, read and hashed. Buffers the NIC is done
+    /// sending from go back to the reader meanwhile: with some lent, this
+    /// polls (their completions are what frees the reader's next buffer);
+    /// with none, it waits for the reader.
+    fn next_ready(
+        &self,
+        conn: &mut Connection,
+        reader: &mut HashingReader<MemoryRegion>,
+    ) -> anyhow::Result<Ready> {
+        let mut spins = 0u32;
+        let mut deadline = None;
+        loop {
+            while let Some(memory) = conn.reclaim() {
+                reader.put_back(memory);
+            }
+            let chunk = if conn.lent_regions() == 0 {
+                reader.next_chunk()?
+            } else {
+                reader.try_next_chunk()?
+            };
+            if let Some(chunk) = chunk {
+                return Ok(Ready {
+                    index: chunk.index(),
+                    cv: *chunk.cv(),
+                    len: chunk.bytes_and_value().len(),
+                    memory: chunk.into_memory(),
+                });
+            }
+            ensure!(!reader.is_done(), "the file ended before its last chunk");
+            conn.reap().map_err(|e| explain_link(e, "server"))?;
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(1024) {
+                let now = Instant::now();
+                if now >= *deadline.get_or_insert(now + self.timeout) {
+                    bail!("no send completion came within --timeout to free a chunk buffer; is the server stuck or gone?");
+                }
+            }
+        }
+    }
+
+    /// Adds `chunk` (its bytes and value), for `slot` at `remote`, to the
+    /// batch — sent from its own buffer — and the test-only faults meant
+    /// for it.
     fn post_chunk(
         &self,
         b: &mut pinpoll::Batch<'_, '_>,
-        chunk: &HashedChunk<'_>,
+        chunk: Ready,
         slot: u32,
         remote: u64,
     ) -> pinpoll::Result<()> {
-        let (bytes, cv) = (chunk.bytes(), chunk.cv());
-        let flip = self.faults.flip == Some(chunk.index());
-        b.write_from(bytes.len() + TRAILER, remote, Some(slot), |buf| {
-            let (data, trailer) = buf.split_at_mut(bytes.len());
-            data.copy_from_slice(bytes);
-            trailer.copy_from_slice(cv);
-            if flip {
-                data[bytes.len() / 2] ^= 0x10;
-            }
-            Ok(())
-        })?;
-        if self.faults.rewrite == Some(chunk.index()) {
-            b.write_from(bytes.len(), remote, None, |data| {
-                data.copy_from_slice(bytes);
-                data[bytes.len() / 2] ^= 0x10;
+        let Ready {
+            index,
+            len,
+            mut memory,
+            ..
+        } = chunk;
+        let data_len = len - TRAILER;
+        if self.faults.flip == Some(index) {
+            memory.as_mut_slice()[data_len / 2] ^= 0x10;
+        }
+        // Debug builds only (the hooks are never set in release builds).
+        let rewrite =
+            (self.faults.rewrite == Some(index)).then(|| memory.as_slice()[..data_len].to_vec());
+        b.write_region(memory, len, remote, Some(slot))
+            .map_err(|refused| refused.error)?;
+        if let Some(bytes) = rewrite {
+            b.write_from(data_len, remote, None, |data| {
+                data.copy_from_slice(&bytes);
+                data[data_len / 2] ^= 0x10;
                 Ok(())
             })?;
         }
         Ok(())
     }
 }
+
+/// A chunk read, hashed and ready to send: its bytes then its value, the
+/// first `len` bytes of `memory`.
+struct Ready {
+    index: u64,
+    cv: ChainingValue,
+    len: usize,
+    memory: MemoryRegion,
+}
+
+/// The most buffers a stream lends to chunks in flight, whatever the
+/// server's ring offers.
+const MAX_IN_FLIGHT: u32 = 64;
 
 fn lock(digest: &Mutex<FileDigest>) -> std::sync::MutexGuard<'_, FileDigest> {
     // A record either happened or did not: a panic leaves nothing half-done.

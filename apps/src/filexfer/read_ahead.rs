@@ -4,11 +4,13 @@
 //! every chunk, or with `--streams N` those of one [`Lane`]: chunks
 //! `lane, lane + N, lane + 2N, ...`.
 //!
-//! The sender copies each chunk's bytes into its slot and puts the value
-//! after them. The value is computed from the same buffer the bytes are
-//! sent from, so a file that changes while it is sent gives chunks that
-//! match their values (and a digest of what was sent), never a value of
-//! bytes that were not sent. The sender merges the values it was handed
+//! Each buffer holds a chunk's bytes with its value right after them, the
+//! layout of a slot on the wire; the sender's buffers are registered
+//! memory ([`pinpoll::MemoryRegion`]) that it sends from as they are, no
+//! copy, and puts back once the NIC is done with them. The value is
+//! computed from the same buffer the bytes are sent from, so a file that
+//! changes while it is sent gives chunks that match their values (and a
+//! digest of what was sent), never a value of bytes that were not sent. The sender merges the values it was handed
 //! into the file's digest ([`FileDigest`](super::digest::FileDigest)) for
 //! the `Finish` message.
 //!
@@ -22,8 +24,13 @@ use std::os::unix::fs::FileExt;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
-use super::chunk_pool::{BufferPool, ChunkBuffer, PipelineError, PoolSize, Serve, Workers};
+use super::chunk_pool::{
+    largest_chunk, BufferMemory, BufferPool, ChunkBuffer, PipelineError, PoolSize, Serve, Workers,
+};
 use super::digest::{ChainingValue, ChunkGeometry};
+/// The bytes of a chunk's value, which follow its bytes in a buffer as in
+/// a slot.
+use super::TRAILER as VALUE_LEN;
 
 /// Which chunks a reader reads: every `count`-th, from chunk `index`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,8 +55,8 @@ impl Lane {
 }
 
 /// Reads, hashes and hands out one file's chunks (or one lane's) in order.
-pub struct HashingReader {
-    shared: Arc<Shared>,
+pub struct HashingReader<M: BufferMemory = Box<[u8]>> {
+    shared: Arc<Shared<M>>,
     /// Held only to be dropped with the reader: that stops and joins them.
     _workers: Workers,
     /// Handed out: the lane's chunks before this position.
@@ -59,14 +66,14 @@ pub struct HashingReader {
 /// A chunk handed out by [`HashingReader`]: its bytes and its value. Its
 /// buffer goes back to the reader when it is dropped, which the borrow on
 /// the reader enforces before the next chunk is asked for.
-pub struct HashedChunk<'a> {
+pub struct HashedChunk<'a, M: BufferMemory = Box<[u8]>> {
     index: u64,
     cv: ChainingValue,
-    chunk: ChunkBuffer,
-    _reader: PhantomData<&'a mut HashingReader>,
+    chunk: ChunkBuffer<M>,
+    _reader: PhantomData<&'a mut HashingReader<M>>,
 }
 
-impl HashedChunk<'_> {
+impl<M: BufferMemory> HashedChunk<'_, M> {
     /// The chunk's index in the file.
     pub fn index(&self) -> u64 {
         self.index
@@ -81,28 +88,41 @@ impl HashedChunk<'_> {
     pub fn bytes(&self) -> &[u8] {
         self.chunk.bytes()
     }
+
+    /// The chunk's bytes with its value after them.
+    pub fn bytes_and_value(&self) -> &[u8] {
+        self.chunk
+            .bytes_and_next(VALUE_LEN)
+            .expect("a reader's buffers have room for the value")
+    }
+
+    /// The buffer holding [`bytes_and_value`](Self::bytes_and_value), out
+    /// of the reader's hands until [`HashingReader::put_back`] returns it.
+    pub fn into_memory(self) -> M {
+        self.chunk.into_memory()
+    }
 }
 
-struct Shared {
+struct Shared<M: BufferMemory> {
     file: Arc<File>,
     geometry: ChunkGeometry,
     lane: Lane,
     /// The lane's chunks.
     chunks: u64,
-    buffers: BufferPool,
-    state: Mutex<State>,
+    buffers: BufferPool<M>,
+    state: Mutex<State<M>>,
     /// Signalled whenever a chunk is done or the reader failed.
     done: Condvar,
 }
 
-struct State {
+struct State<M> {
     /// The lane's chunks before this position have been taken by a thread.
     next_claim: u64,
     /// `hashed[p % len]` holds the lane's chunk at position `p` once it is
     /// read and hashed. A claimed chunk holds a buffer until handed out, so
     /// chunks claimed and not yet handed out span fewer positions than
     /// there are buffers (the ring's length): they never share an entry.
-    hashed: Vec<Option<(ChainingValue, ChunkBuffer)>>,
+    hashed: Vec<Option<(ChainingValue, ChunkBuffer<M>)>>,
     failure: Option<PipelineError>,
     stopping: bool,
 }
@@ -126,16 +146,42 @@ impl HashingReader {
         lane: Lane,
         size: PoolSize,
     ) -> Result<Self, PipelineError> {
+        let buffers = BufferPool::new(size.buffers, Self::buffer_len(&geometry))?;
+        HashingReader::with_buffers(file, geometry, lane, size.threads, buffers)
+    }
+}
+
+impl<M: BufferMemory> HashingReader<M> {
+    /// The bytes a buffer needs for the largest chunk of a file laid out
+    /// by `geometry` and its value.
+    pub fn buffer_len(geometry: &ChunkGeometry) -> usize {
+        largest_chunk(geometry) + VALUE_LEN
+    }
+
+    /// A reader of the chunks of `lane` on `threads` threads into
+    /// `buffers` (each at least [`buffer_len`](Self::buffer_len) long): at
+    /// most that many chunks are read ahead of the caller.
+    pub fn with_buffers(
+        file: Arc<File>,
+        geometry: ChunkGeometry,
+        lane: Lane,
+        threads: usize,
+        buffers: BufferPool<M>,
+    ) -> Result<Self, PipelineError> {
         if lane.count == 0 || lane.index >= lane.count {
             return Err(PipelineError::Empty("lane"));
         }
-        let hashed = (0..size.buffers).map(|_| None).collect();
+        let (len, capacity) = (Self::buffer_len(&geometry), buffers.buffer_len());
+        if capacity < len {
+            return Err(PipelineError::TooLong { len, capacity });
+        }
+        let hashed = (0..buffers.count()).map(|_| None).collect();
         let shared = Arc::new(Shared {
             file,
             geometry,
             lane,
             chunks: lane.len(geometry.chunk_count()),
-            buffers: BufferPool::for_chunks(size.buffers, &geometry)?,
+            buffers,
             state: Mutex::new(State {
                 next_claim: 0,
                 hashed,
@@ -145,7 +191,7 @@ impl HashingReader {
             done: Condvar::new(),
         });
         Ok(Self {
-            _workers: Workers::start("filexfer-hash", size.threads, &shared)?,
+            _workers: Workers::start("filexfer-hash", threads, &shared)?,
             shared,
             handed: 0,
         })
@@ -154,6 +200,11 @@ impl HashingReader {
     /// The lane this reader reads.
     pub fn lane(&self) -> Lane {
         self.shared.lane
+    }
+
+    /// Returns a buffer [`HashedChunk::into_memory`] took out.
+    pub fn put_back(&self, memory: M) {
+        self.shared.buffers.put_back(memory);
     }
 
     /// The layout of the file being read.
@@ -168,18 +219,18 @@ impl HashingReader {
 
     /// The next chunk, waiting for it to be read and hashed; `Ok(None)`
     /// once every chunk has been handed out.
-    pub fn next_chunk(&mut self) -> Result<Option<HashedChunk<'_>>, PipelineError> {
+    pub fn next_chunk(&mut self) -> Result<Option<HashedChunk<'_, M>>, PipelineError> {
         self.hand_out(true)
     }
 
     /// The next chunk if it is ready, `Ok(None)` if it is not yet (or
     /// every chunk has been handed out: see [`is_done`](Self::is_done)).
     /// Never blocks: for the busy-poll thread.
-    pub fn try_next_chunk(&mut self) -> Result<Option<HashedChunk<'_>>, PipelineError> {
+    pub fn try_next_chunk(&mut self) -> Result<Option<HashedChunk<'_, M>>, PipelineError> {
         self.hand_out(false)
     }
 
-    fn hand_out(&mut self, wait: bool) -> Result<Option<HashedChunk<'_>>, PipelineError> {
+    fn hand_out(&mut self, wait: bool) -> Result<Option<HashedChunk<'_, M>>, PipelineError> {
         if self.is_done() {
             return Ok(None);
         }
@@ -214,7 +265,7 @@ impl HashingReader {
     }
 }
 
-impl Serve for Shared {
+impl<M: BufferMemory> Serve for Shared<M> {
     /// Take a buffer, claim the next chunk, read and hash it, until the
     /// file is read, the reader fails or stops.
     fn serve(&self) {
@@ -242,8 +293,8 @@ impl Serve for Shared {
     }
 }
 
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
+impl<M: BufferMemory> Shared<M> {
+    fn lock(&self) -> MutexGuard<'_, State<M>> {
         // A panic is caught before it could leave the state half-changed.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -259,10 +310,11 @@ impl Shared {
         Some(state.next_claim - 1)
     }
 
+    /// Reads chunk `index` into `chunk` and puts its value after it.
     fn read_and_hash(
         &self,
         index: u64,
-        chunk: &mut ChunkBuffer,
+        chunk: &mut ChunkBuffer<M>,
     ) -> Result<ChainingValue, PipelineError> {
         let range = self.geometry.chunk_range(index)?;
         let bytes = chunk.bytes_mut((range.end - range.start) as usize)?;
@@ -273,7 +325,9 @@ impl Shared {
                 offset: range.start,
                 source: Arc::new(e),
             })?;
-        Ok(self.geometry.chunk_cv(index, chunk.bytes())?)
+        let cv = self.geometry.chunk_cv(index, chunk.bytes())?;
+        chunk.after_bytes_mut()[..VALUE_LEN].copy_from_slice(&cv);
+        Ok(cv)
     }
 }
 
@@ -348,6 +402,45 @@ mod tests {
         }
         assert_eq!(verifier.finish().unwrap(), blake3::hash(&data));
         assert!(std::fs::read(target.path()).unwrap() == data);
+    }
+
+    #[test]
+    fn each_buffer_holds_its_chunk_then_its_value_and_comes_back_by_put_back() {
+        let scratch = ScratchFile::new("lend");
+        let data = seeded_bytes(5 * 1024 + 9, 16);
+        let geometry = ChunkGeometry::new(data.len() as u64, 1024).unwrap();
+        let len = HashingReader::<Box<[u8]>>::buffer_len(&geometry);
+        // Two buffers, taken out of the pool in turn: the reader goes on
+        // only as they are put back.
+        let buffers = BufferPool::new(2, len).unwrap();
+        let mut reader = HashingReader::with_buffers(
+            file_with(&scratch, &data),
+            geometry,
+            Lane::ALL,
+            1,
+            buffers,
+        )
+        .unwrap();
+        let mut lent = std::collections::VecDeque::new();
+        let mut sent = Vec::new();
+        while !reader.is_done() {
+            if lent.len() == 2 {
+                reader.put_back(lent.pop_front().unwrap());
+            }
+            let chunk = reader.next_chunk().unwrap().unwrap();
+            let wire = chunk.bytes_and_value();
+            let (bytes, value) = wire.split_at(wire.len() - VALUE_LEN);
+            assert_eq!(value, chunk.cv(), "chunk {}", chunk.index());
+            sent.extend_from_slice(bytes);
+            lent.push_back(chunk.into_memory());
+        }
+        assert!(sent == data);
+        // Too short for a chunk and its value: refused.
+        let short = BufferPool::new(1, len - 1).unwrap();
+        assert!(matches!(
+            HashingReader::with_buffers(file_with(&scratch, &data), geometry, Lane::ALL, 1, short),
+            Err(PipelineError::TooLong { .. })
+        ));
     }
 
     #[test]
