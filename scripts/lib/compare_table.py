@@ -6,6 +6,7 @@ usage: compare_table.py RESULTS.tsv RUN_DIR ELAPSED_SECONDS ROUNDS FILEXFER(yes|
 Writes RUN_DIR/summary.json (every figure) and prints Markdown on stdout.
 """
 import json
+import math
 import os
 import re
 import statistics
@@ -45,6 +46,10 @@ def perftest_figures(path):
                     out[name] = float(val)
                 except ValueError:
                     pass
+            # perftest prints inf/nan when its timer failed (seen under
+            # TCG): a failed run, not a figure (and not valid JSON).
+            if not all(math.isfinite(v) for v in out.values()):
+                raise ValueError(f"perftest printed non-finite figures in {path}")
             return out
     raise ValueError(f"no result table in {path}")
 
