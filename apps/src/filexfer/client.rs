@@ -554,9 +554,10 @@ impl Sending<'_> {
     }
 
     /// The lane's next chunk, read and hashed. Buffers the NIC is done
-    /// sending from go back to the reader meanwhile: with some lent, this
-    /// polls (their completions are what frees the reader's next buffer);
-    /// with none, it waits for the reader.
+    /// sending from go back to the reader first. While the reader still
+    /// has a buffer of its own this waits for it (asleep: its hashing
+    /// threads may share this core); with every buffer lent it polls, as
+    /// only their completions can free the next one.
     fn next_ready(
         &self,
         conn: &mut Connection,
@@ -568,7 +569,7 @@ impl Sending<'_> {
             while let Some(memory) = conn.reclaim() {
                 reader.put_back(memory);
             }
-            let chunk = if conn.lent_regions() == 0 {
+            let chunk = if conn.lent_regions() < reader.buffer_count() {
                 reader.next_chunk()?
             } else {
                 reader.try_next_chunk()?

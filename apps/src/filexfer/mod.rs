@@ -24,7 +24,8 @@
 //! - [`verify`] — v3's receiver pool: check each chunk against its value,
 //!   `pwrite` it, merge the digest, on `--verify-threads` threads.
 //! - [`read_ahead`] — v3's sender pool: `pread` and hash the chunks ahead
-//!   of the sender, handed out in order with their values.
+//!   of the sender, into registered buffers it sends from, handed out in
+//!   order with their values after them.
 //!
 //! # The native protocol (version 3)
 //!

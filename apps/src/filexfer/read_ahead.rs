@@ -202,6 +202,11 @@ impl<M: BufferMemory> HashingReader<M> {
         self.shared.lane
     }
 
+    /// How many buffers the reader has, in its hands or taken out.
+    pub fn buffer_count(&self) -> usize {
+        self.shared.buffers.count()
+    }
+
     /// Returns a buffer [`HashedChunk::into_memory`] took out.
     pub fn put_back(&self, memory: M) {
         self.shared.buffers.put_back(memory);
