@@ -245,17 +245,6 @@ kill_sending_client() {
     stop_all
     [ -n "$why" ] || said /tmp/server.out
 }
-wait_job_lines() { # TEXT SECS: until the server job printed a line with TEXT
-    # By the clock: each look at the log is a round trip to guest 1 that
-    # takes far longer than the pause between looks under TCG.
-    local until=$((SECONDS + $2))
-    while [ "$SECONDS" -lt "$until" ]; do
-        pinpoll-peer-log 1 "$job" 2>&1 | grep -q -- "$1" && return 0
-        sleep 0.1
-    done
-    return 1
-}
-
 # The client ends with one clear error; nothing under the final name.
 server_killed_mid_transfer() { hit_mid_transfer /tmp/k2 "--count 1 --timeout 60" "--timeout 20" kill_receiving_server; }
 kill_receiving_server() {

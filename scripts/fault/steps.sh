@@ -176,17 +176,21 @@ make_src() { # NAME MIB
 
 # Until the client of hit_transfer connected and waits for its file.
 waiting_idle() { wait_line /tmp/client.out "waiting up to" 30; }
-# Until the server has been receiving a file for a second: the transfer
-# is under way (BIG_MIB takes ~10 s in the TCG guests). Whether the fault
-# then really hit mid-transfer is checked afterwards (mid_transfer).
-receiving() {
-    local n
-    for ((n = 0; n < 600; n++)); do
-        pinpoll-peer-log 1 "$job" 2>&1 | grep -q ": receiving " && { sleep 1; return 0; }
+wait_job_lines() { # TEXT SECS: until the server job printed a line with TEXT
+    # By the clock: each look at the log is a round trip to guest 1 that
+    # takes far longer than the pause between looks under TCG.
+    local until=$((SECONDS + $2))
+    while [ "$SECONDS" -lt "$until" ]; do
+        pinpoll-peer-log 1 "$job" 2>&1 | grep -q -- "$1" && return 0
         sleep 0.1
     done
     return 1
 }
+
+# Until the server has been receiving a file for a second: the transfer
+# is under way (BIG_MIB takes ~10 s in the TCG guests). Whether the fault
+# then really hit mid-transfer is checked afterwards (mid_transfer).
+receiving() { wait_job_lines ": receiving " 60 && sleep 1; }
 mid_transfer() { ! pinpoll-peer-log 1 "$job" 2>&1 | grep -q ": received "; } # no file completed yet
 
 # A failure as the programs must report it: status 1 (not a hang guard's

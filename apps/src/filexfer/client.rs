@@ -454,7 +454,7 @@ impl Sending<'_> {
             .with_context(|| {
                 format!("registering {count} chunk buffers of {len} bytes (the locked-memory limit: ulimit -l)")
             })?;
-        BufferPool::from_memory(memory)
+        let reader = BufferPool::from_memory(memory)
             .and_then(|buffers| {
                 HashingReader::with_buffers(
                     Arc::clone(&self.file),
@@ -464,8 +464,8 @@ impl Sending<'_> {
                     buffers,
                 )
             })
-            .map_err(anyhow::Error::new)
-            .with_context(|| format!("stream {}", lane.index))
+            .map_err(anyhow::Error::new);
+        in_stream(reader, lane)
     }
 
     /// Sends the chunks of `reader`'s lane on `conn` (see [`send_chunks`])
@@ -484,7 +484,16 @@ impl Sending<'_> {
         if sent.is_err() {
             stop.store(true, Ordering::Release);
         }
-        sent.with_context(|| format!("stream {}", lane.index))
+        in_stream(sent, lane)
+    }
+}
+
+/// Names the stream an error happened on — when there is more than one.
+fn in_stream<T>(result: anyhow::Result<T>, lane: Lane) -> anyhow::Result<T> {
+    if lane.count > 1 {
+        result.with_context(|| format!("stream {}", lane.index))
+    } else {
+        result
     }
 }
 

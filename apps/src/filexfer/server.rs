@@ -579,13 +579,15 @@ impl Transfer {
         let rewritten = await_rewrite_chunk();
         let (mut position, mut received) = (0u64, 0u64);
         while lane.index == 0 || position < chunks {
-            let arrival =
-                next_arrival(conn, stop, self.cfg.completion_timeout).with_context(|| {
-                    format!(
+            let arrival = next_arrival(conn, stop, self.cfg.completion_timeout).with_context(
+                || match lane.count {
+                    1 => format!("receiving {shown} ({received} bytes so far)"),
+                    _ => format!(
                         "receiving {shown} (stream {}: {received} bytes so far)",
                         lane.index
-                    )
-                })?;
+                    ),
+                },
+            )?;
             let chunk = match arrival {
                 Arrival::Chunk { slot, len } => (slot, len),
                 Arrival::Message(msg) if lane.index == 0 => return Ok((received, Some(msg))),
