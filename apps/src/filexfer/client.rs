@@ -536,8 +536,9 @@ impl Sending<'_> {
             }
             let mut posted = 0;
             let mut b = conn.batch();
-            for chunk in ready.drain(..) {
-                if b.len() as u64 + 1 == n {
+            for (k, chunk) in ready.drain(..).enumerate() {
+                // Counted by chunk: a rewrite fault adds a request.
+                if k as u64 + 1 == n {
                     // Its completion retires the batch: the buffers it
                     // lent come back without waiting for a later one.
                     b.signal_next();

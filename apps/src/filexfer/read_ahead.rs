@@ -10,9 +10,9 @@
 //! copy, and puts back once the NIC is done with them. The value is
 //! computed from the same buffer the bytes are sent from, so a file that
 //! changes while it is sent gives chunks that match their values (and a
-//! digest of what was sent), never a value of bytes that were not sent. The sender merges the values it was handed
-//! into the file's digest ([`FileDigest`](super::digest::FileDigest)) for
-//! the `Finish` message.
+//! digest of what was sent), never a value of bytes that were not sent.
+//! The sender merges the values it was handed into the file's digest
+//! ([`FileDigest`](super::digest::FileDigest)) for the `Finish` message.
 //!
 //! The look-ahead is bounded by the buffers: a thread reads chunk `i` only
 //! once it holds a free buffer, and buffers come back as the sender drops

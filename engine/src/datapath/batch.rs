@@ -144,12 +144,12 @@ impl<'d> Batch<'_, 'd> {
         remote_offset: u64,
         imm: Option<u32>,
     ) -> std::result::Result<u64, RegionRefused> {
-        let remote = match self.peer.sub(remote_offset, len as u64) {
-            Ok(remote) => remote,
-            Err(error) => return Err(RegionRefused { error, region }),
-        };
-        let signal = match self.start() {
-            Ok(signal) => signal,
+        let checked = self
+            .peer
+            .sub(remote_offset, len as u64)
+            .and_then(|remote| Ok((remote, self.start()?)));
+        let (remote, signal) = match checked {
+            Ok(checked) => checked,
             Err(error) => return Err(RegionRefused { error, region }),
         };
         self.inner

@@ -513,16 +513,11 @@ impl<'d> SendBatch<'_, 'd> {
         must_signal: bool,
     ) -> std::result::Result<u64, RegionRefused> {
         let (opcode, remote, kind) = op.parts();
-        let local = match region.local_slice(0..len) {
-            Ok(local) => local,
-            Err(error) => return Err(RegionRefused { error, region }),
-        };
-        if self.sq.lent.is_full() {
-            let error = full("the lent regions");
-            return Err(RegionRefused { error, region });
-        }
-        let a = match self.admit(kind, must_signal) {
-            Ok(a) => a,
+        let admitted = region
+            .local_slice(0..len)
+            .and_then(|local| Ok((local, self.admit(kind, must_signal)?)));
+        let (local, a) = match admitted {
+            Ok(admitted) => admitted,
             Err(error) => return Err(RegionRefused { error, region }),
         };
         if let Err(region) = self.sq.lent.push(a.seq, region) {
