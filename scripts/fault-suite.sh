@@ -18,8 +18,8 @@
 # case must then fail (cases without a fault are marked "no fault"). From
 # the host: scripts/softroce-vm --hosts 2 --env FAULT_SUITE_DISARM=1 -- ...
 #
-# Adding a case: a function in scripts/fault/cases.sh (or load.sh) that
-# sets $why, and its name in FAULT_CASES.
+# Adding a case: a function in scripts/fault/cases.sh (or load.sh,
+# hostile.sh) that sets $why, and its name in FAULT_CASES.
 set -u
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=scripts/fault/steps.sh
@@ -28,6 +28,8 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$HERE/fault/cases.sh"
 # shellcheck source=scripts/fault/load.sh
 . "$HERE/fault/load.sh"
+# shellcheck source=scripts/fault/hostile.sh
+. "$HERE/fault/hostile.sh"
 
 # The cases, in the order they run: NAME, and "fault" or "no fault" (the
 # latter are not expected to fail when disarmed).
@@ -53,6 +55,8 @@ FAULT_CASES=(
     device_deleted_mid_transfer fault
     load_is_served_in_bounded_memory "no fault"
     bad_chunks_are_never_stored fault
+    hostile_client_is_bounded fault
+    perf_clients_race_for_the_data_connection fault
 )
 
 BIN=${1:-${PINPOLL_WORKDIR:-$PWD}/target/debug}
@@ -66,8 +70,8 @@ ONLY=" $* "
 selected() { [ "$ONLY" = "  " ] || [[ $ONLY == *" $1 "* ]]; }
 
 [ "${PINPOLL_HOSTS:-1}" -ge 2 ] || { echo "error: needs two guests: scripts/softroce-vm --hosts 2 -- $0" >&2; exit 2; }
-for b in basic readwrite filexfer; do
-    [ -x "$BIN/$b" ] || { echo "error: $BIN/$b not built (cargo build -p pinpoll-apps)" >&2; exit 2; }
+for b in basic readwrite filexfer pinpoll-hostile pinpoll-perf; do
+    [ -x "$BIN/$b" ] || { echo "error: $BIN/$b not built (cargo build --workspace)" >&2; exit 2; }
 done
 read -r _ PEER4 _ <<<"$PINPOLL_PEERS4"
 read -r _ PEER6 _ <<<"$PINPOLL_PEERS6"

@@ -117,10 +117,15 @@ check_complete() {
 cut_mid_transfer() {
     local cpid
     serve_bg "$MNT/midway" /tmp/s.log || exit 1
-    send "$W/src/big.bin" >/tmp/c.log 2>&1 &
+    # Not through send(): $! must be the client itself, to stop it below.
+    "$BIN/filexfer" send "$PINPOLL_ADDR4" "$W/src/big.bin" --port "$PORT" --timeout 30 -q >/tmp/c.log 2>&1 &
     cpid=$!
     wait_line /tmp/s.log ": receiving " 60 || { echo "error: the transfer never started: $(tail -3 /tmp/c.log)" >&2; exit 1; }
-    sleep 2
+    sleep 1
+    # The client stops where it is: the transfer cannot end between the
+    # check below and the cut (it did, twice in a row on a loaded host:
+    # after the reboot big.bin was whole under its final name).
+    kill -STOP "$cpid"
     # What the kernel's periodic writeback does within seconds, done now:
     # the temp file and the data so far reach the disk, so the cut leaves
     # an orphan for the next server to find.

@@ -4,19 +4,38 @@
 
 use std::fmt::Write as _;
 use std::io::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context as _;
 
 /// stdout, line by line (each line flushed at once, so a reader of a pipe
-/// sees it as it happens). A closed stdout is an error, never a panic.
+/// sees it as it happens). A closed stdout is an error, never a panic —
+/// or, for a server's progress lines ([`Output::best_effort`]), a warning
+/// once and nothing more.
 #[derive(Debug, Clone, Copy)]
 pub struct Output {
     quiet: bool,
+    best_effort: bool,
 }
+
+/// Whether a best-effort progress line already failed (warned once).
+static PROGRESS_LOST: AtomicBool = AtomicBool::new(false);
 
 impl Output {
     pub fn new(quiet: bool) -> Output {
-        Output { quiet }
+        Output {
+            quiet,
+            best_effort: false,
+        }
+    }
+
+    /// Progress lines that never fail: a server goes on serving when
+    /// whoever read its stdout went away (a closed pipe, a full disk).
+    pub fn best_effort(self) -> Output {
+        Output {
+            best_effort: true,
+            ..self
+        }
     }
 
     /// A line about what the program is doing, e.g. `listening on [::]:7471`.
@@ -24,7 +43,18 @@ impl Output {
         if self.quiet {
             return Ok(());
         }
-        write_line(line)
+        match write_line(line) {
+            Err(err) if self.best_effort => {
+                if !PROGRESS_LOST.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "{}; going on without progress lines",
+                        crate::run::error_line(&err)
+                    );
+                }
+                Ok(())
+            }
+            written => written,
+        }
     }
 
     /// A line of the peer's data: always printed.
@@ -44,6 +74,7 @@ fn write_line(line: std::fmt::Arguments<'_>) -> anyhow::Result<()> {
 /// control characters escaped (`\n`, `\u{1b}`), and bytes that are not
 /// UTF-8 as `\xNN` — a peer cannot forge lines or drive the terminal.
 pub fn printable(bytes: &[u8]) -> String {
+    pinpoll::wire::record("printable", bytes);
     let mut s = String::with_capacity(bytes.len());
     for chunk in bytes.utf8_chunks() {
         for c in chunk.valid().chars() {

@@ -91,6 +91,7 @@ impl Hello {
     /// The error's text goes back to the client in the reject (it fits the
     /// 148 bytes rdma_cm carries).
     pub fn decode(b: &[u8]) -> Result<Hello, WireError> {
+        pinpoll::wire::record("readwrite", b);
         let v = HELLO.check(b, Len::AtLeast(Self::LEN))?;
         let mode = Mode::from_code(v.u8(5))
             .ok_or_else(|| v.field_error("mode", v.u8(5), "1 (write) or 2 (read)"))?;
@@ -116,6 +117,7 @@ impl Done {
     }
 
     pub fn decode(b: &[u8]) -> Result<Done, WireError> {
+        pinpoll::wire::record("readwrite", b);
         let v = DONE.check(b, Len::Exactly(Self::LEN))?;
         Ok(Done { len: v.u32(4) })
     }

@@ -364,7 +364,7 @@ pub fn complete(
 ) -> anyhow::Result<Completed> {
     let c = ep
         .complete(posted, timeout)
-        .map_err(|err| match err {
+        .map_err(|err| match pinpoll::Error::from(err) {
             pinpoll::Error::Timeout { .. } => anyhow::anyhow!(
                 "timed out after {timeout:?} (--timeout); is the peer stuck or gone?"
             ),

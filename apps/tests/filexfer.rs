@@ -44,7 +44,11 @@ fn client_errors(done: &Finished) -> Vec<&str> {
 }
 
 fn send(server: &Server, file: &std::path::Path, extra: &[&str]) -> Finished {
-    let port = server.port_arg();
+    send_to(server.port, file, extra)
+}
+
+fn send_to(port: u16, file: &std::path::Path, extra: &[&str]) -> Finished {
+    let port = port.to_string();
     let path = file.display().to_string();
     let host = addr4();
     let mut args = vec![
@@ -937,7 +941,10 @@ fn two_clients_sending_the_same_name_at_once_one_wins() {
 fn a_size_beyond_the_free_space_is_refused_before_any_data() {
     let _g = serial();
     let dst = Scratch::new("dst");
-    let server = start_server(&dst, &["--max-clients", "4"]);
+    // Beyond the default --max-size (64 GiB) the size is too large before
+    // any space is looked at; with no --max-size bound, the space decides.
+    let max = u64::MAX.to_string();
+    let server = start_server(&dst, &["--max-clients", "4", "--max-size", &max]);
     for size in [1u64 << 50, u64::MAX] {
         let start = Msg::Start {
             size,
@@ -1567,4 +1574,148 @@ fn a_memlock_limit_too_small_is_one_clear_error() {
     let done = good.finish();
     assert!(done.stderr.is_empty(), "no client reached it: {done:#?}");
     assert_eq!(dst.names(), ["locked.bin"]);
+}
+
+/// A directory whose fsync fails after the file was linked into place
+/// (here: the server, root without CAP_DAC_OVERRIDE and
+/// CAP_DAC_READ_SEARCH, may create and link files in a directory of mode
+/// 0300 but not open it to fsync it): the client is told exactly that —
+/// the file is in place, verified and durable, only its name may not
+/// survive a power loss — and the file is there, intact.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_failed_directory_fsync_says_the_file_is_in_place() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let _g = serial();
+    let src = Scratch::new("src");
+    let dst = Scratch::new("dst");
+    std::fs::set_permissions(dst.str(), std::fs::Permissions::from_mode(0o300)).unwrap();
+    let file = src.join("placed.bin");
+    random_file(&file, 3 * CHUNK as usize + 11, 91);
+    let no_dac = "-dac_override,-dac_read_search";
+    let server = Server::start(
+        "setpriv",
+        &[
+            &format!("--inh-caps={no_dac}"),
+            &format!("--bounding-set={no_dac}"),
+            "--",
+            FILEXFER,
+            "serve",
+            "--dir",
+            dst.str(),
+            "--count",
+            "1",
+            "--timeout",
+            "20",
+        ],
+    );
+    let out = send(&server, &file, &[]);
+    let line = out.assert_one_error_line("client");
+    assert!(
+        line.contains("placed.bin is in place on the server with its data verified and durable, but the fsync of the server's directory failed (Permission denied")
+            && line.contains("after a power loss the file may be missing"),
+        "{line}"
+    );
+    let done = server.finish();
+    assert_eq!(client_errors(&done).len(), 1, "{done:#?}");
+    std::fs::set_permissions(dst.str(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    assert_eq!(sha256(&dst.join("placed.bin")), sha256(&file));
+    assert_eq!(dst.names(), ["placed.bin"], "no temp file left");
+}
+
+/// Whoever read the server's stdout went away (a closed pipe): progress
+/// lines are best effort, so the server goes on serving and says so once.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_closed_stdout_does_not_stop_the_server() {
+    use std::io::BufRead as _;
+    let _g = serial();
+    let src = Scratch::new("src");
+    let dst = Scratch::new("dst");
+    let mut child = common::command(
+        FILEXFER,
+        &[
+            "serve",
+            "--dir",
+            dst.str(),
+            "--timeout",
+            "20",
+            "--count",
+            "2",
+            "--port",
+            "0",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap());
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let listening = lines.next().expect("a line").unwrap();
+    let port: u16 = listening.rsplit(':').next().unwrap().parse().unwrap();
+    // The reader goes away: every later line meets a closed pipe.
+    drop(lines);
+    for (i, name) in ["one.bin", "two.bin"].into_iter().enumerate() {
+        random_file(&src.join(name), 300_000, 95 + i as u64);
+        send_to(port, &src.join(name), &[]).assert_ok(name);
+        assert_eq!(sha256(&dst.join(name)), sha256(&src.join(name)));
+    }
+    let status = child.wait().unwrap();
+    let stderr = stderr.join().unwrap();
+    assert!(status.success(), "{status}: {stderr}");
+    assert_eq!(
+        stderr.matches("writing to stdout").count(),
+        1,
+        "said once: {stderr}"
+    );
+}
+
+/// A file written to while it is sent would arrive torn (old and new
+/// bytes, with a digest of what was read): the client sees its size or
+/// times move, sends no Finish but tells the server, which keeps nothing.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_file_that_changes_while_it_is_sent_is_not_kept() {
+    use std::os::unix::fs::FileExt as _;
+    needs_debug_build(pinpoll_apps::filexfer::client::TRICKLE_ENV);
+    let _g = serial();
+    let src = Scratch::new("src");
+    let dst = Scratch::new("dst");
+    let file = src.join("torn.bin");
+    random_file(&file, 16 * CHUNK as usize, 97);
+    let server = start_server(&dst, &["--count", "1"]);
+    let (port, host, path) = (server.port_arg(), addr4(), file.display().to_string());
+    let mut cmd = common::command(
+        FILEXFER,
+        &["send", &host, &path, "--port", &port, "--timeout", "20"],
+    );
+    cmd.env(pinpoll_apps::filexfer::client::TRICKLE_ENV, "300");
+    let client = Running::spawn(cmd);
+    server
+        .proc
+        .wait_for_line(|l| l.contains("receiving torn.bin"))
+        .expect("the server started receiving");
+    // Rewritten in place, its size unchanged, while 16 chunks trickle.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .write_all_at(b"changed", 0)
+        .unwrap();
+    let out = client.finish_within(BOUND);
+    let line = out.assert_one_error_line("client");
+    assert!(
+        line.contains("torn.bin changed while it was sent"),
+        "{line}"
+    );
+    let done = server.finish();
+    let errors = client_errors(&done);
+    assert_eq!(errors.len(), 1, "{done:#?}");
+    assert!(
+        errors[0].contains("the client stopped sending torn.bin")
+            && errors[0].contains("nothing was kept"),
+        "{}",
+        errors[0]
+    );
+    assert!(dst.names().is_empty(), "{:?}", dst.names());
 }

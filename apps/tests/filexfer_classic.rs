@@ -15,67 +15,192 @@ use pinpoll_apps::filexfer::classic::{decode, BUFFER, MSG_DONE, MSG_LEN, MSG_MR,
 
 const T: Duration = Duration::from_secs(20);
 
-/// The classic client: sends `data` under `name`; returns the ids of the
-/// server's messages after the MR (READY per write, then DONE).
-fn classic_send(port: u16, name: &str, data: &[u8]) -> Vec<i32> {
-    let addr = pinpoll::connect::parse_socket_addr(&addr4(), port).unwrap();
-    let cfg = QpConfig {
-        connect_timeout: T,
-        ..QpConfig::default()
-    };
-    let mut c = Connector::resolve(addr, &cfg).expect("resolve");
-    let ep = c.endpoint();
-    let recv = ep
-        .register(MSG_LEN, PageSize::Base, Access::LOCAL_WRITE)
-        .unwrap();
-    let mut src = Some(
-        ep.register(BUFFER, PageSize::Base, Access::LOCAL_READ)
-            .unwrap(),
-    );
-    let mut recv = Some(ep.post_recv(Some(recv)).unwrap());
-    let mut ep = c.connect(&[]).expect("connect");
+/// `filexfer serve` into `dst` for `count` transfers.
+fn serve(dst: &Scratch, count: &str) -> Server {
+    Server::start(
+        FILEXFER,
+        &[
+            "serve",
+            "--dir",
+            dst.str(),
+            "--count",
+            count,
+            "--timeout",
+            "20",
+        ],
+    )
+}
 
-    let mut next_msg = |ep: &mut Endpoint| {
-        let posted = recv.take().expect("a receive is posted");
-        let c = ep.complete(posted, T).expect("a message from the server");
+/// `filexfer send --classic FILE` to a server on `port`.
+fn send_classic(port: u16, file: &std::path::Path) -> common::Finished {
+    let (port, host, path) = (port.to_string(), addr4(), file.display().to_string());
+    common::run_within(
+        FILEXFER,
+        &[
+            "send",
+            &host,
+            &path,
+            "--port",
+            &port,
+            "--classic",
+            "--timeout",
+            "20",
+        ],
+        Duration::from_secs(300),
+    )
+}
+
+/// A classic client, step by step.
+struct RawClassic {
+    ep: Endpoint,
+    recv: Option<pinpoll::Posted>,
+    src: Option<pinpoll::MemoryRegion>,
+    remote: RemoteSlice,
+}
+
+impl RawClassic {
+    /// Connects (no private data) and reads the server's MSG_MR.
+    fn connect(port: u16) -> RawClassic {
+        let addr = pinpoll::connect::parse_socket_addr(&addr4(), port).unwrap();
+        let cfg = QpConfig {
+            connect_timeout: T,
+            ..QpConfig::default()
+        };
+        let mut c = Connector::resolve(addr, &cfg).expect("resolve");
+        let ep = c.endpoint();
+        let recv = ep
+            .register(MSG_LEN, PageSize::Base, Access::LOCAL_WRITE)
+            .unwrap();
+        let src = ep
+            .register(BUFFER, PageSize::Base, Access::LOCAL_READ)
+            .unwrap();
+        let recv = ep.post_recv(Some(recv)).unwrap();
+        let ep = c.connect(&[]).expect("connect");
+        let mut raw = RawClassic {
+            ep,
+            recv: Some(recv),
+            src: Some(src),
+            remote: RemoteSlice {
+                addr: 0,
+                len: 0,
+                rkey: 0,
+            },
+        };
+        let (id, addr, rkey) = raw.next_msg().expect("the server's MR");
+        assert_eq!(id, MSG_MR);
+        raw.remote = RemoteSlice {
+            addr,
+            len: BUFFER as u64,
+            rkey,
+        };
+        raw
+    }
+
+    /// The server's next message, or the error that ended the connection.
+    fn next_msg(&mut self) -> pinpoll::Result<(i32, u64, u32)> {
+        let posted = self.recv.take().expect("a receive is posted");
+        let c = self.ep.complete(posted, T)?;
         assert_eq!(c.done.opcode, WcOpcode::RECV);
         let buffer = c.region.expect("the receive buffer back");
         let m = decode(&buffer.as_slice()[..c.done.byte_len as usize]).unwrap();
-        recv = Some(ep.post_recv(Some(buffer)).unwrap());
-        m
-    };
-    let (id, raddr, rkey) = next_msg(&mut ep);
-    assert_eq!(id, MSG_MR);
-    let remote = RemoteSlice {
-        addr: raddr,
-        len: BUFFER as u64,
-        rkey,
-    };
-    let mut write = |ep: &mut Endpoint, bytes: &[u8]| {
-        let mut buffer = src.take().expect("the send buffer is ours");
+        self.recv = Some(self.ep.post_recv(Some(buffer)).unwrap());
+        Ok(m)
+    }
+
+    /// Writes `bytes` with the immediate `imm` (the classic client's is
+    /// the length).
+    fn write_announcing(&mut self, bytes: &[u8], imm: u32) {
+        let mut buffer = self.src.take().expect("the send buffer is ours");
         buffer.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
         let op = RegionOp::Write {
-            remote,
-            imm: Some(bytes.len() as u32),
+            remote: self.remote,
+            imm: Some(imm),
         };
-        let posted = ep.post(buffer, bytes.len(), op).unwrap();
-        let c = ep.complete(posted, T).expect("the write completes");
+        let posted = self.ep.post(buffer, bytes.len(), op).unwrap();
+        let c = self.ep.complete(posted, T).expect("the write completes");
         assert_eq!(c.done.opcode, WcOpcode::RDMA_WRITE);
-        src = c.region;
-    };
-    let mut ids = Vec::new();
-    let mut name_bytes = name.as_bytes().to_vec();
-    name_bytes.push(0);
-    write(&mut ep, &name_bytes);
-    ids.push(next_msg(&mut ep).0);
-    for chunk in data.chunks(BUFFER) {
-        write(&mut ep, chunk);
-        ids.push(next_msg(&mut ep).0);
+        self.src = c.region;
     }
-    write(&mut ep, &[]);
-    ids.push(next_msg(&mut ep).0);
-    ep.disconnect().unwrap();
+
+    /// Writes `bytes` and returns the server's answer (its id).
+    fn write(&mut self, bytes: &[u8]) -> i32 {
+        self.write_announcing(bytes, bytes.len() as u32);
+        self.next_msg().expect("the server's answer").0
+    }
+
+    fn name(&mut self, name: &str) -> i32 {
+        let mut bytes = name.as_bytes().to_vec();
+        bytes.push(0);
+        self.write(&bytes)
+    }
+}
+
+/// The classic client: sends `data` under `name`; returns the ids of the
+/// server's messages after the MR (READY per write, then DONE).
+fn classic_send(port: u16, name: &str, data: &[u8]) -> Vec<i32> {
+    let mut raw = RawClassic::connect(port);
+    let mut ids = vec![raw.name(name)];
+    for chunk in data.chunks(BUFFER) {
+        ids.push(raw.write(chunk));
+    }
+    ids.push(raw.write(&[]));
+    raw.ep.disconnect().unwrap();
     ids
+}
+
+/// A write whose immediate announces more bytes than it carries: the
+/// rest of the buffer holds stale bytes, never the client's data. The
+/// server refuses it and keeps nothing.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_write_shorter_than_its_immediate_is_refused_and_nothing_kept() {
+    let _g = serial();
+    let dst = Scratch::new("dst");
+    let server = serve(&dst, "1");
+    let mut raw = RawClassic::connect(server.port);
+    assert_eq!(raw.name("short.bin"), MSG_READY);
+    raw.write_announcing(&[7u8; 1000], 5000);
+    assert!(
+        raw.next_msg().is_err(),
+        "the server answered a write that carried 1000 of its 5000 bytes"
+    );
+    drop(raw);
+    let done = server.finish();
+    let line = done.assert_one_error_line("server");
+    assert!(
+        line.contains("the classic client announced 5000 bytes but wrote 1000"),
+        "{line}"
+    );
+    assert!(dst.names().is_empty(), "{:?}", dst.names());
+}
+
+/// A classic transfer holds its name while it is received: a second
+/// client sending the same name is refused at once, and the first one's
+/// file is what arrives.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_classic_transfer_reserves_its_name() {
+    let _g = serial();
+    let src = Scratch::new("src");
+    let dst = Scratch::new("dst");
+    let server = serve(&dst, "2");
+    let mut first = RawClassic::connect(server.port);
+    assert_eq!(first.name("same.bin"), MSG_READY);
+    let path = src.join("same.bin");
+    random_file(&path, 3000, 9);
+    let second = send_classic(server.port, &path);
+    assert!(!second.status.success(), "{second:#?}");
+    let data = vec![5u8; 2000];
+    assert_eq!(first.write(&data), MSG_READY);
+    assert_eq!(first.write(&[]), MSG_DONE);
+    first.ep.disconnect().unwrap();
+    let done = server.finish();
+    let line = done.assert_one_error_line("server");
+    assert!(
+        line.contains("same.bin already exists on the server (another client is sending it now)"),
+        "{line}"
+    );
+    assert_eq!(std::fs::read(dst.join("same.bin")).unwrap(), data);
 }
 
 #[test]
@@ -84,18 +209,7 @@ fn a_classic_client_is_served_unchanged() {
     let _g = serial();
     let src = Scratch::new("src");
     let dst = Scratch::new("dst");
-    let server = Server::start(
-        FILEXFER,
-        &[
-            "serve",
-            "--dir",
-            dst.str(),
-            "--count",
-            "2",
-            "--timeout",
-            "20",
-        ],
-    );
+    let server = serve(&dst, "2");
     for (name, len) in [
         ("small.txt", 1000usize),
         ("three-chunks.bin", 2 * BUFFER + 1),
@@ -193,23 +307,7 @@ fn send_classic_talks_to_a_classic_server() {
     let len = BUFFER + 12345;
     random_file(&path, len, 42);
     let (port, server) = classic_server();
-    let port = port.to_string();
-    let host = addr4();
-    let p = path.display().to_string();
-    let out = common::run_within(
-        FILEXFER,
-        &[
-            "send",
-            &host,
-            &p,
-            "--port",
-            &port,
-            "--classic",
-            "--timeout",
-            "20",
-        ],
-        Duration::from_secs(300),
-    );
+    let out = send_classic(port, &path);
     out.assert_ok("send --classic");
     assert!(
         out.stdout

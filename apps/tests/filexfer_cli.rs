@@ -36,6 +36,8 @@ fn help_explains_every_flag() {
         "--overwrite",
         "--bind",
         "--max-size <BYTES>",
+        "--min-free <BYTES>",
+        "[default: 68719476736]",
         "--min-rate <BYTES_PER_S>",
         "--deadline <SECONDS>",
     ] {
@@ -232,4 +234,28 @@ fn the_server_refuses_a_dir_it_cannot_use() {
         assert_eq!(out.status.code(), Some(1));
     }
     assert_eq!(scratch.names(), ["plain"]);
+}
+
+/// A FIFO (or anything else that is not a regular file) is refused at
+/// once: opening one without a writer would wait forever.
+#[test]
+fn sending_a_fifo_is_refused_without_waiting() {
+    let src = Scratch::new("fifo");
+    let fifo = src.join("pipe");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let path = fifo.display().to_string();
+    for extra in [&[][..], &["--classic"][..]] {
+        let mut args = vec!["send", "169.254.0.1", path.as_str(), "--timeout", "5"];
+        args.extend_from_slice(extra);
+        let out = run_within(FILEXFER, &args, BOUND);
+        let line = out.assert_one_error_line("send of a FIFO");
+        assert!(
+            line.ends_with("pipe: not a regular file"),
+            "{extra:?}: {line}"
+        );
+    }
 }

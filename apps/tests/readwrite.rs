@@ -243,7 +243,7 @@ fn the_other_access_is_refused(announced: Mode) {
     let wr_id = posted.wr_id();
     let err = ep.complete(posted, WAIT).unwrap_err();
     assert_eq!(
-        err.completion().map(|wc| (wc.wr_id, wc.status)),
+        err.error().completion().map(|wc| (wc.wr_id, wc.status)),
         Some((wr_id, WcStatus::REM_ACCESS_ERR)),
         "{err}"
     );

@@ -39,6 +39,10 @@ use pinpoll_apps::filexfer::digest::{ChainingValue, ChunkGeometry, FileDigest, C
 use pinpoll_apps::filexfer::read_ahead::HashingReader;
 use pinpoll_apps::filexfer::verify::VerifierPool;
 
+/// The longest the bench waits for a verifier buffer (the server waits
+/// its --timeout): only a stuck pool reaches it.
+const BUFFER_WAIT: Duration = Duration::from_secs(60);
+
 /// Chunks per iteration: a 16 MiB file.
 const CHUNKS: u64 = 64;
 /// The thread counts compared.
@@ -167,7 +171,7 @@ fn receive(c: &mut Criterion) {
     let cvs = values(geometry, |i| slots[i as usize]);
     let run = |pool: VerifierPool| {
         for (index, slot) in slots.iter().enumerate() {
-            let mut buffer = pool.buffer().expect("a buffer");
+            let mut buffer = pool.buffer(BUFFER_WAIT).expect("a buffer");
             buffer.copy_from(slot).expect("a chunk fits");
             pool.submit(index as u64, cvs[index], buffer)
                 .expect("submitted");
@@ -197,7 +201,7 @@ fn check(c: &mut Criterion) {
     };
     let run = |pool: VerifierPool| {
         for (index, cv) in cvs.iter().enumerate() {
-            let mut buffer = pool.buffer().expect("a buffer");
+            let mut buffer = pool.buffer(BUFFER_WAIT).expect("a buffer");
             // The same length as the bytes it holds: nothing to copy.
             buffer.bytes_mut(chunk.len()).expect("a chunk fits");
             pool.submit(index as u64, *cv, buffer).expect("submitted");

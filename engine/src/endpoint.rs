@@ -4,22 +4,26 @@
 //! [`Endpoint::complete`]) — the classic examples' stop-and-wait style.
 //! A [`crate::Connection`] builds its rings on an endpoint instead.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::config::PageSize;
 use crate::config::QpConfig;
 use crate::error::{Error, Result};
 use crate::status::{WcOpcode, WcStatus};
 use crate::sys::cm::CmId;
 use crate::sys::cq::{CompletionQueue, CqPoller, WorkCompletion};
 use crate::sys::device::{Context, PortAttr};
-use crate::sys::mem::PageSize;
 use crate::sys::mr::{Access, Registration, RemoteSlice};
+use crate::sys::parked::{ParkingLot, Request};
 use crate::sys::pd::ProtectionDomain;
+use crate::sys::posted::{post_region, post_region_recv, CompleteError, Posted};
 use crate::sys::qp::{QpState, QueuePair};
-use crate::sys::region::{
-    post_region, post_region_recv, MemoryRegion, Posted, RawQueuePair, RegionOp, SharedRegion,
-};
+use crate::sys::raw::RawQueuePair;
+use crate::sys::region::{MemoryRegion, RegionOp, RegionRefused, SharedRegion};
+use crate::sys::wr::Indeterminate;
+use crate::sys::wr_id::{self, Owner};
 use crate::wait::BoundedWait;
 
 /// A successful work completion, copied out of the CQ.
@@ -58,6 +62,61 @@ pub struct Endpoint {
     ever_connected: bool,
     /// The device event that ended the connection, if one did.
     ended_by: Option<&'static str>,
+    /// A post the provider may have queued without saying so, which moved
+    /// the QP to ERR, if one did.
+    failed_post: Option<Indeterminate>,
+    /// Completions polled while waiting for another request's.
+    stash: Stash,
+}
+
+/// Completions polled while waiting for another request's, per queue and
+/// oldest first: a region's request takes its own from here
+/// ([`Endpoint::complete`]), raw requests theirs
+/// ([`Endpoint::wait_send`], [`Endpoint::wait_recv`]). Each holds at most
+/// one completion per request posted, so at most the queues' depths.
+#[derive(Debug, Default)]
+struct Stash {
+    send: VecDeque<WorkCompletion>,
+    recv: VecDeque<WorkCompletion>,
+}
+
+impl Stash {
+    /// Drops the kept completions of requests whose `Posted` was dropped
+    /// since, freeing the regions parked for them in `lot`.
+    fn free_parked(&mut self, lot: &ParkingLot) {
+        for receive in [false, true] {
+            self.queue(receive).retain(|wc| {
+                let request = Request {
+                    wr_id: wc.wr_id(),
+                    receive,
+                };
+                !(wr_id::owner(wc.wr_id()) == Owner::Owned && lot.completed(request))
+            });
+        }
+    }
+
+    fn queue(&mut self, receive: bool) -> &mut VecDeque<WorkCompletion> {
+        if receive {
+            &mut self.recv
+        } else {
+            &mut self.send
+        }
+    }
+
+    fn keep(&mut self, receive: bool, wc: WorkCompletion) {
+        self.queue(receive).push_back(wc);
+    }
+
+    /// The oldest kept completion that `wanted` picks.
+    fn take(
+        &mut self,
+        receive: bool,
+        wanted: impl Fn(&WorkCompletion) -> bool,
+    ) -> Option<WorkCompletion> {
+        let queue = self.queue(receive);
+        let at = queue.iter().position(wanted)?;
+        queue.remove(at)
+    }
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -117,6 +176,8 @@ impl Endpoint {
             connected: false,
             ever_connected: false,
             ended_by: None,
+            failed_post: None,
+            stash: Stash::default(),
         })
     }
 
@@ -177,7 +238,7 @@ impl Endpoint {
         page: PageSize,
         access: Access,
     ) -> Result<Registration> {
-        let pages = len.max(1).div_ceil(page.bytes()) * page.bytes();
+        let pages = crate::sys::mem::mapped_len(len, page)?;
         crate::sys::mem::check_memlock(pages as u64)?;
         Registration::new(&self.pd, len, page, access)
     }
@@ -211,36 +272,161 @@ impl Endpoint {
 
     /// Posts `op` on the first `len` bytes of `region`, signaled. The
     /// region is the NIC's until [`complete`](Endpoint::complete) gives it
-    /// back with the request's completion.
-    pub fn post(&mut self, region: MemoryRegion, len: usize, op: RegionOp) -> Result<Posted> {
-        post_region(&mut self.qp, op, region, len)
+    /// back with the request's completion; a refused post (a full send
+    /// queue, a bad length) gives it back in the error.
+    ///
+    /// Should the provider fail without saying whether it took the request
+    /// (rxe does, when its doorbell fails after queueing), the request is
+    /// taken as queued: the queue pair is moved to ERR, the request
+    /// completes flushed, and `complete` gives the region back with
+    /// [`Error::PostIndeterminate`].
+    // The region comes back in the error unboxed: a full queue is ordinary
+    // back-pressure.
+    #[allow(clippy::result_large_err)]
+    pub fn post(
+        &mut self,
+        region: MemoryRegion,
+        len: usize,
+        op: RegionOp,
+    ) -> Result<Posted, RegionRefused> {
+        let (posted, unknown) = post_region(&mut self.qp, op, region, len)?;
+        self.note_failed_post(unknown);
+        Ok(posted)
     }
 
     /// Posts a receive into all of `region`, or with `None` one without a
-    /// buffer (enough for a WRITE_WITH_IMM's notification).
-    pub fn post_recv(&mut self, region: Option<MemoryRegion>) -> Result<Posted> {
-        post_region_recv(&mut self.qp, region)
+    /// buffer (enough for a WRITE_WITH_IMM's notification); as
+    /// [`post`](Endpoint::post) for what a failure gives back.
+    #[allow(clippy::result_large_err)] // as for post
+    pub fn post_recv(
+        &mut self,
+        region: Option<MemoryRegion>,
+    ) -> Result<Posted, RegionRefused<Option<MemoryRegion>>> {
+        let (posted, unknown) = post_region_recv(&mut self.qp, region)?;
+        self.note_failed_post(unknown);
+        Ok(posted)
+    }
+
+    /// A post failed without naming the request it refused (`unknown`):
+    /// the QP is in ERR now, and the connection over.
+    fn note_failed_post(&mut self, unknown: Option<Indeterminate>) {
+        let Some(unknown) = unknown else {
+            return;
+        };
+        tracing::warn!(error = %unknown.error(), "the queue pair is in ERR");
+        self.failed_post = Some(unknown);
+        if std::mem::take(&mut self.connected) {
+            if let Some(id) = &self.cm_id {
+                let _ = id.disconnect();
+            }
+        }
     }
 
     /// Waits up to `timeout` for `posted`'s completion and gives its region
-    /// back. Requests complete in order per queue, so the next completion
-    /// on its queue must be its own; anything else is an error (and the
-    /// region is freed, not returned: its request may still be pending).
-    pub fn complete(&mut self, posted: Posted, timeout: Duration) -> Result<Completed> {
-        let (receive, what) = if posted.is_receive() {
-            (true, "a receive completion")
-        } else {
-            (false, "a send-queue completion")
+    /// back.
+    ///
+    /// Requests complete in order per queue, so the next completion on its
+    /// queue should be its own. When it is not, or none comes in time, the
+    /// request is given back in [`CompleteError::Pending`]: its region is
+    /// still the NIC's. (The other request's completion is kept for it, and
+    /// the completion of a request whose `Posted` was dropped only frees
+    /// that region.) An error completion of its own gives the region back
+    /// in [`CompleteError::Failed`].
+    // The request comes back in the error unboxed: a timeout is ordinary.
+    #[allow(clippy::result_large_err)]
+    pub fn complete(
+        &mut self,
+        posted: Posted,
+        timeout: Duration,
+    ) -> std::result::Result<Completed, CompleteError> {
+        if !posted.is_on(&self.qp) {
+            return Err(CompleteError::Pending {
+                error: Error::Config("the request was posted on another endpoint".into()),
+                posted,
+            });
+        }
+        self.stash.free_parked(self.qp.lot());
+        let receive = posted.is_receive();
+        let kept = self.stash.take(receive, |wc| posted.is_completed_by(wc));
+        let mut wait = BoundedWait::new(timeout, waiting_for(receive));
+        let wc = match kept.map_or_else(|| self.next_completion(receive, &mut wait), Ok) {
+            Ok(wc) => wc,
+            Err(error) => return Err(CompleteError::Pending { error, posted }),
         };
-        let mut wc = [WorkCompletion::zeroed()];
-        self.wait_one(receive, timeout, what, &mut wc)?;
-        let wc = &wc[0];
-        let expected = posted.wr_id();
-        let region = posted.finish(wc).map_err(|_| Error::UnexpectedCompletion {
-            expected,
-            got: wc.wr_id(),
-        })?;
-        self.done(wc).map(|done| Completed { region, done })
+        match posted.finish(&wc) {
+            Ok(region) => match self.done(&wc, wc.wr_id()) {
+                Ok(done) => Ok(Completed { region, done }),
+                Err(error) => Err(CompleteError::Failed { error, region }),
+            },
+            Err(posted) => {
+                let error = Error::UnexpectedCompletion {
+                    expected: posted.wr_id(),
+                    got: wc.wr_id(),
+                };
+                self.stash.keep(receive, wc);
+                Err(CompleteError::Pending { error, posted })
+            }
+        }
+    }
+
+    /// The next completion on one CQ, within `wait`, for anyone but a
+    /// request whose `Posted` was dropped: that one frees its parked
+    /// region, and the wait goes on.
+    fn next_completion(&mut self, receive: bool, wait: &mut BoundedWait) -> Result<WorkCompletion> {
+        loop {
+            let wc = self.wait_one(receive, wait)?;
+            let request = Request {
+                wr_id: wc.wr_id(),
+                receive,
+            };
+            if wr_id::owner(wc.wr_id()) == Owner::Owned && self.qp.lot().completed(request) {
+                continue;
+            }
+            return Ok(wc);
+        }
+    }
+
+    /// The next completion of a raw request (see [`RawQueuePair`]) on one
+    /// CQ, its id as the poster gave it; regions' completions met on the
+    /// way are kept for them.
+    fn next_raw(&mut self, receive: bool, timeout: Duration) -> Result<WorkDone> {
+        self.stash.free_parked(self.qp.lot());
+        let raw = |wc: &WorkCompletion| wr_id::owner(wc.wr_id()) != Owner::Owned;
+        let mut wait = BoundedWait::new(timeout, waiting_for(receive));
+        let wc = match self.stash.take(receive, raw) {
+            Some(wc) => wc,
+            None => loop {
+                let wc = self.next_completion(receive, &mut wait)?;
+                if raw(&wc) {
+                    break wc;
+                }
+                self.stash.keep(receive, wc);
+            },
+        };
+        let shown = match wr_id::owner(wc.wr_id()) {
+            Owner::Raw(id) => id,
+            _ => wc.wr_id(),
+        };
+        self.done(&wc, shown)
+    }
+
+    /// Keeps `memory`, which queued requests of this QP may name, until
+    /// the QP is destroyed.
+    pub(crate) fn park(&self, memory: Registration) {
+        self.qp.lot().park(None, memory);
+    }
+
+    /// Memory this queue pair keeps because its requests may still name
+    /// it: the rings of a connection whose setup failed after posting
+    /// receives (freed when the queue pair is destroyed), and regions of
+    /// dropped [`Posted`]s — each freed once its request's completion has
+    /// been polled here
+    /// (by the next [`complete`](Endpoint::complete),
+    /// [`wait_send`](Endpoint::wait_send) or
+    /// [`wait_recv`](Endpoint::wait_recv) if it was polled before the
+    /// drop), or when the queue pair is destroyed.
+    pub fn parked_regions(&self) -> usize {
+        self.qp.lot().len()
     }
 
     /// Raw posting for experts (`unsafe`: nothing checks who owns the
@@ -260,35 +446,37 @@ impl Endpoint {
         self.remote_region
     }
 
-    /// Busy-polls the send CQ for one completion until `timeout` passes.
-    /// An error completion becomes [`Error::Completion`].
+    /// Busy-polls the send CQ until the completion of a raw request
+    /// ([`raw`](Endpoint::raw)) arrives or `timeout` passes; its `wr_id`
+    /// is the one posted. An error completion becomes
+    /// [`Error::Completion`].
     pub fn wait_send(&mut self, timeout: Duration) -> Result<WorkDone> {
-        let mut wc = [WorkCompletion::zeroed()];
-        self.wait_one(false, timeout, "a send-queue completion", &mut wc)?;
-        self.done(&wc[0])
+        self.next_raw(false, timeout)
     }
 
-    /// Busy-polls the receive CQ for one completion until `timeout` passes.
+    /// Busy-polls the receive CQ for a raw receive's completion until
+    /// `timeout` passes.
     pub fn wait_recv(&mut self, timeout: Duration) -> Result<WorkDone> {
-        let mut wc = [WorkCompletion::zeroed()];
-        self.wait_one(true, timeout, "a receive completion", &mut wc)?;
-        self.done(&wc[0])
+        self.next_raw(true, timeout)
     }
 
-    /// A polled completion as a result: a flush after the connection ended
-    /// under us reports that end.
-    fn done(&self, wc: &WorkCompletion) -> Result<WorkDone> {
+    /// A polled completion as a result, its id shown as `wr_id`: a flush
+    /// after the connection ended under us reports that end.
+    fn done(&self, wc: &WorkCompletion, wr_id: u64) -> Result<WorkDone> {
         match wc.result(None) {
             Ok(()) => Ok(WorkDone {
-                wr_id: wc.wr_id(),
+                wr_id,
                 opcode: wc.opcode(),
                 byte_len: wc.byte_len(),
                 imm: wc.imm(),
             }),
-            Err(e) if self.was_disconnected() && e.status == WcStatus::WR_FLUSH_ERR => {
+            Err(e)
+                if e.status == WcStatus::WR_FLUSH_ERR
+                    && (self.was_disconnected() || self.failed_post.is_some()) =>
+            {
                 Err(self.end_error())
             }
-            Err(e) => Err(e.into()),
+            Err(e) => Err(crate::status::WcError { wr_id, ..e }.into()),
         }
     }
 
@@ -298,13 +486,18 @@ impl Endpoint {
         self.ever_connected && !self.connected
     }
 
-    /// Why the connection ended, as an error: a device event, or the peer.
+    /// Why the connection ended, as an error: a device event (a post that
+    /// failed meanwhile failed because of it), a post that failed without
+    /// naming the refused request, or the peer.
     pub fn end_error(&self) -> Error {
-        match self.ended_by {
-            Some(event) => Error::DeviceEvent {
+        if let Some(event) = self.ended_by {
+            return Error::DeviceEvent {
                 device: self.device_name().to_owned(),
                 event,
-            },
+            };
+        }
+        match self.failed_post {
+            Some(failed) => failed.error(),
             None => Error::Disconnected,
         }
     }
@@ -357,16 +550,10 @@ impl Endpoint {
         Ok(false)
     }
 
-    /// Busy-polls one CQ for one completion into `wc[0]`, noticing an
+    /// Busy-polls one CQ for one completion within `wait`, noticing an
     /// rdma_cm disconnect (which flushes the QP, so the wait ends).
-    fn wait_one(
-        &mut self,
-        receive: bool,
-        limit: Duration,
-        what: &'static str,
-        wc: &mut [WorkCompletion; 1],
-    ) -> Result<()> {
-        let mut wait = BoundedWait::new(limit, what);
+    fn wait_one(&mut self, receive: bool, wait: &mut BoundedWait) -> Result<WorkCompletion> {
+        let mut wc = [WorkCompletion::zeroed()];
         let mut gone = false;
         loop {
             let poller = if receive {
@@ -374,8 +561,9 @@ impl Endpoint {
             } else {
                 self.send_cq.as_mut()
             };
-            if poller.ok_or_else(pollers_taken)?.poll(wc)? == 1 {
-                return Ok(());
+            if poller.ok_or_else(pollers_taken)?.poll(&mut wc)? == 1 {
+                let [wc] = wc;
+                return Ok(wc);
             }
             if wait
                 .tick()?
@@ -405,6 +593,15 @@ impl Endpoint {
             }
             None => self.qp.enter_error(),
         }
+    }
+}
+
+/// What a wait on one CQ waits for, for its timeout's message.
+fn waiting_for(receive: bool) -> &'static str {
+    if receive {
+        "a receive completion"
+    } else {
+        "a send-queue completion"
     }
 }
 

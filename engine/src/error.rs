@@ -89,13 +89,19 @@ pub enum Error {
         posted: usize,
         source: io::Error,
     },
+    #[error("{call} failed without naming the request it refused, so all {requests} request(s) of the call are taken as posted: the queue pair was moved to ERR so that each completes (flushed) before its memory is used again; the connection is over")]
+    PostIndeterminate {
+        call: &'static str,
+        requests: usize,
+        source: io::Error,
+    },
     #[error("a completion names work request {wr_id}, which this queue never posted or already retired (outstanding: {retired}..{posted}); was the connection's queue pair posted to by other code?")]
     ForeignCompletion {
         wr_id: u64,
         retired: u64,
         posted: u64,
     },
-    #[error("the next completion is for work request {got}, not {expected}: requests on one queue complete in order, so complete them in the order they were posted")]
+    #[error("the next completion is for work request {got}, not {expected}: requests on one queue complete in order, so complete them in the order they were posted (that completion is kept for its own request)")]
     UnexpectedCompletion { expected: u64, got: u64 },
     #[error("ibv_poll_cq failed")]
     PollCq(#[source] io::Error),

@@ -89,11 +89,12 @@ pub mod alloc {
 }
 
 pub use config::{EngineConfig, IdlePolicy, QpConfig};
-pub use datapath::{Batch, Connection, ConnectionBuilder, Event, Incoming, Stats};
+pub use datapath::{Batch, Connection, ConnectionBuilder, Event, Incoming, Stats, TargetMut};
 pub use endpoint::{Completed, Endpoint, WorkDone};
 pub use error::{Error, Result};
 pub use memory::{
-    Access, MemoryRegion, PageSize, Posted, RegionOp, RegionRefused, RemoteSlice, SharedRegion,
+    Access, CompleteError, MemoryRegion, PageSize, Posted, RegionOp, RegionRefused, RemoteSlice,
+    SharedRegion,
 };
 pub use status::{WcError, WcOpcode, WcStatus};
 pub use worker::{Engine, EngineEvent, WorkerReport};

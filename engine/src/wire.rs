@@ -13,9 +13,16 @@
 //!
 //! Every failure is a [`WireError`] naming the format, the field, what it
 //! held and what is allowed.
+//!
+//! Every decoder of bytes from a peer, here and in the applications, hands
+//! them to [`record`] first: the hook that records real sessions' messages
+//! as the fuzz targets' seed corpora (`fuzz/README.md`).
 
 use std::fmt;
+use std::hash::{DefaultHasher, Hasher};
 use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::OnceLock;
 
 /// The header of a wire format: a 4-byte ASCII `magic` at bytes 0..4, then
 /// `version` at byte 4 when the format has one.
@@ -131,6 +138,7 @@ impl Header {
     /// Checks `bytes` against this format: not all zeros, `len`, magic,
     /// version (in that order); the view reads the fields.
     pub fn check<'a>(&'static self, bytes: &'a [u8], len: Len) -> Result<Checked<'a>, WireError> {
+        record("wire", bytes);
         if bytes.iter().all(|b| *b == 0) {
             return Err(WireError::Absent {
                 format: self.name,
@@ -257,6 +265,34 @@ impl Emit<'_> {
     pub fn bytes(&mut self, at: usize, v: &[u8]) -> &mut Self {
         self.0[at..at + v.len()].copy_from_slice(v);
         self
+    }
+}
+
+/// Test hook, debug builds only: with `PINPOLL_RECORD_WIRE=DIR` set, saves
+/// `bytes`, which a decoder was given, as the file `DIR/CORPUS/HASH`
+/// (named by content, so a message seen twice is saved once) for the fuzz
+/// target `corpus`. `scripts/record-corpus.sh` runs real sessions with it
+/// set. Failures to save are ignored: the hook never changes an outcome.
+/// Release builds, and debug builds without the variable, record nothing
+/// (and allocate nothing).
+pub fn record(corpus: &str, bytes: &[u8]) {
+    const RECORD_ENV: &str = "PINPOLL_RECORD_WIRE";
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    let Some(dir) = DIR.get_or_init(|| std::env::var_os(RECORD_ENV).map(PathBuf::from)) else {
+        return;
+    };
+    // SipHash with fixed keys: the same bytes get the same name in every
+    // process, so the processes of a session share one copy.
+    let mut hasher = DefaultHasher::new();
+    hasher.write(bytes);
+    let dir = dir.join(corpus);
+    let saved = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(dir.join(format!("{:016x}", hasher.finish())), bytes));
+    if let Err(e) = saved {
+        tracing::warn!(error = %e, corpus, "{RECORD_ENV}: could not record a message");
     }
 }
 

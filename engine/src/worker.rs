@@ -17,14 +17,16 @@ use crate::error::{Error, Result};
 use crate::status::{WcError, WcOpcode};
 use crate::sys::cpu::current_affinity;
 use crate::sys::handoff::{handoff_ring, SlotReader, SlotWriter};
+use crate::sys::send_queue::POLL_BATCH;
 use crate::wait::BoundedWait;
 
 /// Empty polls between two checks (a system call) for an rdma_cm disconnect.
 const PEER_CHECK_INTERVAL: u32 = 4096;
 
-/// Completions the worker takes per CQ per poll; with one event each, two
-/// CQs can produce twice this many events.
-const EVENTS_PER_POLL: usize = 64;
+/// Payloads one poll may hand over through the rx ring: a message per
+/// receive completion and a READ's data per send completion, each CQ
+/// polled for at most [`POLL_BATCH`].
+const PAYLOADS_PER_POLL: usize = 2 * POLL_BATCH;
 
 #[derive(Debug, Clone, Copy)]
 enum OpKind {
@@ -138,7 +140,10 @@ impl Engine {
         let (tx, tx_reader) = handoff_ring(slot_size, slots)?;
         let (rx_writer, rx) = handoff_ring(slot_size, slots)?;
         let (ops, ops_out) = RingBuffer::new(depth);
-        let (notes_in, notes) = RingBuffer::new(depth);
+        // Room for every event one poll can make (see `collect`) even when
+        // the whole send queue retires at once.
+        let (notes_in, notes) =
+            RingBuffer::new(depth.max(cfg.qp.max_send_wr as usize + POLL_BATCH));
         let stop = Arc::new(AtomicBool::new(false));
         let peer_len = conn.peer_ring().len;
         let worker = Worker {
@@ -435,7 +440,9 @@ impl Worker {
         let mut used = 0usize;
         let mut refused = 0usize;
         let mut batch = self.conn.batch();
-        while batch.len() < self.batch_size {
+        // An op may be refused, which is a note: take ops while there is
+        // room for one.
+        while batch.len() < self.batch_size && !self.notes.is_full() {
             let Some(op) = self.pending.take().or_else(|| self.ops.pop().ok()) else {
                 break;
             };
@@ -491,6 +498,10 @@ impl Worker {
     /// the one direct mode uses: no `Batch` state is set up and torn down
     /// for a single request, so engine mode adds only the hand-off.
     fn submit_alone(&mut self) -> Result<usize> {
+        // It may be refused, which is a note: only with room for it.
+        if self.notes.is_full() {
+            return Ok(0);
+        }
         let Ok(op) = self.ops.pop() else {
             return Ok(0);
         };
@@ -537,10 +548,12 @@ impl Worker {
     }
 
     /// Polls both CQs and hands the events to the application, when it
-    /// has room for them (otherwise the completions wait in the CQ).
+    /// has room for every event the poll can make (otherwise the
+    /// completions wait in the CQ): one per request retired, which a single
+    /// completion may do for many (a flush that retires unsignaled requests
+    /// before it), and one per receive.
     fn collect(&mut self) -> Result<usize> {
-        let room = self.notes.slots();
-        if room < EVENTS_PER_POLL || self.rx.free() < EVENTS_PER_POLL {
+        if self.notes.slots() < self.conn.events_per_poll() || self.rx.free() < PAYLOADS_PER_POLL {
             return Ok(0);
         }
         let (notes, rx, ids) = (&mut self.notes, &mut self.rx, &self.ids);

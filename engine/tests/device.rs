@@ -1,7 +1,7 @@
 //! Every opcode moving real data, and remote access errors, on a real RDMA
 //! device — over both connection methods.
 
-use pinpoll::{Error, RegionOp, WcOpcode, WcStatus};
+use pinpoll::{CompleteError, Error, RegionOp, WcOpcode, WcStatus};
 use pinpoll_testkit::pair::*;
 use pinpoll_testkit::{cm_addr, device, pattern};
 
@@ -116,12 +116,19 @@ fn assert_refused(method: Method, corrupt: fn(pinpoll::RemoteSlice) -> pinpoll::
         .post(client.buffer(&[0xAA; 256]), 256, op)
         .unwrap();
     let err = client.ep.complete(posted, WAIT).unwrap_err();
-    let wc = match &err {
+    let wc = match err.error() {
         Error::Completion(wc) => wc,
         other => panic!("expected an error completion, got {other}"),
     };
     assert_eq!(wc.status, WcStatus::REM_ACCESS_ERR, "{err}");
     assert!(err.to_string().contains("REM_ACCESS_ERR"), "{err}");
+    match err {
+        CompleteError::Failed {
+            region: Some(region),
+            ..
+        } => assert_eq!(region.as_slice(), &[0xAA; 256], "the region came back"),
+        other => panic!("expected the region back with the error, got {other:?}"),
+    }
     assert_eq!(
         server.exposed_bytes(),
         before,
@@ -144,7 +151,8 @@ fn address_past_the_region_is_refused(method: Method) {
 }
 
 /// Requests on one queue complete in order: completing a later one first
-/// is an error naming both, not a region handed back early.
+/// is an error naming both that gives the request back, not a region
+/// handed back early; the earlier one's completion is kept for it.
 fn completions_must_be_taken_in_posting_order(method: Method) {
     let (mut client, mut server) = pair(method);
     let first = client
@@ -156,12 +164,18 @@ fn completions_must_be_taken_in_posting_order(method: Method) {
         .post(client.buffer(b"two"), 3, RegionOp::Send)
         .unwrap();
     let (first_id, second_id) = (first.wr_id(), second.wr_id());
-    let err = client.ep.complete(second, WAIT).unwrap_err().to_string();
+    let (err, second) = match client.ep.complete(second, WAIT) {
+        Err(CompleteError::Pending { error, posted }) => (error.to_string(), posted),
+        other => panic!("expected the second request back, got {other:?}"),
+    };
     assert!(
         err.contains(&format!("work request {first_id}, not {second_id}")),
         "{err}"
     );
-    drop(first);
+    let done = client.ep.complete(first, WAIT).unwrap();
+    assert_eq!(done.region.unwrap().as_slice(), b"one");
+    let done = client.ep.complete(second, WAIT).unwrap();
+    assert_eq!(done.region.unwrap().as_slice(), b"two");
     assert_eq!(server.next_receive().1, b"one");
     assert_eq!(server.next_receive().1, b"two");
 }
@@ -242,7 +256,7 @@ fn a_stale_rkey_from_an_earlier_connection_is_refused_and_the_server_goes_on() {
         .post(client_b.buffer(&[0xAA; 256]), 256, op)
         .unwrap();
     let err = client_b.ep.complete(posted, WAIT).unwrap_err();
-    match &err {
+    match err.error() {
         Error::Completion(wc) => assert_eq!(wc.status, WcStatus::REM_ACCESS_ERR, "{err}"),
         other => panic!("expected an error completion, got {other}"),
     }

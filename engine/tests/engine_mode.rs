@@ -4,8 +4,11 @@
 use std::time::Duration;
 
 use pinpoll::{Engine, EngineConfig, EngineEvent, Error, QpConfig, WcOpcode};
-use pinpoll_testkit::pair::{cm_pair, target_bytes};
+use pinpoll_testkit::pair::{cm_pair, target_bytes, WAIT};
 use pinpoll_testkit::pattern;
+
+/// Long enough for rxe to finish what was posted.
+const SETTLE: Duration = Duration::from_millis(300);
 
 /// Deeper queues than the fast-path tests: the worker batches what it takes.
 fn engine_config() -> EngineConfig {
@@ -155,4 +158,82 @@ fn a_full_queue_is_backpressure_and_shutdown_drains_everything() {
         "{s:?} vs {submitted}"
     );
     assert_eq!(&target_bytes(&server, 0..512)[..], &data[..]);
+}
+
+/// One poll after a failure can retire the whole send queue at once: a
+/// flushed marker retires every unsignaled request before it, one
+/// `Flushed` each. The worker handed over at most 64 notes per poll and
+/// dropped the rest (a panic in debug builds).
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_flush_that_retires_the_whole_queue_hands_every_event_over() {
+    let base = engine_config();
+    let cfg = EngineConfig {
+        qp: QpConfig {
+            max_send_wr: 256,
+            cq_depth: 512,
+            ..base.qp
+        },
+        batch_size: 16,
+        signal_interval: 200,
+        slot_count: 256,
+        handoff_depth: 128,
+        heartbeat_interval: None,
+        ..base
+    };
+    // The server's slots are larger: its 6000-byte SEND overruns the
+    // client's 4096-byte receive, which fails the client's connection.
+    let server_cfg = EngineConfig {
+        slot_size: 8192,
+        ..cfg.clone()
+    };
+    let listener = pinpoll::connect::cm::Listener::bind(pinpoll_testkit::cm_addr()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        pinpoll::Connection::accept(&listener, &server_cfg, WAIT).expect("accept")
+    });
+    let mut client = pinpoll::Connection::connect(addr, &cfg).expect("connect");
+    let mut server = server.join().unwrap();
+
+    const SILENT: u64 = 150;
+    for i in 0..SILENT {
+        client.try_write(&[7u8; 8], i * 8, None).unwrap();
+    }
+    std::thread::sleep(SETTLE);
+    let _ = server.try_send(&pattern(6000, 1));
+    let mut failed = false;
+    let mut wait = std::time::Instant::now();
+    while !failed {
+        let _ = client.poll(|ev| failed |= matches!(ev, pinpoll::Event::Failed(_)));
+        assert!(wait.elapsed() < WAIT, "the client's receive never failed");
+    }
+    assert_eq!(
+        client.outstanding(),
+        SILENT,
+        "the writes completed silently, unretired"
+    );
+    // A marker behind them flushes and retires them all with one completion.
+    client.flush_tail().unwrap();
+    std::thread::sleep(SETTLE);
+
+    let mut engine = Engine::spawn(client, &cfg).unwrap();
+    let mut flushed = 0;
+    wait = std::time::Instant::now();
+    while flushed <= SILENT {
+        match engine.poll() {
+            Some(EngineEvent::Flushed { .. }) => flushed += 1,
+            Some(other) => panic!("unexpected {other:?}"),
+            None => assert!(
+                wait.elapsed() < WAIT,
+                "{flushed} of {} Flushed events came over",
+                SILENT + 1
+            ),
+        }
+    }
+    let report = engine.shutdown().expect("the worker drained and stopped");
+    assert_eq!(
+        report.stats.flushed,
+        SILENT + 1,
+        "the writes and the marker"
+    );
 }

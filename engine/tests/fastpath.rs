@@ -216,6 +216,67 @@ fn inline_and_ring_payloads_arrive_byte_for_byte() {
     }
 }
 
+#[test]
+#[ignore = "needs an RDMA device"]
+fn wait_idle_retires_unsignaled_requests_behind_a_signaled_one_still_in_flight() {
+    let mut cfg = engine_config();
+    cfg.completion_timeout = Duration::from_secs(5);
+    // No heartbeat either, whose own signaled WRITE would retire them.
+    cfg.heartbeat_interval = None;
+    let (mut client, _server) = cm_pair(&cfg);
+    // A READ is always signaled; the two WRITEs behind it are not (the
+    // interval's signal falls on the fourth request). The READ's
+    // completion retires only the READ: the WRITEs need a marker.
+    let data = pattern(100, 3);
+    let mut batch = client.batch();
+    let read = batch.read(0, 64).unwrap();
+    batch.write(&data, 4096, None).unwrap();
+    let last = batch.write(&data, 8192, None).unwrap();
+    assert_eq!(batch.post().unwrap(), 3);
+    let mut reported = Vec::new();
+    client
+        .wait_idle(|ev| reported.push(format!("{ev:?}")))
+        .unwrap_or_else(|e| panic!("wait_idle: {e} (events: {reported:?})"));
+    assert!(client.is_retired(last) && client.is_retired(read));
+    assert_eq!(client.outstanding(), 0);
+    assert_eq!(
+        reported.len(),
+        1,
+        "the READ's completion only: {reported:?}"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn wait_idle_reports_every_completion_even_from_a_full_send_queue() {
+    let mut cfg = engine_config();
+    cfg.heartbeat_interval = None;
+    let (mut client, mut server) = cm_pair(&cfg);
+    let published = pattern(256, 42);
+    server.target_mut().copy_from(0, &published).unwrap();
+    // A READ, then WRITEs until the send queue is full; the interval's
+    // signals leave the newest three unsignaled, so a marker must go
+    // behind them, and there is no room for it until something retires.
+    let depth = cfg.qp.max_send_wr as u64;
+    let read = client.try_read(0, 256).unwrap();
+    for i in 1..depth {
+        client.try_write(b"fill", 4096 + 8 * i, None).unwrap();
+    }
+    let full = client.try_write(b"more", 4096, None);
+    assert!(matches!(full, Err(Error::Full { .. })), "{full:?}");
+    let mut read_back = None;
+    client
+        .wait_idle(|ev| match ev {
+            Event::ReadCompleted { seq, data } => read_back = Some((seq, data.to_vec())),
+            Event::Completed { .. } => {}
+            other => panic!("{other:?}"),
+        })
+        .unwrap();
+    assert_eq!(client.outstanding(), 0);
+    // The READ's data reached the caller: none of its events was dropped.
+    assert_eq!(read_back, Some((read, published)));
+}
+
 /// A region of `len` bytes on `conn`'s device holding `pattern(len, seed)`.
 fn filled_region(conn: &pinpoll::Connection, len: usize, seed: u8) -> MemoryRegion {
     let mut region = conn
@@ -382,6 +443,13 @@ fn rings_on_huge_pages_move_data_and_missing_pages_are_a_clear_error() {
 fn an_rdma_cm_disconnect_ends_waits_with_an_error() {
     let mut cfg = engine_config();
     cfg.completion_timeout = Duration::from_secs(30);
+    // The write below goes to a QP that no longer exists, so the transport
+    // retries it: with the kit's short ACK timeout (~4 ms x 4 tries) the
+    // retries could run out before this side reads the DISCONNECTED
+    // event — they did, under AddressSanitizer — and the test would judge
+    // the race, not the disconnect path. ~1 s x 4 tries cannot win it,
+    // and still ends well within the completion timeout.
+    cfg.qp.timeout = 18;
     let (mut client, server) = cm_pair(&cfg);
     drop(server); // disconnects, then destroys its QP
     let mut batch = client.batch();

@@ -345,7 +345,7 @@ extra_clients_refused_as_busy() {
     b=$cpid
     if wait_line /tmp/c12a.out "waiting up to" 30 && wait_line /tmp/c12b.out "waiting up to" 30; then
         for i in 1 2 3; do
-            ln -f "$SRC/small.bin" "$SRC/m12/x$i.bin"
+            appear "$SRC/small.bin" "$SRC/m12/x$i.bin"
             fx_send_bg "/tmp/c12x$i.out" "$SRC/m12/x$i.bin" --timeout 20
             extra+=("$cpid")
         done
@@ -356,13 +356,16 @@ extra_clients_refused_as_busy() {
     else
         why="the first two clients did not both connect: $(tr '\n' ' ' </tmp/c12a.out) $(tr '\n' ' ' </tmp/c12b.out)"
     fi
-    # Their files appear (hard links: complete at once); both go.
-    ln -f "$SRC/small.bin" "$SRC/m12/a.bin"
-    ln -f "$SRC/small.bin" "$SRC/m12/b.bin"
+    # Their files appear (renamed into place: complete at once); both go.
+    # Each its own copy: a hard link to a file another sender holds open
+    # would change that file's status-change time, which the sender takes
+    # for a change under it.
+    appear "$SRC/small.bin" "$SRC/m12/a.bin"
+    appear "$SRC/small.bin" "$SRC/m12/b.bin"
     wait_bounded "$a" 300 || fail_if "a.bin: $(tail -2 /tmp/c12a.out | tr '\n' ' ')"
     wait_bounded "$b" 300 || fail_if "b.bin: $(tail -2 /tmp/c12b.out | tr '\n' ' ')"
     # A slot is free again: the next client is accepted.
-    ln -f "$SRC/small.bin" "$SRC/m12/c.bin"
+    appear "$SRC/small.bin" "$SRC/m12/c.bin"
     fail_if "$(send_and_compare /tmp/k12 "$SRC/m12/c.bin" 20)"
     finish >/tmp/server.out 2>&1 || fail_if "server: $(tail -3 /tmp/server.out | tr '\n' ' ')"
     [ "$(grep -c 'refused, server busy' /tmp/server.out)" -eq 3 ] || fail_if "the server did not report 3 busy refusals: $(tr '\n' ' ' </tmp/server.out)"

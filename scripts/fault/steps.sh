@@ -169,6 +169,7 @@ send_and_compare() { # DIR FILE TIMEOUT [ARGS...]
         echo "$(basename "$2") arrived with sha256 ${got:-none}, sent $(sha_of "$2")"
     fi
 }
+appear() { cp "$1" "$2.part" && mv "$2.part" "$2"; } # SRC DST: a copy, complete at once
 make_src() { # NAME MIB
     mkdir -p "$SRC"
     [ -s "$SRC/$1" ] || head -c "$(($2 * 1024 * 1024))" /dev/urandom >"$SRC/$1"

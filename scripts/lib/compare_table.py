@@ -1,23 +1,46 @@
 #!/usr/bin/env python3
-"""The table of scripts/compare-perftest.sh: medians of interleaved rounds of
-pinpoll-perf (JSON) and perftest (text), their ratio, the targets, a verdict.
+"""The table of scripts/compare-perftest.sh: pinpoll-perf against perftest,
+like for like, from alternated rounds.
 
-usage: compare_table.py RESULTS.tsv RUN_DIR ELAPSED_SECONDS ROUNDS FILEXFER(yes|no)
-Writes RUN_DIR/summary.json (every figure) and prints Markdown on stdout.
+usage: compare_table.py RESULTS.tsv COMMANDS.tsv RUN_DIR ELAPSED_SECONDS ROUNDS
+                        WARMUP SAMPLES FILEXFER(yes|no)
+
+RESULTS.tsv: name, tool, round, path and latency samples compared of each
+run (tool: perftest, pinpoll, pinpoll-as-perftest, rcopy, or failed). COMMANDS.tsv: name, tool, command
+line, what differs. Latency percentiles are computed here, the same way
+for both tools, from the raw samples of every run (perftest's -C -U,
+pinpoll-perf's --raw-samples) after dropping the first WARMUP of each and
+keeping the next ones, as many as the run's line says (SAMPLES in the
+table's head: the main points'). Each figure is the median over the rounds with
+the range of the rounds beside it; a ratio is the ratio of the medians,
+with the range of the per-round ratios (each round's pinpoll run over the
+same round's perftest run). Writes RUN_DIR/summary.json and prints
+Markdown on stdout; its last line is the verdict.
 """
+from __future__ import annotations
+
 import json
 import math
 import os
 import re
 import statistics
 import sys
+from dataclasses import dataclass, field
+
+# (quantile, key) of the latency rows.
+PERCENTILES = ((0.5, "p50"), (0.99, "p99"), (0.999, "p99_9"))
+LABELS = {"p50": "p50", "p99": "p99", "p99_9": "p99.9"}
+CONFIGS = {
+    "pinpoll-as-perftest": "as perftest (-I 0 --await-sends)",
+    "pinpoll": "as meant (profile)",
+}
+SAMPLE_LINE = re.compile(r"^\s*(\d+),\s*([-+0-9.eE]+)\s*$")
 
 
-def perftest_figures(path):
-    """Parses perftest's result table by its column names (robust to the
-    spacing and tab mix perftest prints)."""
-    with open(path, errors="replace") as f:
-        lines = f.read().splitlines()
+def perftest_table(lines: list[str], path: str) -> dict:
+    """perftest's result table, by its column names without their units
+    (robust to the spacing and tab mix perftest prints). Figures it could
+    not compute (inf, nan) are left out."""
     for i, line in enumerate(lines):
         if "#bytes" not in line:
             continue
@@ -31,222 +54,338 @@ def perftest_figures(path):
                 j += 2
                 continue
             if tok == "BW" and j + 1 < len(raw):
-                names.append("BW " + raw[j + 1])
+                names.append("BW " + raw[j + 1].split("[")[0])
                 j += 2
                 continue
-            names.append(tok)
+            names.append(tok.split("[")[0])
             j += 1
         for data in lines[i + 1:]:
             vals = data.split()
-            if not vals or not re.match(r"^\d", vals[0]):
+            if not vals or not re.match(r"^\d", vals[0]) or SAMPLE_LINE.match(data):
                 continue
             out = {}
             for name, val in zip(names, vals):
                 try:
-                    out[name] = float(val)
+                    v = float(val)
                 except ValueError:
-                    pass
-            # perftest prints inf/nan when its timer failed (seen under
-            # TCG): a failed run, not a figure (and not valid JSON).
-            if not all(math.isfinite(v) for v in out.values()):
-                raise ValueError(f"perftest printed non-finite figures in {path}")
+                    continue
+                # -C overflows its standard deviation (-nan); its timer
+                # failing under TCG gives inf: not figures (nor JSON).
+                if math.isfinite(v):
+                    out[name] = v
             return out
     raise ValueError(f"no result table in {path}")
 
 
-def pick(fig, *prefixes):
-    for p in prefixes:
-        for k, v in fig.items():
-            if k.startswith(p):
-                return v
-    raise KeyError(f"none of {prefixes} in {sorted(fig)}")
+def perftest_samples(lines: list[str], path: str) -> list[float] | None:
+    """The samples -U prints after its `#, cycles` line, in order (each
+    as perftest reports latency: half a round trip for WRITE and SEND)."""
+    for i, line in enumerate(lines):
+        if line.strip() == "#, cycles":
+            out = []
+            for data in lines[i + 1:]:
+                m = SAMPLE_LINE.match(data)
+                if not m:
+                    break
+                out.append(float(m.group(2)))
+            if not all(math.isfinite(v) and v > 0 for v in out):
+                raise ValueError(f"perftest printed a non-positive sample in {path}")
+            return out
+        if line.strip() == "#, usec":
+            raise ValueError(f"{path}: samples in usec: run perftest with -C (cycles)")
+    return None
 
 
-def pinpoll_figures(path):
+def perftest_figures(path: str) -> dict:
+    with open(path, errors="replace") as f:
+        lines = f.read().splitlines()
+    fig = perftest_table(lines, path)
+    samples = perftest_samples(lines, path)
+    if samples is not None:
+        fig["samples"] = samples
+    elif "MsgRate" not in fig:
+        raise ValueError(f"perftest printed neither samples nor a message rate in {path}")
+    return fig
+
+
+def pinpoll_figures(path: str) -> dict:
     with open(path) as f:
         doc = json.load(f)
-    if "results" not in doc:  # filexfer's own record
+    if "results" not in doc:  # filexfer's and rcopy's own record
         return {"gbps": doc["bytes"] * 8 / doc["seconds"] / 1e9}
     p = doc["results"][0]
     out = {"doorbells_per_op": p["work_requests"]["per_op"], "inline": p["inline"]}
-    if p.get("latency"):
-        lat = p["latency"]
-        out.update({k: lat[k] for k in ("min", "p50", "mean", "p99", "p99_9", "p99_99", "max")})
+    raw = p.get("raw_samples")
+    if raw:
+        # As perftest reports latency: half a round trip for WRITE and SEND.
+        half = p["latency"]["measure"] == "half_round_trip"
+        out["samples"] = [t / 2 if half else float(t) for t in raw["round_trip_ticks"]]
+        out["ns_per_tick"] = raw["ns_per_tick"]
     if p.get("bandwidth"):
         out.update({k: p["bandwidth"][k] for k in ("gbps", "mpps", "mib_per_sec")})
     return out
 
 
-def main():
-    results, run_dir, elapsed, rounds, filexfer = sys.argv[1:6]
-    runs = {}
-    errors = []
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest rank: the smallest value with at least q of them at or
+    below it."""
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+@dataclass
+class Runs:
+    """Every run's figures, by point, tool and round."""
+    warmup: int
+    samples: int
+    by: dict = field(default_factory=dict)  # name -> tool -> round -> figures
+    errors: list = field(default_factory=list)
+
+    def add(self, name: str, tool: str, r: int, fig: dict, samples: int) -> None:
+        if "samples" in fig:
+            s = fig.pop("samples")
+            if not samples or len(s) < self.warmup + samples:
+                self.errors.append(f"{name} {tool} round {r}: {len(s)} samples, "
+                                   f"fewer than {self.warmup} + {samples}")
+                return
+            kept = sorted(s[self.warmup:self.warmup + samples])
+            for q, key in PERCENTILES:
+                fig[key + "_ticks"] = percentile(kept, q)
+        self.by.setdefault(name, {}).setdefault(tool, {})[r] = fig
+
+    def values(self, name: str, tool: str, key: str) -> dict:
+        """round -> figure."""
+        return {r: f[key] for r, f in self.by.get(name, {}).get(tool, {}).items()
+                if f.get(key) is not None}
+
+
+def read_runs(results: str, warmup: int, samples: int) -> Runs:
+    runs = Runs(warmup, samples)
     with open(results) as f:
         for line in f:
-            name, tool, path = line.rstrip("\n").split("\t")
-            try:
-                if tool in ("pinpoll", "rcopy"):
-                    fig = pinpoll_figures(path)
-                elif tool == "perftest":
-                    fig = perftest_figures(path)
-                else:
-                    why = ""
-                    try:
-                        with open(path, errors="replace") as f:
-                            why = " ".join(f.read().split()[-30:])
-                    except OSError:
-                        pass
-                    errors.append(f"{name}: a run failed ({os.path.basename(path)}: {why[:200]})")
-                    continue
-            except (OSError, ValueError, KeyError) as e:
-                errors.append(f"{name} {tool}: {e}")
+            name, tool, r, path, samples = line.rstrip("\n").split("\t")
+            if tool == "failed":
+                why = ""
+                try:
+                    with open(path, errors="replace") as g:
+                        why = " ".join(g.read().split()[-30:])
+                except OSError:
+                    pass
+                runs.errors.append(f"{name} round {r}: a run failed ({os.path.basename(path)}: {why[:200]})")
                 continue
-            runs.setdefault(name, {}).setdefault(tool, []).append(fig)
-
-    def med(name, tool, *keys):
-        figs = runs.get(name, {}).get(tool, [])
-        vals = []
-        for fig in figs:
             try:
-                vals.append(pick(fig, *keys))
-            except KeyError:
-                pass
-        return statistics.median(vals) if vals else None
+                fig = perftest_figures(path) if tool == "perftest" else pinpoll_figures(path)
+            except (OSError, ValueError, KeyError) as e:
+                runs.errors.append(f"{name} {tool} round {r}: {e}")
+                continue
+            runs.add(name, tool, int(r), fig, int(samples))
+    return runs
 
-    rows = []  # (test, size, metric, ours, theirs, ratio, target_text, ok)
 
-    def row(test, size, metric, ours, theirs, target=None, higher_is_better=False, note=""):
-        ratio = ours / theirs if ours is not None and theirs else None
-        ok = None
-        text = "-"
-        if target is not None and ratio is not None:
-            ok = ratio >= target if higher_is_better else ratio <= target
-            text = ("≥ " if higher_is_better else "≤ ") + f"{target:.2f}×"
-        rows.append((test, size, metric, ours, theirs, ratio, text, ok, note))
+@dataclass
+class Figure:
+    """A median over rounds, its range, and the per-round values."""
+    per_round: dict
 
-    lat = [
-        ("write-lat-8", "write-lat", "8 B", 0.9),
-        ("send-lat-8", "send-lat", "8 B", 0.9),
-        ("read-lat-8", "read-lat", "8 B", 1.0),
-        ("write-lat-4k", "write-lat", "4 KiB", 0.9),
-    ]
-    for name, test, size, target in lat:
-        half = "½ RTT" if test != "read-lat" else "RTT"
-        row(test, size, f"p50 vs typical, µs ({half})",
-            med(name, "pinpoll", "p50"), med(name, "perftest", "t_typical"), target)
-        row(test, size, f"p99.9, µs ({half})",
-            med(name, "pinpoll", "p99_9"), med(name, "perftest", "p99.9"), 1.0)
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.per_round.values()) if self.per_round else None
 
-    # Engine mode against direct mode, same run.
-    row("read-lat engine/direct", "8 B", "p50, µs (RTT)",
-        med("engine-read-lat-8", "pinpoll", "p50"), med("read-lat-8", "pinpoll", "p50"), 1.05,
-        note="ratio is engine/direct")
-    row("write-lat engine/direct", "8 B", "p50, µs (½ RTT)",
-        med("engine-write-lat-8", "pinpoll", "p50"), med("write-lat-8", "pinpoll", "p50"), 1.05,
-        note="ratio is engine/direct; 3 busy threads on 2 vCPUs")
-
-    d = med("write-bw-64", "perftest", "MsgRate")
-    l32 = med("write-bw-64-l32", "perftest", "MsgRate")
-    best = max([v for v in (d, l32) if v is not None], default=None)
-    which = "defaults" if best is not None and best == d else "-l 32 -Q 32"
-    row("write-bw", "64 B", "Mpps", med("write-bw-64", "pinpoll", "mpps"), best, 1.2, True,
-        note=f"perftest best: {which} (defaults {d}, -l 32 -Q 32 {l32})")
-    for name, test, size, nbytes, target in [
-        ("write-bw-64k", "write-bw", "64 KiB", 65536, 1.0),
-        ("write-bw-1m", "write-bw", "1 MiB", 1 << 20, 1.0),
-        ("send-bw-64k", "send-bw", "64 KiB", 65536, None),
-        ("read-bw-64k", "read-bw", "64 KiB", 65536, None),
-    ]:
-        # perftest prints Gb/s with two decimals; its message rate (six
-        # decimals) gives the same figure more precisely.
-        mpps = med(name, "perftest", "MsgRate")
-        theirs = mpps * nbytes * 8 / 1e3 if mpps else med(name, "perftest", "BW average")
-        row(test, size, "Gb/s", med(name, "pinpoll", "gbps"), theirs, target, True)
-    if filexfer == "yes":
-        row("filexfer", "64 MiB file", "Gb/s vs ib_write_bw 1 MiB",
-            med("filexfer", "pinpoll", "gbps"), med("filexfer", "perftest", "BW average"), 0.65, True)
-        row("filexfer", "64 MiB file", "Gb/s vs rcopy",
-            med("filexfer", "pinpoll", "gbps"), med("filexfer", "rcopy", "gbps"), 1.0, True,
-            note="rcopy verifies and fsyncs nothing; filexfer's time runs to verified, fsynced, in place")
-
-    def fmt(v):
-        if v is None:
+    def text(self, fmt) -> str:
+        if not self.per_round:
             return "n/a"
-        if isinstance(v, float):
-            return f"{v:.4g}" if abs(v) < 1 else f"{v:.2f}"
-        return str(v)
+        lo, hi = min(self.per_round.values()), max(self.per_round.values())
+        return f"{fmt(self.median)} ({fmt(lo)}–{fmt(hi)})"
 
-    print()
-    print(f"pinpoll-perf vs perftest on {os.environ.get('PINPOLL_DEVICE', '?')} "
-          f"(medians of {rounds} interleaved rounds, {elapsed} s)")
-    print()
-    print("| test | size | metric | pinpoll | perftest | pinpoll/perftest | target | met |")
-    print("|---|---|---|---:|---:|---:|---|---|")
-    for test, size, metric, ours, theirs, ratio, target, ok, note in rows:
-        met = "-" if ok is None else ("yes" if ok else "**no**")
-        ratio_s = "n/a" if ratio is None else f"{ratio:.2f}×"
-        theirs_s = fmt(theirs)
-        if "engine/direct" in test:
-            theirs_s += " (direct)"
-        print(f"| {test} | {size} | {metric} | {fmt(ours)} | {theirs_s} | {ratio_s} | {target} | {met} |")
-    if filexfer != "yes":
-        print("| filexfer | 64 MiB file | Gb/s vs ib_write_bw 1 MiB | n/a (filexfer not built) | - | - | - | - |")
-    notes = [r for r in rows if r[8]]
-    if notes:
-        print()
-        for r in notes:
-            print(f"- {r[0]} {r[1]}: {r[8]}")
-    if errors:
-        print()
-        for e in errors:
-            print(f"- failed: {e}")
 
-    # The sweep, for the plot.
-    sweep = {"write_lat": [], "write_bw": []}
-    for name in sorted(runs, key=lambda n: int(n.rsplit("-", 1)[1]) if n.startswith("sweep-") else 0):
-        if not name.startswith("sweep-"):
-            continue
+def ratio_cell(ours: Figure, theirs: Figure) -> tuple[float | None, str]:
+    if ours.median is None or not theirs.median:
+        return None, "n/a"
+    ratio = ours.median / theirs.median
+    rounds = [ours.per_round[r] / theirs.per_round[r]
+              for r in ours.per_round if theirs.per_round.get(r)]
+    spread = f" ({min(rounds):.2f}–{max(rounds):.2f})" if rounds else ""
+    return ratio, f"{ratio:.2f}×{spread}"
+
+
+def fmt(v: float) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.4g}" if abs(v) < 10 else f"{v:.1f}" if abs(v) < 1000 else f"{v:.0f}"
+
+
+class Table:
+    def __init__(self) -> None:
+        self.rows = []  # dicts
+
+    def add(self, test, size, metric, config, ours: Figure, theirs: Figure,
+            target=None, higher_is_better=False, their_label=""):
+        ratio, ratio_text = ratio_cell(ours, theirs)
+        ok, target_text = None, "-"
+        if target is not None:
+            target_text = ("≥ " if higher_is_better else "≤ ") + f"{target:.2f}×"
+            if ratio is not None:
+                ok = ratio >= target if higher_is_better else ratio <= target
+        self.rows.append(dict(
+            test=test, size=size, metric=metric, config=config,
+            pinpoll=ours.median, pinpoll_rounds=ours.per_round, pinpoll_text=ours.text(fmt),
+            perftest=theirs.median, perftest_rounds=theirs.per_round,
+            perftest_text=theirs.text(fmt) + their_label,
+            ratio=ratio, ratio_text=ratio_text, target=target_text, met=ok))
+
+
+LATENCY = (
+    ("write-lat-8", "write-lat", "8 B", 0.9),
+    ("send-lat-8", "send-lat", "8 B", 0.9),
+    ("read-lat-8", "read-lat", "8 B", 1.0),
+    ("write-lat-4k", "write-lat", "4 KiB", 0.9),
+)
+BANDWIDTH = (
+    ("write-bw-64", "write-bw", "64 B", "Mpps", 1.2, "-l 32 -Q 32"),
+    ("write-bw-64-l1", "write-bw", "64 B", "Mpps", 1.2, "-l 1 -Q 100"),
+    ("write-bw-64k", "write-bw", "64 KiB", "Gb/s", 1.0, "-l 32 -Q 32"),
+    ("write-bw-1m", "write-bw", "1 MiB", "Gb/s", 1.0, "-l 32 -Q 32"),
+    ("send-bw-64k", "send-bw", "64 KiB", "Gb/s", None, "-l 32 -Q 32"),
+    ("read-bw-64k", "read-bw", "64 KiB", "Gb/s", None, "-l 32 -Q 32"),
+)
+SIZES = {"8 B": 8, "64 B": 64, "4 KiB": 4096, "64 KiB": 65536, "1 MiB": 1 << 20}
+
+
+def micros(runs: Runs, scale: float):
+    """A point's latency percentile, in µs, per round."""
+    def get(name: str, tool: str, key: str) -> Figure:
+        return Figure({r: v * scale / 1000 for r, v in runs.values(name, tool, key + "_ticks").items()})
+    return get
+
+
+def bandwidth(runs: Runs, name: str, tool: str, unit: str, nbytes: int) -> Figure:
+    """Mpps, or Gb/s (perftest's from its message rate: six decimals
+    where its Gb/s has two)."""
+    if tool == "perftest":
+        mpps = runs.values(name, tool, "MsgRate")
+        if unit == "Mpps":
+            return Figure(mpps)
+        return Figure({r: v * nbytes * 8 / 1e3 for r, v in mpps.items()})
+    return Figure(runs.values(name, tool, "mpps" if unit == "Mpps" else "gbps"))
+
+
+def build_rows(runs: Runs, scale: float, filexfer: str) -> Table:
+    t = Table()
+    lat = micros(runs, scale)
+    for name, test, size, target in LATENCY:
+        half = "½ RTT" if test != "read-lat" else "RTT"
+        for _q, key in PERCENTILES:
+            goal = target if key == "p50" else (1.0 if key == "p99_9" else None)
+            for tool, config in CONFIGS.items():
+                t.add(test, size, f"{LABELS[key]}, µs ({half})", config,
+                      lat(name, tool, key), lat(name, "perftest", key), goal)
+    for name, direct, test in (("engine-read-lat-8", "read-lat-8", "read-lat"),
+                               ("engine-write-lat-8", "write-lat-8", "write-lat")):
+        t.add(f"{test} engine/direct", "8 B", "p50, µs", "engine / direct (as meant)",
+              lat(name, "pinpoll", "p50"), lat(direct, "pinpoll", "p50"), 1.05,
+              their_label=" (direct)")
+    for name, test, size, unit, target, knobs in BANDWIDTH:
+        t.add(test, size, unit, f"both {knobs} -t 128, no inline",
+              bandwidth(runs, name, "pinpoll", unit, SIZES[size]),
+              bandwidth(runs, name, "perftest", unit, SIZES[size]), target, True)
+    if filexfer == "yes":
+        fx = Figure(runs.values("filexfer", "pinpoll", "gbps"))
+        t.add("filexfer", "64 MiB file", "Gb/s vs ib_write_bw 1 MiB", "filexfer", fx,
+              Figure(runs.values("filexfer", "perftest", "BW average")), 0.65, True)
+        t.add("filexfer", "64 MiB file", "Gb/s vs rcopy", "filexfer", fx,
+              Figure(runs.values("filexfer", "rcopy", "gbps")), 1.0, True, " (rcopy)")
+    return t
+
+
+def sweep(runs: Runs, scale: float) -> dict:
+    """The sweep points, for `pinpoll-tune plot` (pinpoll as perftest)."""
+    out = {"write_lat": [], "write_bw": []}
+    lat = micros(runs, scale)
+    names = sorted((n for n in runs.by if n.startswith("sweep-")), key=lambda n: int(n.rsplit("-", 1)[1]))
+    for name in names:
         size = int(name.rsplit("-", 1)[1])
         if name.startswith("sweep-write-lat-"):
-            sweep["write_lat"].append({
+            out["write_lat"].append({
                 "bytes": size,
-                "pinpoll": {k: med(name, "pinpoll", k) for k in ("p50", "p99", "p99_9")},
-                "perftest": {"p50": med(name, "perftest", "t_typical"),
-                             "p99": med(name, "perftest", "p99"),
-                             "p99_9": med(name, "perftest", "p99.9")},
+                "pinpoll": {k: lat(name, "pinpoll-as-perftest", k).median for _q, k in PERCENTILES},
+                "perftest": {k: lat(name, "perftest", k).median for _q, k in PERCENTILES},
             })
         else:
-            sweep["write_bw"].append({
+            out["write_bw"].append({
                 "bytes": size,
-                "pinpoll": med(name, "pinpoll", "gbps"),
-                "perftest": med(name, "perftest", "BW average"),
+                "pinpoll": bandwidth(runs, name, "pinpoll", "Gb/s", size).median,
+                "perftest": bandwidth(runs, name, "perftest", "Gb/s", size).median,
             })
+    return out
+
+
+def read_commands(path: str) -> list[tuple[str, str, str, str]]:
+    with open(path) as f:
+        return [tuple(line.rstrip("\n").split("\t")) for line in f if line.strip()]
+
+
+def markdown(t: Table, commands: list, runs: Runs, head: str) -> list[str]:
+    out = ["", head, "",
+           "| test | size | metric | pinpoll-perf | pinpoll | perftest | pinpoll/perftest | target | met |",
+           "|---|---|---|---|---:|---:|---:|---|---|"]
+    for r in t.rows:
+        met = "-" if r["met"] is None else ("yes" if r["met"] else "**no**")
+        out.append(f"| {r['test']} | {r['size']} | {r['metric']} | {r['config']} | {r['pinpoll_text']} "
+                   f"| {r['perftest_text']} | {r['ratio_text']} | {r['target']} | {met} |")
+    out += ["", "Command lines (`$DEV`, `$GID`: the guest's rxe0 and the RoCE v2 GID of its IPv4 address):", "",
+            "| point | tool | command | differs, and why |", "|---|---|---|---|"]
+    for name, tool, cmd, note in commands:
+        out.append(f"| {name} | {tool} | `{cmd}` | {note} |")
+    if runs.errors:
+        out.append("")
+        out += [f"- failed: {e}" for e in runs.errors]
+    return out
+
+
+def verdict(t: Table, errors: list) -> str:
+    judged = [r for r in t.rows if r["met"] is not None]
+    met = [r for r in judged if r["met"]]
+    missed = [f"{r['test']} {r['size']} {r['metric'].split(',')[0]} {r['config'].split(' (')[0]} "
+              f"({r['ratio']:.2f}×)" for r in judged if not r["met"]]
+    text = (f"verdict: all {len(judged)} targets met" if not missed and not errors else
+            f"verdict: {len(met)} of {len(judged)} targets met")
+    if errors:
+        text += f"; {len(errors)} run(s) failed"
+    if missed:
+        text += "; missed: " + "; ".join(missed)
+    return text
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 9:
+        print(__doc__, file=sys.stderr)
+        return 2
+    results, commands, run_dir, elapsed, rounds, warmup, samples, filexfer = argv[1:]
+    runs = read_runs(results, int(warmup), int(samples))
+    # One scale for both tools' ticks (both read the TSC): pinpoll-perf's
+    # calibration, the median over its runs. Ratios do not depend on it.
+    scales = [f["ns_per_tick"] for tools in runs.by.values() for tool, rs in tools.items()
+              if tool.startswith("pinpoll") for f in rs.values() if f.get("ns_per_tick")]
+    scale = statistics.median(scales) if scales else float("nan")
+    t = build_rows(runs, scale, filexfer)
+    head = (f"pinpoll-perf vs perftest on {os.environ.get('PINPOLL_DEVICE', '?')}: medians of "
+            f"{rounds} rounds in alternated order (range of the rounds in brackets), latency "
+            f"percentiles of {samples} samples per run after {warmup} dropped from each, "
+            f"{scale:.4f} ns per TSC tick ({elapsed} s)")
+    lines = markdown(t, read_commands(commands), runs, head)
     summary = {
-        "rounds": int(rounds),
-        "elapsed_seconds": elapsed,
-        "rows": [dict(zip(("test", "size", "metric", "pinpoll", "perftest", "ratio", "target", "met", "note"), r))
-                 for r in rows],
-        "sweep": sweep,
-        "runs": runs,
-        "errors": errors,
+        "rounds": int(rounds), "warmup": int(warmup), "samples": int(samples),
+        "ns_per_tick": scale, "elapsed_seconds": int(elapsed),
+        "rows": t.rows, "sweep": sweep(runs, scale), "errors": runs.errors,
+        "runs": {n: {tool: {str(r): {k: v for k, v in f.items()} for r, f in rs.items()}
+                     for tool, rs in tools.items()} for n, tools in runs.by.items()},
     }
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
-
-    judged = [r for r in rows if r[7] is not None]
-    met = [r for r in judged if r[7]]
-    missed = [f"{r[0]} {r[1]} {r[2].split(',')[0]} ({r[5]:.2f}×)" for r in judged if not r[7]]
-    print()
-    print(f"(raw outputs and summary.json in {run_dir})")
-    if errors:
-        verdict = (f"verdict: {len(met)} of {len(judged)} targets met; {len(errors)} run(s) failed"
-                   + ("; missed: " + "; ".join(missed) if missed else ""))
-    elif not missed:
-        verdict = f"verdict: all {len(judged)} targets met"
-    else:
-        verdict = f"verdict: {len(met)} of {len(judged)} targets met; missed: " + "; ".join(missed)
-    print(verdict)
+        json.dump(summary, f, indent=1, default=str)
+    lines += ["", f"(raw outputs and summary.json in {run_dir})", verdict(t, runs.errors)]
+    print("\n".join(lines))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv))

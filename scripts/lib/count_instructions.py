@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
-"""Own instructions per operation from callgrind profiles of a client.
+"""User-space instructions per operation inside the measured loop, from
+callgrind profiles of a client (scripts/count-instructions.sh).
 
-Usage: count_instructions.py RUN_DIR MANIFEST
+Usage: count_instructions.py RUN_DIR MANIFEST PERFTEST_CHECK
 
 MANIFEST is a TSV written by scripts/count-instructions.sh, one run a
-line: test, tool, variant (n1 | n2 | crowded), iterations, ops per
-iteration, the callgrind output prefix, the tool's own binary. Prints
-the Markdown table on stdout and writes RUN_DIR/counts.json and
-RUN_DIR/counts.tsv with every figure.
+line: test, tool (perftest, pinpoll-as-perftest, pinpoll), variant (n1 |
+n2 | crowded), operations, the callgrind output prefix, the client's
+executable. PERFTEST_CHECK holds perftest_identity.py's PROG.differing.tsv
+lists: a perftest function that differs from the installed program's must
+not run inside a counted loop. Prints Markdown tables on stdout and writes
+RUN_DIR/counts.json and RUN_DIR/table.md.
 
 The method is described in scripts/count-instructions.sh (--help) and
-printed under the table (METHOD below).
+printed under the tables (METHOD below).
 """
 
 from __future__ import annotations
@@ -25,15 +28,20 @@ from dataclasses import dataclass
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import callgrind_profile as cp  # noqa: E402
 
-# Objects that are not the tool's own code, for the breakdown.
+# Objects by what they are; "own" is the client's executable.
 CATEGORIES = (
-    ("provider", ("librxe",)),
+    ("provider", ("librxe", "libmlx5")),
     ("libibverbs", ("libibverbs.so",)),
-    ("librdmacm", ("librdmacm",)),
     ("libc", ("libc.so",)),
-    ("ld.so", ("ld-linux",)),
-    ("valgrind", ("vgpreload",)),
 )
+COLUMNS = ("own", "provider", "libibverbs", "libc", "other")
+# The most times an instruction may run per empty turn of one loop and be
+# counted as that loop's (a provider's poll walks a few entries per call).
+MOST_PER_TURN = 16
+# Loops (by count change, largest first) an instruction's change may be the
+# sum of: a wait loop's head runs once per turn of each path back to it.
+# Few, so that a sum of small changes cannot match by accident.
+COMBINED_LOOPS = 4
 
 
 def category(obj: str, own: str) -> str:
@@ -43,7 +51,7 @@ def category(obj: str, own: str) -> str:
     for name, keys in CATEGORIES:
         if any(k in base for k in keys):
             return name
-    return "vdso/other" if base == "???" else "other"
+    return "other"
 
 
 @dataclass
@@ -51,56 +59,9 @@ class Run:
     test: str
     tool: str
     variant: str
-    iters: int
-    ops_per_iter: int
-    prefix: str
+    ops: int
     own: str
-    threads: dict  # role -> list[ThreadProfile]
-    # Empty turns of the application thread's busy-waits, as the tool
-    # counted them (pinpoll-perf's JSON `wait_turns`); None when it does
-    # not report them (perftest).
-    wait_turns: int | None = None
-
-    @property
-    def ops(self) -> int:
-        return self.iters * self.ops_per_iter
-
-
-def thread_role(index: int) -> str:
-    """The first thread is main, the application's; the tools start one
-    more only in engine mode: pinpoll's worker."""
-    return "app" if index == 0 else "worker"
-
-
-def load_run(fields: list[str]) -> Run:
-    test, tool, variant, iters, per, prefix, own = fields
-    files = cp.thread_files(prefix)
-    if not files:
-        raise SystemExit(f"error: no callgrind output for {prefix}")
-    threads: dict = collections.defaultdict(list)
-    for i, f in enumerate(files):
-        prof = cp.parse(f)
-        if prof.self_total():
-            threads[thread_role(i)].append(prof)
-    run = Run(test, tool, variant, int(iters), int(per), prefix, own, dict(threads))
-    run.wait_turns = reported_wait_turns(prefix)
-    return run
-
-
-def reported_wait_turns(prefix: str) -> int | None:
-    """`wait_turns` summed over the results of the tool's --json output
-    (PREFIX.txt beside PREFIX's callgrind files, after valgrind's lines)."""
-    path = prefix[: -len(".cg")] + ".txt" if prefix.endswith(".cg") else prefix + ".txt"
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-        doc = json.loads(text[text.index("{") : text.rindex("}") + 1])
-    except (OSError, ValueError):
-        return None
-    turns = [r.get("wait_turns") for r in doc.get("results", [])]
-    if not turns or any(t is None for t in turns):
-        return None
-    return sum(turns)
+    profile: cp.ThreadProfile
 
 
 def merged(profiles: list) -> cp.ThreadProfile:
@@ -116,141 +77,125 @@ def merged(profiles: list) -> cp.ThreadProfile:
     return out
 
 
-# libc's qsort (a merge sort) calls perftest's comparator N log N times
-# when the report sorts the samples: reporting, not per-operation work.
-SORT_CALLERS = ("msort", "qsort")
-# pinpoll-perf's mean, deviation and percentiles walk its histogram's
-# buckets: as many turns as the latencies spread over, not per operation.
-# (Filling the histogram, one record per sample, is inlined into the
-# measuring code and stays in, as perftest's own pass over its samples.)
-REPORT_FUNCTIONS = ("hdrhistogram::",)
+def load_run(fields: list[str]) -> Run:
+    test, tool, variant, ops, prefix, own = fields
+    files = cp.thread_files(prefix)
+    if not files:
+        raise SystemExit(f"error: no callgrind output for {prefix}")
+    # Only the thread that ran the measured loop collected anything.
+    profiles = [p for p in (cp.parse(f) for f in files) if p.self_total()]
+    if not profiles:
+        raise SystemExit(f"error: {prefix}: nothing was counted: the measured loop's "
+                         "function was not found (--toggle-collect)")
+    return Run(test, tool, variant, int(ops), own, merged(profiles))
 
 
-def sort_callbacks(prof: cp.ThreadProfile, own: str) -> tuple:
-    """Own functions called by libc's sort, and their inclusive cost."""
-    fns, cost = set(), 0
-    for (caller, caller_fn, callee, fn), c in prof.call_costs.items():
-        if (
-            callee == own
-            and category(caller, own) == "libc"
-            and (caller_fn or "").startswith(SORT_CALLERS)
-        ):
-            fns.add(fn)
-            cost += c
-    return fns, cost
-
-
-@dataclass
-class Waiting:
-    """Wait loops of one role and the instructions of their empty turns."""
-
-    loops: list  # [(jump key, {variant: times taken})]
-    per_turn: dict  # jump key -> own instructions per empty turn
-    once: dict  # jump key -> addresses that run once per empty turn
-    # address -> share per empty turn of the busiest loop, for instructions
-    # no loop explains (work done every so many turns of a wait: a clock
-    # read, a peer check, a yield), removed in proportion to that loop
-    proportional: dict
-
-    def empty_turns(self, key, counts: dict, variant: str) -> int:
-        """A loop that is left when it finds its event takes its backward
-        jump once per empty turn. One that never ends (engine mode's
-        worker) takes it after busy turns too; then an instruction that
-        runs on empty turns only (the fewest runs of those that run once
-        per empty turn) counts them."""
-        taken = dict(self.loops)[key][variant]
-        fewest = min((counts.get(a, 0) for a in self.once[key]), default=taken)
-        return min(taken, fewest)
-
-    def removed(self, counts: dict, variant: str) -> float:
-        return self.removed_exactly(counts, variant) + self.removed_in_proportion(counts, variant)
-
-    def removed_exactly(self, counts: dict, variant: str) -> int:
-        return sum(
-            self.per_turn[key] * self.empty_turns(key, counts, variant) for key, _ in self.loops
-        )
-
-    def removed_in_proportion(self, counts: dict, variant: str) -> float:
-        if not self.loops:
-            return 0.0
-        turns = self.empty_turns(self.loops[0][0], counts, variant)
-        return sum(self.proportional.values()) * turns
-
-    def turns(self, counts: dict, variant: str) -> int:
-        return sum(self.empty_turns(key, counts, variant) for key, _ in self.loops)
-
-
-def own_counts(prof: cp.ThreadProfile, own: str, skip_fns: set) -> dict:
-    """address -> executions, own object, outside the skipped functions."""
-    return {
-        a: n
-        for (o, a), n in prof.instructions.items()
-        if o == own and prof.function_of.get((o, a)) not in skip_fns
-    }
-
-
-# Loops (by count change, largest first) an instruction's change may be
-# the sum of: a wait loop's head runs once per turn of each path back to
-# it (a plain empty turn, a turn that reads the clock every 256, ...).
-# Few, so that a sum of small changes cannot match by accident.
-COMBINED_LOOPS = 4
+def check_identical(run: Run, perftest_bin: str) -> None:
+    """A perftest function that differs from the installed program's must
+    not have run inside the counted loop."""
+    listing = os.path.join(perftest_bin, os.path.basename(run.own) + ".differing.tsv")
+    if not os.path.exists(listing):
+        raise SystemExit(f"error: {listing} is missing: scripts/count-instructions.sh checks --perftest-bin first")
+    with open(listing, encoding="utf-8") as f:
+        differing = {line.split("\t")[0] for line in f if line.strip()}
+    ran = {fn for (ob, fn), cost in run.profile.functions.items() if ob == run.own and cost}
+    bad = sorted(differing & ran)
+    if bad:
+        raise SystemExit(f"error: {run.own}: {', '.join(bad)} ran inside the counted loop but "
+                         "differs from the installed program's: the count is not the installed one's")
 
 
 def explain(d: int, deltas: list) -> list | None:
     """The loops an instruction's count change `d` is made of: one loop
-    m times (m <= 4), else two or three of the loops that changed most,
-    once each."""
+    m times (m <= MOST_PER_TURN), else m1 times one and m2 times another
+    of the loops that changed most (an instruction several paths reach:
+    a provider's poll called once per turn of one wait and twice per turn
+    of another), else three of them up to 4 times each."""
     for key, dt in deltas:
-        for m in range(1, 5):
-            if m * dt == d:
-                return [(key, m)]
-    for size in (2, 3):
-        for combo in itertools.combinations(deltas[:COMBINED_LOOPS], size):
-            if sum(dt for _k, dt in combo) == d:
-                return [(k, 1) for k, _dt in combo]
+        if dt and d % dt == 0 and 1 <= d // dt <= MOST_PER_TURN:
+            return [(key, d // dt)]
+    top = deltas[:COMBINED_LOOPS]
+    for (k1, d1), (k2, d2) in itertools.combinations(top, 2):
+        for m1 in range(1, MOST_PER_TURN + 1):
+            rest = d - m1 * d1
+            if d2 and rest % d2 == 0 and 1 <= rest // d2 <= MOST_PER_TURN:
+                return [(k1, m1), (k2, rest // d2)]
+    for combo in itertools.combinations(top, 3):
+        for ms in itertools.product(range(1, 5), repeat=3):
+            if sum(m * dt for m, (_k, dt) in zip(ms, combo)) == d:
+                return [(k, m) for m, (k, _dt) in zip(ms, combo)]
     return None
 
 
-def find_waiting(profs: dict, counts: dict, own: str) -> Waiting:
-    """Wait loops from the n2 and crowded runs (same iteration count)."""
+@dataclass
+class Waiting:
+    """The wait loops of one tool and test, and what each instruction
+    (object, address) runs per empty turn."""
+    loops: list  # [(jump key, {variant: times taken})], busiest first
+    parts: dict  # (object, address) -> [(jump key, times per empty turn)]
+    proportional: dict  # (object, address) -> share per turn of the busiest loop
+
+    def turns(self, key, variant: str) -> int:
+        """A wait loop is left when it finds its event: its backward jump
+        is taken once per empty turn."""
+        return dict(self.loops)[key][variant]
+
+    def removed(self, variant: str, own: str) -> tuple[collections.Counter, collections.Counter]:
+        """Instructions of empty turns in run `variant`, by category: all
+        of them, and the part that is an estimate."""
+        total, estimated = collections.Counter(), collections.Counter()
+        for (obj, _a), parts in self.parts.items():
+            total[category(obj, own)] += sum(m * self.turns(k, variant) for k, m in parts)
+        if self.loops:
+            busiest = self.turns(self.loops[0][0], variant)
+            for (obj, _a), share in self.proportional.items():
+                total[category(obj, own)] += share * busiest
+                estimated[category(obj, own)] += share * busiest
+        return total, estimated
+
+    def all_turns(self, variant: str) -> int:
+        return sum(self.turns(k, variant) for k, _ in self.loops)
+
+
+def find_waiting(profs: dict, own: str) -> Waiting:
+    """Wait loops from the n1 and crowded runs (the same work)."""
     variants = ("n1", "n2", "crowded")
     edges = set()
-    for v in ("n2", "crowded"):
-        edges |= {k for k in profs[v].back_edges if k[0] == own and k[1] in counts[v]}
+    for v in ("n1", "crowded"):
+        edges |= {k for k in profs[v].back_edges if k[0] == own}
     # Backward jumps taken as often as each other in every run close the
     # same loop: one of them stands for all.
     groups: dict = {}
     for e in sorted(edges):
         taken = tuple(profs[v].back_edges.get(e, 0) for v in variants)
-        if taken[1] != taken[2]:
+        if taken[0] != taken[2]:
             groups.setdefault(taken, e)
-    loops = sorted(
-        ((key, dict(zip(variants, taken))) for taken, key in groups.items()),
-        key=lambda kv: -abs(kv[1]["crowded"] - kv[1]["n2"]),
-    )
-    deltas = [(key, t["crowded"] - t["n2"]) for key, t in loops]
-    per_turn = {key: 0 for key, _ in loops}
-    once: dict = {key: [] for key, _ in loops}
-    proportional = {}
-    ref, crowd = counts["n2"], counts["crowded"]
-    for a in sorted(set(ref) | set(crowd)):
+    loops = sorted(((key, dict(zip(variants, taken))) for taken, key in groups.items()),
+                   key=lambda kv: -abs(kv[1]["crowded"] - kv[1]["n1"]))
+    deltas = [(key, t["crowded"] - t["n1"]) for key, t in loops]
+    parts, proportional = {}, {}
+    ref, crowd = profs["n1"].instructions, profs["crowded"].instructions
+    for a in set(ref) | set(crowd):
         d = crowd.get(a, 0) - ref.get(a, 0)
         if d == 0:
             continue
-        parts = explain(d, deltas)
-        if parts:
-            for key, m in parts:
-                per_turn[key] += m
-            if len(parts) == 1 and parts[0][1] == 1:
-                once[parts[0][0]].append(a)
-        else:
+        found = explain(d, deltas)
+        if found:
+            parts[a] = found
+        elif deltas:
             proportional[a] = d / deltas[0][1]
-    return Waiting(loops, per_turn, once, proportional)
+    return Waiting(loops, parts, proportional)
+
+
+def by_category(prof: cp.ThreadProfile, own: str) -> collections.Counter:
+    out = collections.Counter()
+    for obj, cost in prof.objects.items():
+        out[category(obj, own)] += cost
+    return out
 
 
 def provider_calls(prof: cp.ThreadProfile, own: str) -> collections.Counter:
-    """Calls from the own object into the provider, by callee (librxe
-    has no symbols: callees are addresses)."""
+    """Calls from the executable into the provider, by callee."""
     counts = collections.Counter()
     for (caller, _caller_fn, callee, fn), n in prof.calls.items():
         if caller == own and category(callee, own) == "provider":
@@ -258,252 +203,146 @@ def provider_calls(prof: cp.ThreadProfile, own: str) -> collections.Counter:
     return counts
 
 
-def doorbells(prof: cp.ThreadProfile) -> set:
-    """Provider functions that call write(2): rxe's post_send rings its
-    doorbell with a write on the device file."""
-    return {
-        caller_fn
-        for (caller, caller_fn, _callee, fn), _n in prof.calls.items()
-        if category(caller, "") == "provider" and fn == "write"
-    }
-
-
-def cq_polls_per_op(profs: dict, own: str, dops: int) -> tuple:
-    """The CQ poll and its calls per operation: of the provider functions
-    the own object calls, not post_send, the one whose calls grow most
-    per operation (it runs once per completion taken or more, and again
-    on every empty poll; post_recv at most once per operation)."""
+def cq_polls_per_op(profs: dict, own: str, dops: int) -> float:
+    """Calls per operation of the provider function the executable calls
+    most often, its post (the one that calls write(2), rxe's doorbell)
+    aside: the CQ poll."""
+    posts = {caller_fn for (caller, caller_fn, _c, fn), _n in profs["n2"].calls.items()
+             if category(caller, own) == "provider" and fn == "write"}
     c1, c2 = provider_calls(profs["n1"], own), provider_calls(profs["n2"], own)
-    posts = doorbells(profs["n2"])
-    growth = {fn: (c2[fn] - c1.get(fn, 0)) / dops for fn in c2 if fn not in posts}
-    if not growth:
-        return None, 0.0
-    fn = max(sorted(growth), key=lambda f: growth[f])
-    return fn, growth[fn]
+    growth = [(c2[fn] - c1.get(fn, 0)) / dops for fn in c2 if fn not in posts]
+    return max(growth, default=0.0)
 
 
-def remove_counted_waiting(raw: dict, turns: dict, dops: int) -> tuple[dict, dict]:
-    """Waiting taken out with the tool's own count of empty turns T: own =
-    a * ops + b * T + c in every run; the crowded run repeats N2's work
-    with other turns, so b = (own(crowded) - own(N2)) / (T(crowded) -
-    T(N2)), and b * T is removed from each run. Exact as long as an empty
-    turn costs the same on average in both runs (the clock check every so
-    many turns included)."""
-    dt = turns["crowded"] - turns["n2"]
-    per_turn = (raw["crowded"] - raw["n2"]) / dt if dt else 0.0
-    removed = {v: per_turn * turns[v] for v in raw}
-    return removed, dict(
-        method="counted turns",
-        own_per_turn=per_turn,
-        waiting_removed=removed,
-        turns=turns,
-        turns_per_op=(turns["n2"] - turns["n1"]) / dops,
-        waiting_per_op=(removed["n2"] - removed["n1"]) / dops,
-        proportional_per_op=0.0,
-    )
-
-
-def analyse_role(profs: dict, own: str, dops: int, n2_ops: int, turns: dict | None = None) -> dict:
-    sorts = {v: sort_callbacks(p, own) for v, p in profs.items()}
-    skip = set().union(*(fns for fns, _ in sorts.values()))
-    skip |= {
-        fn
-        for p in profs.values()
-        for (ob, fn) in p.functions
-        if ob == own and fn and any(r in fn for r in REPORT_FUNCTIONS)
+def analyse(runs: dict) -> dict:
+    """Per operation figures of one tool and test from its runs."""
+    r1, r2 = runs["n1"], runs["n2"]
+    own, dops = r1.own, r2.ops - r1.ops
+    profs = {v: r.profile for v, r in runs.items()}
+    raw = {v: by_category(p, own) for v, p in profs.items()}
+    removed = {v: collections.Counter() for v in profs}
+    estimated = {v: collections.Counter() for v in profs}
+    turns_per_op = None
+    if "crowded" in profs:
+        w = find_waiting(profs, own)
+        for v in profs:
+            removed[v], estimated[v] = w.removed(v, own)
+        turns_per_op = (w.all_turns("n2") - w.all_turns("n1")) / dops
+    per_op = {c: ((raw["n2"][c] - removed["n2"][c]) - (raw["n1"][c] - removed["n1"][c])) / dops
+              for c in COLUMNS}
+    per_op["user space"] = sum(per_op[c] for c in COLUMNS)
+    sums = lambda counters: sum(counters.values())  # noqa: E731
+    return {
+        "ops": {v: r.ops for v, r in runs.items()},
+        "per_op": per_op,
+        "with_waiting_per_op": (sums(raw["n2"]) - sums(raw["n1"])) / dops,
+        "waiting_per_op": (sums(removed["n2"]) - sums(removed["n1"])) / dops,
+        "estimated_per_op": (sums(estimated["n2"]) - sums(estimated["n1"])) / dops,
+        "empty_turns_per_op": turns_per_op,
+        "cq_polls_per_op": cq_polls_per_op(profs, own, dops),
     }
-    counts = {v: own_counts(p, own, skip) for v, p in profs.items()}
-    raw = {v: sum(c.values()) for v, c in counts.items()}
-    entry = {
-        "own_self": {v: p.objects.get(own, 0) for v, p in profs.items()},
-        "sort_callbacks": {v: c for v, (_f, c) in sorts.items()},
-        "own_raw": raw,
-    }
-    own_adj = dict(raw)
-    if turns is not None and "crowded" in profs:
-        removed, facts = remove_counted_waiting(raw, turns, dops)
-        own_adj = {v: raw[v] - removed[v] for v in profs}
-        entry.update(facts)
-    elif "crowded" in profs:
-        w = find_waiting(profs, counts, own)
-        removed = {v: w.removed(counts[v], v) for v in profs}
-        own_adj = {v: raw[v] - removed[v] for v in profs}
-        in_proportion = {v: w.removed_in_proportion(counts[v], v) for v in profs}
-        entry.update(
-            # Part of the removal that is an estimate, not a count.
-            proportional_per_op=(in_proportion["n2"] - in_proportion["n1"]) / dops,
-            loops=[
-                {"jump": f"{k[1]:#x}->{k[2]:#x}", "taken": t, "own_per_turn": w.per_turn[k]}
-                for k, t in w.loops
-            ],
-            estimated_addresses=len(w.proportional),
-            waiting_removed=removed,
-            turns={v: w.turns(counts[v], v) for v in profs},
-            turns_per_op=(w.turns(counts["n2"], "n2") - w.turns(counts["n1"], "n1")) / dops,
-            waiting_per_op=(removed["n2"] - removed["n1"]) / dops,
-        )
-    entry["own_adjusted"] = own_adj
-    entry["own_per_op"] = (own_adj["n2"] - own_adj["n1"]) / dops
-    entry["raw_per_op"] = (raw["n2"] - raw["n1"]) / dops
-    fn, per_op = cq_polls_per_op(profs, own, dops)
-    entry["provider_busiest"] = fn
-    entry["provider_busiest_calls_per_op"] = per_op
-    cats = collections.Counter()
-    for v, sign in (("n2", 1), ("n1", -1)):
-        for obj, cost in profs[v].objects.items():
-            cats[category(obj, own)] += sign * cost
-    entry["self_per_op_by_object"] = {k: v / dops for k, v in sorted(cats.items())}
-    return entry
 
 
-def analyse(test: str, tool: str, runs_by_variant: dict) -> dict:
-    r1, r2 = runs_by_variant["n1"], runs_by_variant["n2"]
-    dops = r2.ops - r1.ops
-    roles = sorted(set(r1.threads) | set(r2.threads))
-    result = {"test": test, "tool": tool, "ops": {"n1": r1.ops, "n2": r2.ops}, "roles": {}}
-    for role in roles:
-        profs = {v: merged(r.threads.get(role, [])) for v, r in runs_by_variant.items()}
-        turns = {v: r.wait_turns for v, r in runs_by_variant.items()}
-        counted = role == "app" and all(t is not None for t in turns.values())
-        result["roles"][role] = analyse_role(profs, r1.own, dops, r2.ops, turns if counted else None)
-    return result
-
-
-# ---- the table ---------------------------------------------------------------
+# ---- the tables --------------------------------------------------------------
 
 ROWS = (
     ("write-lat", "write-lat 8 B", "round trip (ping + pong)"),
     ("send-lat", "send-lat 8 B", "round trip (ping + pong)"),
     ("read-lat", "read-lat 8 B", "round trip (one READ)"),
     ("write-bw", "write-bw 64 B, 32 per post", "work request"),
-    ("engine-read-lat", "engine read-lat 8 B", "round trip (one READ)"),
-    ("engine-send-lat", "engine send-lat 8 B", "round trip (ping + pong)"),
 )
-# Engine rows are set against perftest's direct test of the same kind.
-PERFTEST_PEER = {"engine-read-lat": "read-lat", "engine-send-lat": "send-lat"}
+TOOLS = (("perftest", "perftest"), ("pinpoll-as-perftest", "pinpoll-perf as perftest"),
+         ("pinpoll", "pinpoll-perf as meant"))
 
 
-def own_total(res: dict) -> float:
-    return sum(e["own_per_op"] for e in res["roles"].values())
+def ratio_text(ours: dict | None, theirs: dict | None, column: str) -> str:
+    if not ours or not theirs or not theirs["per_op"][column]:
+        return "n/a"
+    return f"{ours['per_op'][column] / theirs['per_op'][column]:.2f}×"
 
 
-def spins_cell(res: dict) -> str:
-    parts = []
-    for role, e in sorted(res["roles"].items()):
-        polls = e["provider_busiest_calls_per_op"]
-        if "turns_per_op" in e:
-            v = f"{e['turns_per_op']:.1f} empty turns ({polls:.2f} CQ polls)"
-        else:
-            v = f"{polls:.3f} CQ polls"
-        parts.append(v if len(res["roles"]) == 1 else f"{role} {v}")
-    return ", ".join(parts)
-
-
-def own_cell(res: dict) -> str:
-    roles = res["roles"]
-    if len(roles) == 1:
-        return f"{own_total(res):.1f}"
-    inner = " + ".join(f"{r} {roles[r]['own_per_op']:.1f}" for r in ("app", "worker") if r in roles)
-    return f"{own_total(res):.1f} ({inner})"
-
-
-def table(results: dict) -> list[str]:
-    out = [
-        "| test | per | perftest own/op | pinpoll own/op | pinpoll/perftest "
-        "| spins/op perftest | spins/op pinpoll |",
-        "|---|---|---:|---:|---:|---|---|",
-    ]
+def summary(results: dict, column: str) -> list[str]:
+    out = [f"| test | per | perftest | pinpoll-perf as perftest | ratio | pinpoll-perf as meant | ratio |",
+           "|---|---|---:|---:|---:|---:|---:|"]
     for test, label, per in ROWS:
-        pp = results.get((test, "pinpoll"))
-        pt = results.get((PERFTEST_PEER.get(test, test), "perftest"))
-        if pp is None and (pt is None or test in PERFTEST_PEER):
+        pt, same, meant = (results.get((test, t)) for t, _l in TOOLS)
+        if not (pt or same or meant):
             continue
-        pt_own = f"{own_total(pt):.1f}" if pt else "n/a"
-        if test in PERFTEST_PEER and pt:
-            pt_own = f"({pt_own}: ib_{PERFTEST_PEER[test].replace('-', '_')})"
-        ratio = f"{own_total(pp) / own_total(pt):.2f}" if pp and pt and own_total(pt) else "n/a"
-        out.append(
-            f"| {label} | {per} | {pt_own} | {own_cell(pp) if pp else 'n/a'} | {ratio} "
-            f"| {'—' if test in PERFTEST_PEER else (spins_cell(pt) if pt else 'n/a')} "
-            f"| {spins_cell(pp) if pp else 'n/a'} |"
-        )
+        cell = lambda r: f"{r['per_op'][column]:.1f}" if r else "n/a"  # noqa: E731
+        out.append(f"| {label} | {per} | {cell(pt)} | {cell(same)} | {ratio_text(same, pt, column)} "
+                   f"| {cell(meant) if test != 'write-bw' else '—'} "
+                   f"| {ratio_text(meant, pt, column) if test != 'write-bw' else '—'} |")
     return out
 
 
 def details(results: dict) -> list[str]:
-    """Per tool and thread: what was counted, removed and left."""
-    out = [
-        "| test | tool | thread | own/op with waiting | waiting removed/op | of which estimated | own/op "
-        "| provider/op | libibverbs/op | libc/op |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for (test, tool), res in sorted(results.items()):
-        for role, e in sorted(res["roles"].items()):
-            by = e["self_per_op_by_object"]
-            estimated = e.get("proportional_per_op", 0.0)
-            out.append(
-                f"| {test} | {tool} | {role} | {e['raw_per_op']:.1f} "
-                f"| {e.get('waiting_per_op', 0.0):.1f} | {estimated:.1f} | {e['own_per_op']:.1f} "
-                f"| {by.get('provider', 0.0):.1f} "
-                f"| {by.get('libibverbs', 0.0):.1f} | {by.get('libc', 0.0):.1f} |"
-            )
+    out = ["| test | tool | " + " | ".join(c for c in COLUMNS) + " | user space | with waiting "
+           "| waiting removed | of which estimated | empty turns | CQ polls |",
+           "|---|---|" + "---:|" * (len(COLUMNS) + 6)]
+    for test, _label, _per in ROWS:
+        for tool, name in TOOLS:
+            r = results.get((test, tool))
+            if not r:
+                continue
+            p = r["per_op"]
+            turns = "—" if r["empty_turns_per_op"] is None else f"{r['empty_turns_per_op']:.1f}"
+            out.append(f"| {test} | {name} | " + " | ".join(f"{p[c]:.1f}" for c in COLUMNS)
+                       + f" | {p['user space']:.1f} | {r['with_waiting_per_op']:.1f} "
+                       f"| {r['waiting_per_op']:.1f} | {r['estimated_per_op']:.1f} | {turns} "
+                       f"| {r['cq_polls_per_op']:.3f} |")
     return out
 
 
 METHOD = (
-    "Method: callgrind (Ir) on the client only, server native. own = self "
-    "instructions of the tool's own object (the perftest binary; pinpoll-perf, "
-    "with pinpoll and std linked in), excluding librxe, libibverbs, librdmacm, "
-    "libc, ld.so, the vDSO and valgrind's preload, and reporting that is not per "
-    "operation (perftest's qsort comparator, pinpoll-perf's histogram walks). "
-    "own/op = (own(N2) - own(N1)) / (ops(N2) - ops(N1)) after removing busy-wait "
-    "turns that found nothing: wait loops are backward jumps whose taken count "
-    "changes when the server shares the client's core (a third run at N2); an "
-    "instruction whose count changes by m times a loop's change (or by the sum "
-    "of a few loops' changes) runs m times per empty turn and is removed that "
-    "often; one no loop explains (a clock read or peer check every so many "
-    "turns) is removed in proportion to the busiest loop's empty turns (the "
-    "'estimated' column). Where the tool counts its own empty turns "
-    "(pinpoll-perf's JSON wait_turns, direct mode) the removal uses them "
-    "instead: own = a*ops + b*turns + c in all three runs, b from the N2 and "
-    "crowded runs, nothing estimated. spins/op = empty turns "
-    "per operation; write-bw: CQ-poll calls per work request (one completion per "
-    "32), nothing removed."
+    "Method: callgrind (Ir) on the client only, server native, counting only inside the "
+    "measured loop (--collect-atstart=no --toggle-collect: perftest's run_iter_* less "
+    "get_cpu_mhz, pinpoll-perf's timed_round_trips / timed_stream), with everything they "
+    "call. own = the client's executable (perftest built from the installed package's "
+    "source with its flags, the counted functions byte-identical to the installed ones; "
+    "pinpoll-perf with pinpoll and what the loop inlines); provider = librxe; user space = "
+    "every object. per op = (count(N2) - count(N1)) / (ops(N2) - ops(N1)) after removing "
+    "busy-wait turns that found nothing, the same way for both tools and every object: wait "
+    "loops are the executable's backward jumps whose taken count changes when the server "
+    "shares the client's core (a third run at N1); an instruction whose count changes by m "
+    "times a loop's change (m <= 16, or by m1 and m2 times two loops' changes) runs m times per "
+    "empty turn and is removed that often; one no loop explains is removed in proportion to "
+    "the busiest loop's empty turns (the 'estimated' column). Latency rows are per round trip, "
+    "write-bw per work request (nothing removed: its empty CQ polls are part of the figure, "
+    "as perftest's)."
 )
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3:
+    if len(argv) != 4:
         print(__doc__, file=sys.stderr)
         return 2
-    run_dir, manifest = argv[1], argv[2]
+    run_dir, manifest, perftest_bin = argv[1:]
     runs: dict = collections.defaultdict(dict)
     with open(manifest, encoding="utf-8") as f:
         for line in f:
             fields = line.rstrip("\n").split("\t")
-            if len(fields) != 7:
+            if len(fields) != 6:
                 continue
-            runs[(fields[0], fields[1])][fields[2]] = load_run(fields)
+            run = load_run(fields)
+            if run.tool == "perftest":
+                check_identical(run, perftest_bin)
+            runs[(fields[0], fields[1])][fields[2]] = run
     results = {}
     for (test, tool), by_variant in sorted(runs.items()):
-        if not {"n1", "n2"} <= set(by_variant):
-            print(f"warning: {test} {tool}: missing a run, no figure", file=sys.stderr)
+        need = {"n1", "n2"} | ({"crowded"} if test != "write-bw" else set())
+        if not need <= set(by_variant):
+            print(f"warning: {test} {tool}: missing a run ({', '.join(sorted(need - set(by_variant)))}), "
+                  "no figure", file=sys.stderr)
             continue
-        results[(test, tool)] = analyse(test, tool, by_variant)
-    lines = table(results) + [""] + details(results) + ["", METHOD]
+        results[(test, tool)] = analyse(by_variant)
+    lines = (["Own executable, instructions per operation:", ""] + summary(results, "own")
+             + ["", "User space (every object), instructions per operation:", ""]
+             + summary(results, "user space")
+             + ["", "By object, per operation:", ""] + details(results) + ["", METHOD])
     print("\n".join(lines))
     with open(os.path.join(run_dir, "counts.json"), "w", encoding="utf-8") as f:
-        json.dump([results[k] for k in sorted(results)], f, indent=1, default=str)
-    with open(os.path.join(run_dir, "counts.tsv"), "w", encoding="utf-8") as f:
-        f.write("test\ttool\trole\town_per_op\traw_per_op\tturns_per_op\twaiting_per_op\t"
-                "estimated_per_op\tprovider_calls_per_op\n")
-        for (test, tool), res in sorted(results.items()):
-            for role, e in sorted(res["roles"].items()):
-                f.write(
-                    f"{test}\t{tool}\t{role}\t{e['own_per_op']:.3f}\t{e['raw_per_op']:.3f}\t"
-                    f"{e.get('turns_per_op', '')}\t{e.get('waiting_per_op', '')}\t"
-                    f"{e.get('proportional_per_op', '')}\t{e['provider_busiest_calls_per_op']:.4f}\n"
-                )
+        json.dump([{"test": t, "tool": tool, **r} for (t, tool), r in sorted(results.items())],
+                  f, indent=1)
     with open(os.path.join(run_dir, "table.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     return 0

@@ -84,3 +84,28 @@ pinpoll_ensure_iai_runner() {
         cargo install iai-callgrind-runner --version "$want" --locked
     fi
 }
+
+# A nightly toolchain, for the AddressSanitizer run and the fuzzers
+# (-Zsanitizer=address and libFuzzer's instrumentation are nightly-only).
+pinpoll_ensure_nightly() {
+    rustc +nightly -vV >/dev/null 2>&1 && return 0
+    command -v rustup >/dev/null \
+        || { echo "error: the ASan run and the fuzzers need a nightly Rust toolchain, and rustup is not here to install one" >&2; exit 1; }
+    echo "+ rustup toolchain install nightly --profile minimal" >&2
+    rustup toolchain install nightly --profile minimal
+}
+
+# cargo-fuzz, for scripts/fuzz.sh; a C++ compiler builds libFuzzer itself.
+# cargo-fuzz is pinned, as the runner above is: the fuzz runs of every
+# machine drive libFuzzer the same way.
+PINPOLL_CARGO_FUZZ_VERSION=0.13.2
+pinpoll_ensure_cargo_fuzz() {
+    pinpoll_ensure_packages g++
+    pinpoll_ensure_nightly
+    local have
+    have=$(cargo install --list | sed -n 's/^cargo-fuzz v\([^:]*\):$/\1/p')
+    if [ "$have" != "$PINPOLL_CARGO_FUZZ_VERSION" ] || ! command -v cargo-fuzz >/dev/null; then
+        echo "+ cargo +nightly install cargo-fuzz --version $PINPOLL_CARGO_FUZZ_VERSION --locked" >&2
+        cargo +nightly install cargo-fuzz --version "$PINPOLL_CARGO_FUZZ_VERSION" --locked
+    fi
+}

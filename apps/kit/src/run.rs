@@ -148,11 +148,14 @@ pub fn clap_line(text: &str) -> String {
 
 /// An error and its causes joined by `: `, on one line. A cause whose text
 /// the line already holds (an error that displays its source) is skipped.
+/// Control characters are escaped (`\u{1b}`): an error often quotes what a
+/// peer sent, and a peer must not drive the terminal.
 pub fn error_line(err: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in err.chain() {
         let text = cause.to_string();
         let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        let text = escape_controls(&text);
         if text.is_empty() || line.contains(&text) {
             continue;
         }
@@ -162,6 +165,20 @@ pub fn error_line(err: &anyhow::Error) -> String {
         line.push_str(&text);
     }
     line
+}
+
+/// `text` with its control characters escaped (`\u{1b}`): what a peer
+/// sent reaches a terminal only as visible text.
+pub fn escape_controls(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            escaped.extend(c.escape_debug());
+        } else {
+            escaped.push(c);
+        }
+    }
+    escaped
 }
 
 #[cfg(test)]
@@ -194,6 +211,18 @@ mod tests {
         let line = error_line(&err);
         assert_eq!(line.matches("REM_ACCESS_ERR (").count(), 1, "{line}");
         assert!(line.starts_with("writing: work request 3 (RDMA_WRITE) failed"));
+    }
+
+    #[test]
+    fn a_peer_s_text_cannot_drive_the_terminal() {
+        let err = anyhow::anyhow!("\u{1b}[2J\u{1b}]0;owned\u{7}evil\u{9b}31m")
+            .context("the server refused f.bin");
+        let line = error_line(&err);
+        assert_eq!(
+            line,
+            "the server refused f.bin: \\u{1b}[2J\\u{1b}]0;owned\\u{7}evil\\u{9b}31m"
+        );
+        assert!(!line.chars().any(char::is_control), "{line:?}");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context as _, Result};
-use pinpoll::EngineConfig;
+use pinpoll::{EngineConfig, PageSize};
 
 use crate::plan::{data_config, Kind, Overrides, Params, MAX_SIZE};
 
@@ -16,7 +16,8 @@ use crate::plan::{data_config, Kind, Overrides, Params, MAX_SIZE};
 pub struct Limits {
     /// The test this server runs.
     pub kind: Kind,
-    /// Bytes one data connection may register (its four rings).
+    /// Bytes one data connection may pin: its four rings and queues
+    /// ([`pinned_bytes`]).
     pub max_registered: u64,
     /// Where `max_registered` comes from, for the refusal's text.
     pub origin: String,
@@ -25,7 +26,29 @@ pub struct Limits {
     pub timeout: Duration,
 }
 
-/// The most `profile` registers for `kind` at any message size (rings
+/// The bytes a data connection of `cfg` pins: each ring rounded up to its
+/// page size (a huge-page ring of 4 KiB pins 2 MiB), and its queues — the
+/// work-queue entries and completions that a provider keeps in pinned
+/// memory (e.g. mlx5), sized as the largest entries of common hardware
+/// (a send entry of 64 bytes, its inline data and its gather list, a
+/// receive entry of 16 bytes per gather entry, a 64-byte completion), each
+/// rounded up to a power of two and the queues to whole base pages.
+pub fn pinned_bytes(cfg: &EngineConfig) -> u64 {
+    let round = |bytes: u64, page: u64| bytes.div_ceil(page) * page;
+    let page = cfg.pages.bytes() as u64;
+    let base = PageSize::Base.bytes() as u64;
+    let rings: u64 = cfg.ring_bytes().iter().map(|&r| round(r, page)).sum();
+    let qp = &cfg.qp;
+    let send_entry =
+        (64 + u64::from(qp.max_inline_data) + 16 * u64::from(qp.max_sge)).next_power_of_two();
+    let recv_entry = (16 * u64::from(qp.max_sge)).next_power_of_two();
+    let queues = round(send_entry * u64::from(qp.max_send_wr), base)
+        + round(recv_entry * u64::from(qp.max_recv_wr), base)
+        + round(64 * u64::from(qp.cq_depth), base);
+    rings + queues
+}
+
+/// The most `profile` pins for `kind` at any message size (rings
 /// shrink in slots as messages grow, so it is the largest size's, but
 /// every power of two is asked).
 pub fn profile_limit(profile: &EngineConfig, kind: Kind) -> pinpoll::Result<u64> {
@@ -33,7 +56,7 @@ pub fn profile_limit(profile: &EngineConfig, kind: Kind) -> pinpoll::Result<u64>
     let mut size = 1;
     while size <= MAX_SIZE {
         let cfg = data_config(profile, kind, size, &Overrides::default())?;
-        most = most.max(cfg.registered_bytes());
+        most = most.max(pinned_bytes(&cfg));
         size *= 2;
     }
     Ok(most)
@@ -97,14 +120,18 @@ impl Limits {
             .apply(base)
             .context("the client's configuration is invalid here")?;
         cfg.completion_timeout = cfg.completion_timeout.min(self.timeout);
-        let need = cfg.registered_bytes();
+        let need = pinned_bytes(&cfg);
         if need > self.max_registered {
             bail!(
-                "the client's rings need {} registered (3 rings of {} x {} B, {} receive slots), \
+                "the client's rings and queues need {} registered (3 rings of {} x {} B, {} receive slots, \
+                 on {} pages, and queues of {} + {} entries), \
                  more than this server allows: {} ({}); ask for smaller messages or fewer slots",
                 show_bytes(need),
                 cfg.slot_count,
                 cfg.slot_size,
+                cfg.qp.max_recv_wr,
+                show_bytes(cfg.pages.bytes() as u64),
+                cfg.qp.max_send_wr,
                 cfg.qp.max_recv_wr,
                 show_bytes(self.max_registered),
                 self.origin,
@@ -134,6 +161,7 @@ mod tests {
             size,
             iters: 100,
             warmup: 0,
+            await_sends: false,
             config: WireConfig::from_config(&cfg),
         }
     }
@@ -150,9 +178,9 @@ mod tests {
             for kind in Kind::ALL {
                 let limit = profile_limit(&base, kind).unwrap();
                 // The rings of the largest message: 3 x 16 MiB plus at
-                // least 4 receive slots of 8 MiB.
+                // least 4 receive slots of 8 MiB, and the queues.
                 assert!(limit >= (48 + 32) << 20, "{profile} {kind:?}: {limit}");
-                assert!(limit <= 112 << 20, "{profile} {kind:?}: {limit}");
+                assert!(limit <= 113 << 20, "{profile} {kind:?}: {limit}");
             }
         }
     }
@@ -161,18 +189,21 @@ mod tests {
     fn a_client_over_the_limit_is_refused_with_the_numbers() {
         let base = throughput();
         let p = params(Kind::WriteBw, 65536, &Overrides::default(), &base);
-        let need = p.config.apply(&base).unwrap().registered_bytes();
+        let cfg = p.config.apply(&base).unwrap();
         assert_eq!(
-            need,
+            cfg.registered_bytes(),
             (3 * 256 + 8) * 65536,
             "3 rings of 256 slots, 8 receive slots"
         );
+        let need = pinned_bytes(&cfg);
+        assert!(need > cfg.registered_bytes(), "the queues count too");
         let at = limits(Kind::WriteBw, &base, Some(need));
         at.admit(&p, &base).unwrap();
         let below = limits(Kind::WriteBw, &base, Some(need - 1));
         let err = format!("{:#}", below.admit(&p, &base).unwrap_err());
         assert!(
-            err.contains(&format!("need {need} bytes (48.5 MiB) registered"))
+            err.contains(&format!("need {} registered", show_bytes(need)))
+                && err.contains("on 4096 bytes pages")
                 && err.contains("3 rings of 256 x 65536 B, 8 receive slots")
                 && err.contains(&format!("allows: {} bytes", need - 1))
                 && err.contains("(--max-registered)"),
@@ -198,8 +229,9 @@ mod tests {
                 && err.contains("--max-registered"),
             "{err}"
         );
-        let need = p.config.apply(&base).unwrap().registered_bytes();
-        assert_eq!(need, 3 * 8192 * (8 << 20) + 8 * (8 << 20));
+        let cfg = p.config.apply(&base).unwrap();
+        assert_eq!(cfg.registered_bytes(), 3 * 8192 * (8 << 20) + 8 * (8 << 20));
+        let need = pinned_bytes(&cfg);
         limits(Kind::WriteBw, &base, Some(need))
             .admit(&p, &base)
             .unwrap();
@@ -225,6 +257,38 @@ mod tests {
         p.config.signal_interval = 1;
         let err = format!("{:#}", l.admit(&p, &base).unwrap_err());
         assert!(err.contains("more than this server allows"), "{err}");
+    }
+
+    /// Rings on huge pages pin whole 2 MiB pages, and the queues pin
+    /// memory of their own: a limit that the rings' bytes alone would fit
+    /// refuses them.
+    #[test]
+    fn huge_page_rounding_and_queues_count_against_the_limit() {
+        let base = throughput();
+        let o = Overrides {
+            hugepages: true,
+            ..Overrides::default()
+        };
+        let p = params(Kind::WriteBw, 64, &o, &base);
+        let cfg = p.config.apply(&base).unwrap();
+        assert_eq!(cfg.pages, PageSize::Huge2M);
+        let rings = cfg.registered_bytes();
+        assert!(rings < 4 << 21, "small rings: {rings}");
+        let need = pinned_bytes(&cfg);
+        assert!(
+            need >= 4 << 21,
+            "four rings of at least a 2 MiB page each: {need}"
+        );
+        let err = format!(
+            "{:#}",
+            limits(Kind::WriteBw, &base, Some(rings))
+                .admit(&p, &base)
+                .unwrap_err()
+        );
+        assert!(err.contains("on 2097152 bytes (2.0 MiB) pages"), "{err}");
+        limits(Kind::WriteBw, &base, Some(need))
+            .admit(&p, &base)
+            .unwrap();
     }
 
     #[test]
@@ -258,7 +322,7 @@ mod tests {
             prop_assert_eq!(l.max_registered, limit);
             let p = params(kind, size, &Overrides::default(), &base);
             let cfg = l.admit(&p, &base).unwrap();
-            prop_assert!(cfg.registered_bytes() <= limit);
+            prop_assert!(pinned_bytes(&cfg) <= limit);
         }
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::plan::{Kind, Mode, Overrides, MAX_ITERS, MAX_SIZE, MIN_ITERS};
+use crate::plan::{check_await_sends, Kind, Mode, Overrides, MAX_ITERS, MAX_SIZE, MIN_ITERS};
 
 /// perftest's default port.
 pub const DEFAULT_PORT: u16 = 18515;
@@ -121,8 +121,10 @@ pub struct PerfArgs {
     pub post_list: Option<u32>,
 
     /// One signaled completion per this many sends (perftest's --cq-mod;
-    /// our signal_interval). Default: 16 for latency tests (perftest
-    /// signals one in 100), the profile's for bandwidth tests.
+    /// our signal_interval). Default: 16 for latency tests (1 with
+    /// --await-sends), the profile's for bandwidth tests. (perftest's
+    /// latency tests signal every send: their tx depth of 1 caps -Q at 1,
+    /// and ib_write_lat signals every WRITE whatever -Q says.)
     #[arg(short = 'Q', long = "cq-mod", value_name = "N")]
     pub cq_mod: Option<u32>,
 
@@ -131,6 +133,27 @@ pub struct PerfArgs {
     /// device may refuse a large value when the queue pair is created.
     #[arg(short = 'I', long = "inline_size", value_name = "BYTES")]
     pub inline_size: Option<u32>,
+
+    /// Latency tests: signal every send and busy-wait for its completion
+    /// before going on, on both sides, and wait for a SEND's answer by
+    /// spinning alone (never yielding nor napping), as perftest's latency
+    /// tests do (implies -Q 1; direct mode). Without it a send is signaled
+    /// once in -Q and never waited for.
+    #[arg(long = "await-sends")]
+    pub await_sends: bool,
+
+    /// GID index of the port to route by (perftest's -x). Default: the
+    /// profile's, else the first RoCE v2 entry. Each side applies its
+    /// own (--loopback: both sides).
+    #[arg(short = 'x', long = "gid-index", value_name = "INDEX")]
+    pub gid_index: Option<u32>,
+
+    /// Latency tests, with --json: every measured round trip's duration
+    /// in ticks of the clock (TSC cycles on x86_64, as perftest's -C -U),
+    /// in measuring order, with the clock's nanoseconds per tick. At most
+    /// 1000000 iterations.
+    #[arg(long = "raw-samples", requires = "json")]
+    pub raw_samples: bool,
 
     /// Report bandwidth in Gb/s (10^9 bit/s) instead of MiB/s. The JSON
     /// output always has both.
@@ -259,7 +282,14 @@ pub struct Settings {
     pub timeout: Duration,
     /// Server: `--max-registered`, if given.
     pub max_registered: Option<u64>,
+    /// `--await-sends`: every send signaled and awaited.
+    pub await_sends: bool,
+    /// `--raw-samples`: every round trip's ticks in the JSON report.
+    pub raw_samples: bool,
 }
+
+/// Most iterations `--raw-samples` prints (per size).
+pub const MAX_RAW_SAMPLES: u64 = 1_000_000;
 
 /// perftest's -a sizes: 2, 4, ... 2^23.
 pub fn all_sizes() -> Vec<usize> {
@@ -281,6 +311,7 @@ impl Settings {
         let sizes = sizes_of(kind, a)?;
         let (iters, warmup) = iterations_of(kind, a)?;
         check_queue_flags(a)?;
+        check_sample_flags(kind, a, iters)?;
         let (core, app_core, server_core) = cores_of(a, &role, cores)?;
         let device = a.device.clone().or_else(|| {
             std::env::var("PINPOLL_DEVICE")
@@ -305,8 +336,10 @@ impl Settings {
             overrides: Overrides {
                 tx_depth: a.tx_depth,
                 post_list: a.post_list,
-                cq_mod: a.cq_mod,
+                // Every send awaited is every send signaled.
+                cq_mod: a.cq_mod.or(a.await_sends.then_some(1)),
                 inline_size: a.inline_size,
+                gid_index: a.gid_index,
                 hugepages: a.hugepages,
                 timeout: Some(Duration::from_secs_f64(a.timeout)),
             },
@@ -321,6 +354,8 @@ impl Settings {
             server_core,
             timeout: Duration::from_secs_f64(a.timeout),
             max_registered: a.max_registered,
+            await_sends: a.await_sends,
+            raw_samples: a.raw_samples,
         })
     }
 }
@@ -361,6 +396,8 @@ fn check_role_flags(a: &PerfArgs, role: &Role) -> Result<(), String> {
         (a.app_core.is_some(), "--app-core"),
         (a.server_core.is_some(), "--server-core"),
         (a.report_gbits, "--report_gbits"),
+        (a.await_sends, "--await-sends"),
+        (a.raw_samples, "--raw-samples"),
     ]
     .into_iter()
     .filter_map(|(set, flag)| set.then_some(flag))
@@ -424,6 +461,25 @@ fn check_queue_flags(a: &PerfArgs) -> Result<(), String> {
     }
     if a.inline_size.is_some_and(|i| i > 4096) {
         return Err("-I is out of range: give 0..=4096 bytes".into());
+    }
+    Ok(())
+}
+
+/// `--await-sends` where it can be done, `--raw-samples` where there are
+/// samples and not too many.
+fn check_sample_flags(kind: Kind, a: &PerfArgs, iters: u64) -> Result<(), String> {
+    let signal_interval = a.cq_mod.unwrap_or(1);
+    check_await_sends(a.await_sends, kind, a.mode, signal_interval)?;
+    if a.raw_samples && !kind.is_latency() {
+        return Err(format!(
+            "--raw-samples is for latency tests, not {}",
+            kind.name()
+        ));
+    }
+    if a.raw_samples && iters > MAX_RAW_SAMPLES {
+        return Err(format!(
+            "--raw-samples prints every sample: give -n {MAX_RAW_SAMPLES} or fewer (got {iters})"
+        ));
     }
     Ok(())
 }

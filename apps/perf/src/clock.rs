@@ -23,10 +23,18 @@ pub fn ticks() -> u64 {
     }
 }
 
-/// Nanoseconds per tick, measured once (about 20 ms) on first use.
+static SCALE: OnceLock<f64> = OnceLock::new();
+
+/// Nanoseconds per tick, measured once (about 20 ms of spinning) on first
+/// use. Call it before any timed region: the first call inside one would
+/// land those 20 ms in a sample or a bandwidth figure.
 pub fn ns_per_tick() -> f64 {
-    static SCALE: OnceLock<f64> = OnceLock::new();
     *SCALE.get_or_init(calibrate)
+}
+
+/// Whether [`ns_per_tick`] has been measured in this process.
+pub fn is_calibrated() -> bool {
+    SCALE.get().is_some()
 }
 
 fn calibrate() -> f64 {

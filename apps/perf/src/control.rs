@@ -26,8 +26,9 @@ const NAP: Duration = Duration::from_millis(1);
 pub enum Msg {
     /// The client's next measurement.
     Params(Params),
-    /// The server has its side ready; connect.
-    Ready,
+    /// The server has its side ready; connect, with `nonce` in the data
+    /// connection's handshake (rdma_cm): the server takes no other.
+    Ready { nonce: u64 },
     /// The client finished the measurement.
     Done,
     /// The server finished its side (it answered this many pings or
@@ -64,6 +65,7 @@ impl std::error::Error for BadMessage {}
 /// The message in `bytes`, checked: a known type with exactly its fields,
 /// and for [`Msg::Params`] every field in its range ([`Params::check`]).
 pub fn decode(bytes: &[u8]) -> std::result::Result<Msg, BadMessage> {
+    pinpoll::wire::record("perf_control", bytes);
     if bytes.len() > MAX_MSG {
         return Err(BadMessage(format!(
             "control message of {} bytes is too long (at most {MAX_MSG})",
@@ -96,17 +98,7 @@ pub fn decode(bytes: &[u8]) -> std::result::Result<Msg, BadMessage> {
 
 /// `text` with control characters escaped: what a peer sends reaches
 /// the terminal only as visible text.
-pub fn printable(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
+pub use pinpoll_appkit::run::escape_controls as printable;
 
 /// The control connection's own small configuration.
 pub fn control_config(timeout: Duration) -> EngineConfig {
@@ -253,7 +245,7 @@ mod tests {
             let (s, _) = listener.accept().unwrap();
             let mut ctl = Control::Tcp(s);
             let got = ctl.recv(Duration::from_secs(5), "params").unwrap();
-            ctl.send(&Msg::Ready).unwrap();
+            ctl.send(&Msg::Ready { nonce: 7 }).unwrap();
             got
         });
         let mut ctl = Control::Tcp(TcpStream::connect(addr).unwrap());
@@ -271,12 +263,13 @@ mod tests {
             size: 8,
             iters: 10,
             warmup: 1,
+            await_sends: false,
             config: WireConfig::from_config(&cfg),
         });
         ctl.send(&params).unwrap();
         assert_eq!(
             ctl.recv(Duration::from_secs(5), "ready").unwrap(),
-            Msg::Ready
+            Msg::Ready { nonce: 7 }
         );
         assert_eq!(t.join().unwrap(), params);
     }

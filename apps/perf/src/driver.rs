@@ -168,6 +168,8 @@ pub struct DirectClient {
 
 impl DirectClient {
     pub fn new(conn: Connection, plan: Plan, cfg: &EngineConfig) -> DirectClient {
+        // Calibrated now, not at a wait's first clock check mid-measurement.
+        clock::ns_per_tick();
         let mut buf = vec![0u8; plan.size];
         for (i, b) in buf.iter_mut().enumerate() {
             *b = (i % 251) as u8;
@@ -245,6 +247,71 @@ fn post_one(
     }
 }
 
+/// Busy-waits until the send `seq` has completed (its signaled
+/// completion reaped), as perftest polls its send CQ after every post.
+#[inline]
+fn await_send(conn: &mut Connection, timeout: Duration, seq: u64, turns: &mut u64) -> Result<()> {
+    let mut spin = Spin::new(timeout, "a send completion (--await-sends)");
+    loop {
+        conn.reap()?;
+        if conn.is_retired(seq) {
+            return Ok(());
+        }
+        *turns += 1;
+        spin.tick()?;
+    }
+}
+
+/// Busy-waits for the next message and returns its length, as perftest
+/// polls its receive CQ: never yielding nor napping, however long the
+/// wait (the connection's `recv` yields after 1 ms and naps after 10, which
+/// a loaded host turns into tail latency perftest does not pay).
+#[inline]
+fn spin_recv(conn: &mut Connection, timeout: Duration, turns: &mut u64) -> Result<usize> {
+    let mut spin = Spin::new(timeout, "the peer's SEND (send-lat pong)");
+    loop {
+        if let Some(len) = conn.try_recv()?.map(|m| m.data.len()) {
+            return Ok(len);
+        }
+        *turns += 1;
+        if spin.tick()? {
+            // Surfaces a failed send instead of waiting it out.
+            conn.reap()?;
+        }
+    }
+}
+
+/// The measured latency loop: `iters` round trips, each one's duration in
+/// clock ticks handed to `record` (one clock read per round trip, as
+/// perftest's `get_cycles` before each post). Never inlined, so that its
+/// instructions can be counted alone (`callgrind --toggle-collect`, see
+/// scripts/count-instructions.sh).
+#[inline(never)]
+pub fn timed_round_trips(
+    driver: &mut dyn Driver,
+    iters: u64,
+    mut record: impl FnMut(u64),
+) -> Result<()> {
+    let mut prev = clock::ticks();
+    for _ in 0..iters {
+        driver.round_trip()?;
+        let now = clock::ticks();
+        record(now.saturating_sub(prev));
+        prev = now;
+    }
+    Ok(())
+}
+
+/// The measured bandwidth run: `n` operations through to the last
+/// completion; returns the ticks it took. Never inlined, as
+/// [`timed_round_trips`].
+#[inline(never)]
+pub fn timed_stream(driver: &mut dyn Driver, n: u64) -> Result<u64> {
+    let start = clock::ticks();
+    driver.stream(n)?;
+    Ok(clock::ticks().saturating_sub(start))
+}
+
 impl Driver for DirectClient {
     #[inline]
     fn round_trip(&mut self) -> Result<()> {
@@ -257,7 +324,7 @@ impl Driver for DirectClient {
                 let last = size - 1;
                 self.buf[last] = v;
                 let turns = &mut self.wait_turns;
-                post_ping(
+                let seq = post_ping(
                     &mut self.conn,
                     timeout,
                     &self.buf,
@@ -265,6 +332,9 @@ impl Driver for DirectClient {
                     &mut self.primed,
                     turns,
                 )?;
+                if self.plan.await_sends {
+                    await_send(&mut self.conn, timeout, seq, turns)?;
+                }
                 let mut spin = Spin::new(timeout, "the peer's RDMA WRITE (write-lat pong)");
                 while self.conn.target_byte(last) != v {
                     *turns += 1;
@@ -277,12 +347,18 @@ impl Driver for DirectClient {
             }
             Kind::SendLat => {
                 let buf = &self.buf[..];
-                post_one(&mut self.conn, timeout, &mut self.wait_turns, |c| {
-                    c.try_send(buf)
-                })?;
+                let turns = &mut self.wait_turns;
+                let seq = post_one(&mut self.conn, timeout, turns, |c| c.try_send(buf))?;
+                if self.plan.await_sends {
+                    await_send(&mut self.conn, timeout, seq, turns)?;
+                }
                 // Only the receive CQ while the pong is due; the send CQ is
                 // reaped when the send queue fills (and by recv while it waits).
-                let len = self.conn.recv()?.data.len();
+                let len = if self.plan.await_sends {
+                    spin_recv(&mut self.conn, timeout, turns)?
+                } else {
+                    self.conn.recv()?.data.len()
+                };
                 if len != size {
                     return Err(Error::Config(format!(
                         "send-lat: the server answered {len} bytes, expected {size}"
@@ -462,6 +538,7 @@ pub struct EngineClient {
 
 impl EngineClient {
     pub fn new(conn: Connection, plan: Plan, cfg: &EngineConfig) -> Result<EngineClient> {
+        clock::ns_per_tick();
         let inline_threshold = conn.inline_threshold();
         let engine = Engine::spawn(conn, cfg)?;
         let buf = (0..plan.size).map(|i| (i % 251) as u8).collect();
@@ -745,13 +822,16 @@ pub fn serve(
     idle_limit: Duration,
     stop: &mut dyn FnMut() -> Result<bool>,
 ) -> Result<Served> {
+    // Calibrated before serving, not at an idle wait's second clock check
+    // while the client is measuring.
+    clock::ns_per_tick();
     let buf: Vec<u8> = (0..plan.size).map(|i| (i % 251) as u8).collect();
     // Idle: our spin's clock starts at its first check; after QUIET the
     // server asks `stop`, after idle_limit it gives up.
     let mut idle = Spin::new(idle_limit, "the client's next operation (server idle)");
     let served = match plan.kind {
         Kind::WriteLat => serve_write_lat(conn, &plan, buf, timeout, &mut idle, stop)?,
-        Kind::SendLat => serve_send_lat(conn, &buf, timeout, &mut idle, stop)?,
+        Kind::SendLat => serve_send_lat(conn, &plan, &buf, timeout, &mut idle, stop)?,
         Kind::ReadLat | Kind::WriteBw | Kind::ReadBw => serve_passively(conn, stop)?,
         Kind::SendBw | Kind::WriteImmBw => serve_stream(conn, &plan, timeout, &mut idle, stop)?,
     };
@@ -783,7 +863,10 @@ fn serve_write_lat(
             buf[last] = v;
             let imm = reply_imm.then_some(u32::from(v));
             // The server's waits are not measured: their turns go nowhere.
-            post_ping(conn, timeout, &buf, imm, &mut primed, &mut 0)?;
+            let seq = post_ping(conn, timeout, &buf, imm, &mut primed, &mut 0)?;
+            if plan.await_sends {
+                await_send(conn, timeout, seq, &mut 0)?;
+            }
             served += 1;
             idle.reset();
             continue;
@@ -814,6 +897,7 @@ fn quiet_turn(
 /// send-lat: answers each message with one of the same length.
 fn serve_send_lat(
     conn: &mut Connection,
+    plan: &Plan,
     buf: &[u8],
     timeout: Duration,
     idle: &mut Spin,
@@ -823,7 +907,10 @@ fn serve_send_lat(
     loop {
         if let Some(len) = conn.try_recv()?.map(|m| m.data.len()) {
             let data = &buf[..len.min(buf.len())];
-            post_one(conn, timeout, &mut 0, |c| c.try_send(data))?;
+            let seq = post_one(conn, timeout, &mut 0, |c| c.try_send(data))?;
+            if plan.await_sends {
+                await_send(conn, timeout, seq, &mut 0)?;
+            }
             served += 1;
             idle.reset();
             continue;

@@ -22,6 +22,8 @@ pub const MAX_ITERS: u64 = 1 << 40;
 pub const MAX_TIMEOUT_MS: u64 = 86_400_000;
 
 /// Latency tests signal one send in this many unless `-Q` says otherwise.
+/// (perftest's latency tests signal every send and wait for each
+/// completion: `--await-sends` asks pinpoll-perf for the same.)
 pub const LATENCY_SIGNAL_INTERVAL: u32 = 16;
 
 /// The tests, named as perftest names its programs.
@@ -237,6 +239,10 @@ pub struct Params {
     pub size: usize,
     pub iters: u64,
     pub warmup: u64,
+    /// Latency tests: every send is signaled and its completion awaited
+    /// before the test goes on, on both sides (perftest's way). Needs a
+    /// signal interval of 1 and direct mode.
+    pub await_sends: bool,
     pub config: WireConfig,
 }
 
@@ -265,6 +271,13 @@ impl Params {
             ));
         }
         self.config.check()?;
+        check_await_sends(
+            self.await_sends,
+            self.kind,
+            self.mode,
+            self.config.signal_interval,
+        )
+        .map_err(pinpoll::Error::Config)?;
         if self.size > self.config.slot_size as usize {
             return bad(format!(
                 "message size {} does not fit a slot of {} bytes",
@@ -277,7 +290,37 @@ impl Params {
     /// What the server needs to serve this measurement.
     pub fn plan(&self) -> Plan {
         Plan::new(self.kind, self.mode, self.size, self.config.recv_depth)
+            .awaiting_sends(self.await_sends)
     }
+}
+
+/// Awaiting every send's completion is a latency test's, in direct mode
+/// (the engine's worker owns its completions), and every send must be
+/// signaled: an unsignaled one completes only with a later one.
+pub fn check_await_sends(
+    await_sends: bool,
+    kind: Kind,
+    mode: Mode,
+    signal_interval: u32,
+) -> Result<(), String> {
+    if !await_sends {
+        return Ok(());
+    }
+    if !kind.is_latency() {
+        return Err(format!(
+            "--await-sends is for latency tests, not {}",
+            kind.name()
+        ));
+    }
+    if mode != Mode::Direct {
+        return Err("--await-sends is for --mode direct".into());
+    }
+    if signal_interval != 1 {
+        return Err(format!(
+            "--await-sends signals every send: a signal interval of {signal_interval} (-Q) cannot be awaited"
+        ));
+    }
+    Ok(())
 }
 
 /// What both sides' loops need to know.
@@ -290,6 +333,9 @@ pub struct Plan {
     pub recv_depth: u64,
     /// The server returns a credit every this many consumed messages.
     pub credit_window: u64,
+    /// Latency tests: both sides wait for each send's completion before
+    /// going on ([`Params::await_sends`]).
+    pub await_sends: bool,
 }
 
 impl Plan {
@@ -301,6 +347,15 @@ impl Plan {
             size,
             recv_depth,
             credit_window: (recv_depth / 4).max(1),
+            await_sends: false,
+        }
+    }
+
+    /// This plan, with every send's completion awaited or not.
+    pub fn awaiting_sends(self, await_sends: bool) -> Plan {
+        Plan {
+            await_sends,
+            ..self
         }
     }
 
@@ -323,6 +378,9 @@ pub struct Overrides {
     pub cq_mod: Option<u32>,
     /// `-I`: largest inline payload.
     pub inline_size: Option<u32>,
+    /// `-x`: the GID index to route by (it does not travel: each side
+    /// applies its own).
+    pub gid_index: Option<u32>,
     /// `--hugepages`: rings on 2 MiB pages.
     pub hugepages: bool,
     /// `--timeout`: every wait's bound.
@@ -363,7 +421,7 @@ pub fn data_config(
     } else if kind.is_latency() {
         // A ping-pong needs no completion per send: one in 16 frees the
         // queue in time and saves the device a CQE per operation
-        // (perftest signals one in 100).
+        // (perftest signals every send and waits for it: --await-sends).
         c.signal_interval = LATENCY_SIGNAL_INTERVAL
             .min(c.qp.max_send_wr.saturating_sub(c.batch_size))
             .max(1);
@@ -374,6 +432,9 @@ pub fn data_config(
     }
     if o.hugepages {
         c.pages = PageSize::Huge2M;
+    }
+    if o.gid_index.is_some() {
+        c.qp.gid_index = o.gid_index;
     }
     if let Some(t) = o.timeout {
         c.completion_timeout = t;

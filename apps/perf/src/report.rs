@@ -116,6 +116,21 @@ impl Bandwidth {
     }
 }
 
+/// Every measured round trip as the clock counted it (`--raw-samples`):
+/// the samples percentiles are computed from elsewhere, as perftest's
+/// `-C -U` prints its own.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RawSamples {
+    /// `ticks`: TSC cycles on x86_64 (perftest's `get_cycles`),
+    /// nanoseconds elsewhere.
+    pub unit: &'static str,
+    /// The clock's scale, measured before the first sample.
+    pub ns_per_tick: f64,
+    /// Full round trips (never halved), in measuring order; the warm-up's
+    /// are not among them (`--warmup 0` keeps every one).
+    pub round_trip_ticks: Vec<u64>,
+}
+
 /// Work requests and doorbells of the client's connection.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Doorbells {
@@ -152,10 +167,13 @@ pub struct Point {
     pub bandwidth: Option<Bandwidth>,
     pub work_requests: Doorbells,
     /// Turns of the client's busy-waits that found nothing, over the
-    /// whole run (warm-up included): timing, not work.
-    /// `scripts/count-instructions.sh` takes the waiting out of its
-    /// instruction counts with it.
+    /// whole run (warm-up included): timing, not work. (The instruction
+    /// counts of `scripts/count-instructions.sh` find their waiting from
+    /// the code's own loops, the same way for perftest, which counts
+    /// nothing.)
     pub wait_turns: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub raw_samples: Option<RawSamples>,
     /// The configuration both sides used for this size.
     pub connection: WireConfig,
 }
@@ -180,6 +198,9 @@ pub struct RunInfo {
     pub post_list: Option<u32>,
     pub cq_mod: Option<u32>,
     pub inline_size: Option<u32>,
+    pub gid_index: Option<u32>,
+    /// `--await-sends`: every send signaled and its completion awaited.
+    pub await_sends: bool,
     pub report_gbits: bool,
     /// The CPU the measuring thread ran on (engine mode: the application thread).
     pub client_core: Option<usize>,
@@ -255,6 +276,11 @@ pub fn header(kind: Kind, info: &RunInfo) -> String {
             },
             info.warmup
         ));
+        s.push_str(if info.await_sends {
+            " Sends: every one signaled and its completion awaited (--await-sends, as perftest)\n"
+        } else {
+            " Sends: one in the signal interval signaled, none awaited\n"
+        });
     } else {
         s.push_str(" Bandwidth: measured on the client, first post to last completion\n");
     }

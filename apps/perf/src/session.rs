@@ -18,7 +18,7 @@ use crate::clock;
 use crate::control::{control_config, BadMessage, Control, Msg};
 use crate::driver::{self, Driver, Served};
 use crate::plan::{data_config, Kind, Mode, Params, Plan, WireConfig};
-use crate::report::{self, Bandwidth, Doorbells, Point, Report, RunInfo, Samples};
+use crate::report::{self, Bandwidth, Doorbells, Point, RawSamples, Report, RunInfo, Samples};
 
 pub use pinpoll_appkit::pin;
 
@@ -177,6 +177,8 @@ impl Loopback {
 pub struct Figures {
     pub latency: Option<report::Latency>,
     pub bandwidth: Option<Bandwidth>,
+    /// Latency: every measured round trip, in clock ticks.
+    pub round_trip_ticks: Vec<u64>,
 }
 
 /// Runs the warm-up and the measured iterations of `kind` on `driver`.
@@ -187,28 +189,13 @@ pub fn measure(
     iters: u64,
     warmup: u64,
 ) -> pinpoll::Result<Figures> {
+    // The clock's scale is measured before anything is timed.
+    clock::ns_per_tick();
     if kind.is_latency() {
         for _ in 0..warmup {
             driver.round_trip()?;
         }
-        // One TSC read per iteration, as perftest's get_cycles: the OS
-        // clock is a system call in the TCG guest (see clock.rs). The
-        // deltas go into a buffer sized before the loop (perftest keeps its
-        // stamps the same way); the histogram is filled afterwards, so its
-        // bookkeeping stays out of the measured loop.
-        let mut deltas: Vec<u64> = Vec::with_capacity(iters as usize);
-        let mut prev = clock::ticks();
-        for _ in 0..iters {
-            driver.round_trip()?;
-            let now = clock::ticks();
-            deltas.push(now.saturating_sub(prev));
-            prev = now;
-        }
-        let scale = clock::ns_per_tick();
-        let mut samples = Samples::new();
-        for ticks in deltas {
-            samples.record(Duration::from_nanos((ticks as f64 * scale) as u64));
-        }
+        let (samples, deltas) = round_trips(driver, iters, SAMPLE_BATCH)?;
         let factor = if kind.reports_half_round_trip() {
             0.5
         } else {
@@ -217,18 +204,68 @@ pub fn measure(
         Ok(Figures {
             latency: Some(samples.summary(factor)),
             bandwidth: None,
+            round_trip_ticks: deltas,
         })
     } else {
         if warmup > 0 {
             driver.stream(warmup)?;
         }
-        let start = clock::ticks();
-        driver.stream(iters)?;
-        let elapsed = clock::to_duration(clock::ticks().saturating_sub(start));
+        let elapsed = clock::to_duration(crate::driver::timed_stream(driver, iters)?);
         Ok(Figures {
             latency: None,
             bandwidth: Some(Bandwidth::new(size, iters, elapsed)),
+            round_trip_ticks: Vec::new(),
         })
+    }
+}
+
+/// Latency samples kept between two fills of the histogram: 128 MiB of
+/// deltas, whatever `-n` is.
+const SAMPLE_BATCH: u64 = 1 << 24;
+
+/// Times `iters` round trips on `driver`. One TSC read per iteration, as
+/// perftest's get_cycles: the OS clock is a system call in the TCG guest
+/// (see clock.rs). The deltas go into a buffer sized before the loop
+/// (perftest keeps its stamps the same way); the histogram is filled from
+/// it after the loop, or each time `batch` deltas filled it (the clock
+/// restarts after that), so its bookkeeping stays out of the measured
+/// round trips and memory stays bounded whatever `iters` is.
+fn round_trips(
+    driver: &mut dyn Driver,
+    iters: u64,
+    batch: u64,
+) -> pinpoll::Result<(Samples, Vec<u64>)> {
+    let batch = iters.min(batch);
+    let mut deltas: Vec<u64> = Vec::new();
+    deltas
+        .try_reserve_exact(batch as usize)
+        .map_err(|e| pinpoll::Error::Config(format!("room for {batch} latency samples: {e}")))?;
+    let mut samples = Samples::new();
+    let mut left = iters;
+    while left > 0 {
+        // One TSC read per iteration inside the measured loop, as perftest's
+        // get_cycles; the histogram is filled between batches, outside it.
+        let n = left.min(batch);
+        crate::driver::timed_round_trips(driver, n, |ticks| deltas.push(ticks))?;
+        left -= n;
+        if left > 0 {
+            record(&mut samples, deltas.drain(..));
+        }
+    }
+    record(&mut samples, deltas.iter().copied());
+    // Raw samples (--raw-samples caps -n far below a batch) are the whole
+    // run only when it fit in one batch.
+    if iters > batch {
+        deltas = Vec::new();
+    }
+    Ok((samples, deltas))
+}
+
+/// Moves the TSC `deltas` into `samples`.
+fn record(samples: &mut Samples, deltas: impl Iterator<Item = u64>) {
+    let scale = clock::ns_per_tick();
+    for ticks in deltas {
+        samples.record(Duration::from_nanos((ticks as f64 * scale) as u64));
     }
 }
 
@@ -239,6 +276,8 @@ fn base_config(s: &Settings) -> Result<EngineConfig> {
     base.core = None;
     base.completion_timeout = s.timeout;
     base.qp.connect_timeout = s.timeout;
+    // -x does not travel: a server applies its own.
+    base.qp.gid_index = s.overrides.gid_index.or(base.qp.gid_index);
     Ok(base)
 }
 
@@ -263,6 +302,8 @@ fn run_info(s: &Settings, role: &'static str) -> RunInfo {
         post_list: s.overrides.post_list,
         cq_mod: s.overrides.cq_mod,
         inline_size: s.overrides.inline_size,
+        gid_index: s.overrides.gid_index,
+        await_sends: s.await_sends,
         report_gbits: s.report_gbits,
         client_core: if s.mode == Mode::Engine {
             s.app_core
@@ -281,6 +322,8 @@ fn run_info(s: &Settings, role: &'static str) -> RunInfo {
 /// Runs what `s` asks; `emit` receives the text output line by line (not
 /// called with --json, whose document is the returned report).
 pub fn run(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
+    // Before a server says it is ready, as before a client measures.
+    clock::ns_per_tick();
     match s.role {
         Role::Server => run_server(s, emit),
         Role::Loopback | Role::Client { .. } => run_client(s, emit),
@@ -292,7 +335,13 @@ fn point(
     figures: Figures,
     stats: &pinpoll::datapath::Stats,
     inline_threshold: usize,
+    raw: bool,
 ) -> Point {
+    let raw_samples = (raw && p.kind.is_latency()).then(|| RawSamples {
+        unit: "ticks",
+        ns_per_tick: clock::ns_per_tick(),
+        round_trip_ticks: figures.round_trip_ticks,
+    });
     Point {
         bytes: p.size,
         iterations: p.iters,
@@ -302,6 +351,7 @@ fn point(
         bandwidth: figures.bandwidth,
         work_requests: Doorbells::new(stats),
         wait_turns: stats.wait_turns,
+        raw_samples,
         connection: p.config.clone(),
     }
 }
@@ -342,6 +392,7 @@ fn run_client(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
             size,
             iters: s.iters,
             warmup: s.warmup,
+            await_sends: s.await_sends,
             config: WireConfig::from_config(&cfg),
         };
         let plan = params.plan();
@@ -355,7 +406,7 @@ fn run_client(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
                 let stats = lb.finish();
                 let figures =
                     figures.with_context(|| format!("{} at {size} bytes", s.kind.name()))?;
-                point(&params, figures, &stats?, inline)
+                point(&params, figures, &stats?, inline, s.raw_samples)
             }
         };
         if !s.json {
@@ -403,12 +454,16 @@ fn client_point(
     cfg: &EngineConfig,
 ) -> Result<Point> {
     ctl.send(&Msg::Params(params.clone()))?;
-    match ctl.recv(s.timeout, "the server to get ready")? {
-        Msg::Ready => {}
+    let nonce = match ctl.recv(s.timeout, "the server to get ready")? {
+        Msg::Ready { nonce } => nonce,
         other => bail!("the server answered {other:?} instead of ready"),
-    }
+    };
     let conn = match s.transport {
-        Transport::RdmaCm => Connection::connect(parse_socket_addr(host, s.port)?, cfg)?,
+        // The nonce tells the server this is the data connection it
+        // waits for, not another client's.
+        Transport::RdmaCm => Connection::builder(cfg)
+            .private_data(&nonce.to_be_bytes())
+            .connect(parse_socket_addr(host, s.port)?)?,
         Transport::Tcp => Connection::over_tcp(
             ctl.stream().expect("a TCP control stream"),
             s.device.as_deref(),
@@ -435,7 +490,7 @@ fn client_point(
         other => bail!("the server answered {other:?} instead of served"),
     }
     let stats = driver.finish()?;
-    Ok(point(params, figures, &stats, inline))
+    Ok(point(params, figures, &stats, inline, s.raw_samples))
 }
 
 /// Tells the client why it is refused (delivered before this side goes
@@ -501,9 +556,10 @@ fn run_server(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
     let mut served_sizes = 0u64;
     while let Some(params) = next_params(&mut ctl, s.timeout)? {
         let cfg = admit(&mut ctl, &limits, &params, &base)?;
-        ctl.send(&Msg::Ready)?;
+        let nonce = data_nonce()?;
+        ctl.send(&Msg::Ready { nonce })?;
         let mut conn = match &listener {
-            Some(l) => Connection::accept(l, &cfg, s.timeout)
+            Some(l) => accept_data(l, &cfg, nonce, s.timeout)
                 .context("accepting the client's data connection")?,
             None => Connection::over_tcp(
                 ctl.stream().expect("a TCP control stream"),
@@ -522,10 +578,59 @@ fn run_server(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
             ));
         }
     }
+    if let Some(l) = &listener {
+        refuse_waiting(l, &base);
+    }
     if !s.json {
         emit(&format!(" done: {served_sizes} sizes served"));
     }
     Ok(report)
+}
+
+/// What a client that is not the one being served is told.
+const BUSY: &[u8] = b"server busy: it is measuring for another client; try again later\0";
+
+/// A nonce for the data connection: never 0, which a request without one
+/// (zero-padded private data) would carry.
+fn data_nonce() -> Result<u64> {
+    loop {
+        let nonce = pinpoll_appkit::random_u64().context("drawing a nonce")?;
+        if nonce != 0 {
+            return Ok(nonce);
+        }
+    }
+}
+
+/// The data connection of the client that was sent `nonce`, within
+/// `timeout`. Any other connect request that comes meanwhile — another
+/// client's — is told the server is busy, never taken for the data path.
+fn accept_data(
+    listener: &Listener,
+    cfg: &EngineConfig,
+    nonce: u64,
+    timeout: Duration,
+) -> Result<Connection> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let request = listener.next_request(&cfg.qp, left)?;
+        if request.peer_data().starts_with(&nonce.to_be_bytes()) {
+            return Ok(Connection::builder(cfg).accept(request)?);
+        }
+        if let Err(e) = request.reject(BUSY) {
+            tracing::warn!(error = %e, "telling another client the server is busy");
+        }
+    }
+}
+
+/// Tells every client whose request waits on `listener` that the server
+/// is busy (it serves one client, and is done with it).
+fn refuse_waiting(listener: &Listener, cfg: &EngineConfig) {
+    while let Ok(request) = listener.next_request(&cfg.qp, Duration::ZERO) {
+        if let Err(e) = request.reject(BUSY) {
+            tracing::warn!(error = %e, "telling another client the server is busy");
+        }
+    }
 }
 
 /// The control connection of `--oob`: one TCP client on `--bind`:port
@@ -613,4 +718,69 @@ fn serve_one_size(
         messages: served.messages,
     })?;
     Ok(served.messages)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A driver whose round trips succeed `left` times, then fail as a
+    /// peer that went away would.
+    struct Countdown {
+        left: u64,
+        done: u64,
+    }
+
+    impl Driver for Countdown {
+        fn round_trip(&mut self) -> pinpoll::Result<()> {
+            if self.left == 0 {
+                return Err(pinpoll::Error::Disconnected);
+            }
+            self.left -= 1;
+            self.done += 1;
+            Ok(())
+        }
+        fn stream(&mut self, _: u64) -> pinpoll::Result<()> {
+            unreachable!("a latency test")
+        }
+        fn stats(&self) -> Option<pinpoll::datapath::Stats> {
+            None
+        }
+        fn inline_threshold(&self) -> usize {
+            0
+        }
+        fn quiesce(&mut self) -> pinpoll::Result<()> {
+            Ok(())
+        }
+        fn finish(self: Box<Self>) -> pinpoll::Result<pinpoll::datapath::Stats> {
+            Ok(pinpoll::datapath::Stats::default())
+        }
+    }
+
+    /// `-n 2^40` (the largest the control protocol allows) holds at most
+    /// SAMPLE_BATCH samples: the run starts and measures, rather than
+    /// aborting on an allocation of 8 TiB; here the peer leaves first.
+    #[test]
+    fn a_huge_iteration_count_measures_in_bounded_memory() {
+        let mut driver = Countdown {
+            left: 1000,
+            done: 0,
+        };
+        let err = measure(&mut driver, Kind::SendLat, 8, 1 << 40, 0)
+            .err()
+            .expect("the peer left");
+        assert!(matches!(err, pinpoll::Error::Disconnected), "{err}");
+        assert_eq!(driver.done, 1000);
+    }
+
+    #[test]
+    fn more_iterations_than_a_batch_are_all_counted() {
+        let mut driver = Countdown { left: 25, done: 0 };
+        let (samples, raw) = round_trips(&mut driver, 25, 4).unwrap();
+        assert_eq!(samples.len(), 25);
+        assert!(raw.is_empty(), "raw samples of a run over one batch");
+        let mut driver = Countdown { left: 3, done: 0 };
+        let (samples, raw) = round_trips(&mut driver, 3, 4).unwrap();
+        assert_eq!((samples.len(), raw.len()), (3, 3));
+    }
 }

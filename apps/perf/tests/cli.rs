@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Parser as _;
 use pinpoll_perf::plan::{data_config, Overrides, WireConfig};
-use pinpoll_perf::report::{Bandwidth, Doorbells, Point, Report, RunInfo, Samples};
+use pinpoll_perf::report::{Bandwidth, Doorbells, Point, RawSamples, Report, RunInfo, Samples};
 use pinpoll_perf::{Cli, Kind, Mode, Role, Settings, Transport};
 use pinpoll_testkit::{run, Finished};
 
@@ -61,6 +61,9 @@ fn help_explains_every_flag_and_exits_zero() {
         "--loopback",
         "--oob",
         "--timeout",
+        "--await-sends",
+        "-x, --gid-index",
+        "--raw-samples",
     ] {
         assert!(
             text.contains(flag),
@@ -119,6 +122,44 @@ fn bad_command_lines_fail_with_one_error_line() {
             "invalid value",
         ),
         (&["no-such-test"], "unrecognized subcommand"),
+        (
+            &["write-lat", "--loopback", "--await-sends", "-Q", "4"],
+            "a signal interval of 4 (-Q) cannot be awaited",
+        ),
+        (
+            &["write-bw", "--loopback", "--await-sends"],
+            "--await-sends is for latency tests",
+        ),
+        (
+            &[
+                "send-lat",
+                "--loopback",
+                "--await-sends",
+                "--mode",
+                "engine",
+            ],
+            "--await-sends is for --mode direct",
+        ),
+        (
+            &["write-lat", "--await-sends"],
+            "--await-sends is chosen by the client",
+        ),
+        (&["write-lat", "--loopback", "--raw-samples"], "--json"),
+        (
+            &["write-bw", "--loopback", "--raw-samples", "--json"],
+            "--raw-samples is for latency tests",
+        ),
+        (
+            &[
+                "write-lat",
+                "--loopback",
+                "--raw-samples",
+                "--json",
+                "-n",
+                "1000001",
+            ],
+            "give -n 1000000 or fewer",
+        ),
         (&[], "requires a subcommand"),
     ];
     for (args, expected) in cases {
@@ -227,6 +268,36 @@ fn settings_follow_perftest_defaults_and_the_role() {
     assert_eq!(s.sizes.first(), Some(&2));
     assert_eq!(s.sizes.last(), Some(&(1 << 23)));
 
+    // perftest's way: every send signaled and awaited, the same GID.
+    let s = settings(&[
+        "send-lat",
+        "--loopback",
+        "--await-sends",
+        "-x",
+        "3",
+        "-I",
+        "0",
+    ])
+    .unwrap();
+    assert!(s.await_sends);
+    assert_eq!(
+        (
+            s.overrides.cq_mod,
+            s.overrides.gid_index,
+            s.overrides.inline_size
+        ),
+        (Some(1), Some(3), Some(0))
+    );
+    let s = settings(&["write-lat", "--loopback"]).unwrap();
+    assert!(!s.await_sends && !s.raw_samples);
+    assert_eq!((s.overrides.cq_mod, s.overrides.gid_index), (None, None));
+    // -x does not travel: a server takes its own.
+    let s = settings(&["write-lat", "-x", "2"]).unwrap();
+    assert_eq!(
+        (s.role.clone(), s.overrides.gid_index),
+        (Role::Server, Some(2))
+    );
+
     let s = settings(&["write-lat", "--loopback", "--mode", "engine"]).unwrap();
     assert_eq!(
         (s.mode, s.core, s.app_core),
@@ -271,6 +342,8 @@ fn the_json_report_has_every_figure_and_the_configuration() {
         post_list: None,
         cq_mod: None,
         inline_size: None,
+        gid_index: Some(3),
+        await_sends: true,
         report_gbits: false,
         client_core: Some(1),
         worker_core: None,
@@ -287,6 +360,11 @@ fn the_json_report_has_every_figure_and_the_configuration() {
         bandwidth: None,
         work_requests: Doorbells::new(&stats),
         wait_turns: stats.wait_turns,
+        raw_samples: Some(RawSamples {
+            unit: "ticks",
+            ns_per_tick: 0.5,
+            round_trip_ticks: (1..=100u64).map(|i| 2000 + i * 20).collect(),
+        }),
         connection: WireConfig::from_config(&cfg),
     });
     report.results.push(Point {
@@ -298,6 +376,7 @@ fn the_json_report_has_every_figure_and_the_configuration() {
         bandwidth: Some(Bandwidth::new(65536, 1000, Duration::from_millis(500))),
         work_requests: Doorbells::new(&stats),
         wait_turns: stats.wait_turns,
+        raw_samples: None,
         connection: WireConfig::from_config(&cfg),
     });
     let v: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
@@ -315,6 +394,8 @@ fn the_json_report_has_every_figure_and_the_configuration() {
         "client_core",
         "server_core",
         "timeout_secs",
+        "gid_index",
+        "await_sends",
     ] {
         assert!(v["config"].get(key).is_some(), "config.{key} missing: {v}");
     }
@@ -336,6 +417,18 @@ fn the_json_report_has_every_figure_and_the_configuration() {
         assert!(bw[key].as_f64().unwrap() > 0.0, "bandwidth.{key}");
     }
     assert_eq!(v["results"][0]["wait_turns"], 12345);
+    let raw = &v["results"][0]["raw_samples"];
+    assert_eq!(raw["unit"], "ticks");
+    assert_eq!(raw["ns_per_tick"], 0.5);
+    let ticks: Vec<u64> = raw["round_trip_ticks"]
+        .as_array()
+        .expect("round_trip_ticks is an array")
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    assert_eq!(ticks.len(), 100);
+    assert_eq!((ticks[0], ticks[99]), (2020, 4000), "in measuring order");
+    assert!(v["results"][1].get("raw_samples").is_none());
     let wr = &v["results"][0]["work_requests"];
     assert_eq!(
         (wr["posted"].as_u64(), wr["doorbells"].as_u64()),

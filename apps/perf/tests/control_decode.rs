@@ -71,8 +71,14 @@ fn params() -> impl Strategy<Value = Params> {
         MIN_ITERS..=MAX_ITERS,
         0..=MAX_ITERS,
         wire_config(),
+        any::<bool>(),
     )
-        .prop_flat_map(|(kind, mode, iters, warmup, config)| {
+        .prop_flat_map(|(kind, mode, iters, warmup, mut config, wants_await)| {
+            // Awaiting every send: a direct latency test signaling each.
+            let await_sends = wants_await && kind.is_latency() && mode == Mode::Direct;
+            if await_sends {
+                config.signal_interval = 1;
+            }
             let most = MAX_SIZE.min(config.slot_size as usize);
             (1..=most).prop_map(move |size| Params {
                 kind,
@@ -80,6 +86,7 @@ fn params() -> impl Strategy<Value = Params> {
                 size,
                 iters,
                 warmup,
+                await_sends,
                 config: config.clone(),
             })
         })
@@ -88,7 +95,7 @@ fn params() -> impl Strategy<Value = Params> {
 fn msg() -> impl Strategy<Value = Msg> {
     prop_oneof![
         params().prop_map(Msg::Params),
-        Just(Msg::Ready),
+        any::<u64>().prop_map(|nonce| Msg::Ready { nonce }),
         Just(Msg::Done),
         any::<u64>().prop_map(|messages| Msg::Served { messages }),
         Just(Msg::End),
@@ -124,6 +131,9 @@ enum Bad {
     RnrRetry(u8),
     MaxRdAtomic(u8),
     TimeoutMs(u64),
+    AwaitSendsOnBandwidth,
+    AwaitSendsInEngineMode,
+    AwaitSendsUnsignaled(u32),
 }
 
 fn bad() -> impl Strategy<Value = Bad> {
@@ -162,6 +172,9 @@ fn bad() -> impl Strategy<Value = Bad> {
         (7u8..).prop_map(Bad::RnrRetry),
         prop_oneof![Just(0u8), 17u8..].prop_map(Bad::MaxRdAtomic),
         prop_oneof![Just(0u64), MAX_TIMEOUT_MS + 1..].prop_map(Bad::TimeoutMs),
+        Just(Bad::AwaitSendsOnBandwidth),
+        Just(Bad::AwaitSendsInEngineMode),
+        (2u32..).prop_map(Bad::AwaitSendsUnsignaled),
     ]
 }
 
@@ -201,6 +214,21 @@ fn spoil(p: &mut Params, bad: Bad) {
         Bad::RnrRetry(r) => c.rnr_retry = r,
         Bad::MaxRdAtomic(r) => c.max_rd_atomic = r,
         Bad::TimeoutMs(ms) => c.completion_timeout_ms = ms,
+        Bad::AwaitSendsOnBandwidth => {
+            p.await_sends = true;
+            p.kind = Kind::WriteBw;
+        }
+        Bad::AwaitSendsInEngineMode => {
+            p.await_sends = true;
+            p.kind = Kind::SendLat;
+            p.mode = Mode::Engine;
+        }
+        Bad::AwaitSendsUnsignaled(n) => {
+            p.await_sends = true;
+            p.kind = Kind::WriteLat;
+            p.mode = Mode::Direct;
+            c.signal_interval = n;
+        }
     }
 }
 

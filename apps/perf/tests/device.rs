@@ -180,3 +180,143 @@ fn client_and_server_processes_agree_on_the_parameters() {
         }
     }
 }
+
+/// The raw samples of a latency report: one per measured round trip,
+/// and the percentiles of the report are theirs (the histogram keeps 3
+/// significant digits).
+fn check_raw_samples(v: &Value, iters: usize, half: bool) {
+    let p = &v["results"][0];
+    let raw = &p["raw_samples"];
+    assert_eq!(raw["unit"], "ticks", "{v}");
+    let scale = raw["ns_per_tick"].as_f64().expect("ns_per_tick");
+    assert!(scale > 0.0, "{v}");
+    let mut us: Vec<f64> = raw["round_trip_ticks"]
+        .as_array()
+        .expect("round_trip_ticks")
+        .iter()
+        .map(|t| t.as_u64().expect("a tick count") as f64 * scale / 1000.0)
+        .map(|rtt| if half { rtt / 2.0 } else { rtt })
+        .collect();
+    assert_eq!(us.len(), iters, "one sample per measured round trip");
+    us.sort_by(f64::total_cmp);
+    let (min, max) = (us[0], us[iters - 1]);
+    let lat = &p["latency"];
+    let near = |a: f64, b: f64| (a - b).abs() <= 0.002 * b.max(a) + 0.002;
+    assert!(near(lat["min"].as_f64().unwrap(), min), "min {min}: {lat}");
+    assert!(near(lat["max"].as_f64().unwrap(), max), "max {max}: {lat}");
+}
+
+/// perftest's way: no inline, every send signaled and its completion
+/// awaited on both sides, the same GID index, raw samples out. In one
+/// process and as client and server (the server follows the client's
+/// --await-sends).
+#[test]
+#[ignore = "needs an RDMA device"]
+fn await_sends_without_inline_reports_raw_samples() {
+    let gid = std::env::var("PINPOLL_GID_INDEX").unwrap_or_else(|_| "0".into());
+    for (test, half) in [("write-lat", true), ("send-lat", true), ("read-lat", false)] {
+        let v = run(&[
+            test,
+            "--loopback",
+            "-n",
+            "300",
+            "-s",
+            "8",
+            "-I",
+            "0",
+            "--await-sends",
+            "--warmup",
+            "0",
+            "-x",
+            &gid,
+            "--raw-samples",
+        ]);
+        check_latency(
+            &v,
+            300,
+            if half {
+                "half_round_trip"
+            } else {
+                "round_trip"
+            },
+        );
+        assert_eq!(v["config"]["await_sends"], true, "{v}");
+        assert_eq!(v["config"]["gid_index"].as_u64(), gid.parse().ok(), "{v}");
+        let p = &v["results"][0];
+        assert_eq!(p["inline"], false, "-I 0: nothing inline");
+        assert_eq!(p["connection"]["signal_interval"], 1, "every send signaled");
+        check_raw_samples(&v, 300, half);
+    }
+    let server = server("send-lat", "18614", false);
+    let addr4 = addr4();
+    let v = run(&[
+        "send-lat",
+        &addr4,
+        "-p",
+        "18614",
+        "-n",
+        "200",
+        "--await-sends",
+        "--raw-samples",
+    ]);
+    let out = server.finish_within(BOUND);
+    assert!(out.status.success(), "server: {}", out.stderr);
+    check_latency(&v, 200, "half_round_trip");
+    check_raw_samples(&v, 200, true);
+}
+
+/// Two clients of one rdma_cm server at once: the second's connect never
+/// becomes the first's data connection (the server takes only the one
+/// carrying the nonce of its `Ready`); the second is told the server is
+/// busy, and the first measures every size to the end.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_second_client_is_told_busy_and_the_first_finishes() {
+    let (port, host, dev) = ("18613", addr4(), device());
+    let server = server("send-lat", port, false);
+    let sizes = ["-a", "-n", "5"];
+    let mut args = vec![
+        "send-lat",
+        host.as_str(),
+        "-p",
+        port,
+        "-d",
+        &dev,
+        "--timeout",
+        "60",
+    ];
+    args.extend(sizes);
+    let first = Running::spawn(command(PERF, &args));
+    // The first client measures its first size: its data connection is
+    // taken; the second comes while it has 22 more to go.
+    first
+        .wait_for_line(|l| l.split_whitespace().next() == Some("2"))
+        .expect("the first client measured its first size");
+    let second = run_within(PERF, &args, BOUND);
+    let line = second.assert_one_error_line("the second client");
+    assert!(line.contains("server busy"), "{line}");
+    let done = first.finish_within(BOUND);
+    assert!(
+        done.status.success(),
+        "the first client: {}\n{}",
+        done.stderr,
+        done.stdout
+    );
+    let measured = done
+        .stdout
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|w| w.parse::<u64>().is_ok())
+        })
+        .count();
+    assert_eq!(measured, 23, "every size of -a: {}", done.stdout);
+    let out = server.finish_within(BOUND);
+    assert!(out.status.success(), "server: {}", out.stderr);
+    assert!(
+        out.stdout.contains(" done: 23 sizes served"),
+        "{}",
+        out.stdout
+    );
+}

@@ -17,6 +17,7 @@ use pinpoll_apps::filexfer::chunk_pool::default_threads;
 use pinpoll_apps::filexfer::client::{self, SendOptions};
 use pinpoll_apps::filexfer::protocol::MAX_STREAMS;
 use pinpoll_apps::filexfer::server::{self, ServeOptions};
+use pinpoll_apps::filexfer::space;
 use pinpoll_apps::filexfer::DEFAULT_PORT;
 use pinpoll_apps::output::Output;
 
@@ -108,9 +109,15 @@ enum Command {
         /// The largest file accepted, in bytes: a native client declaring
         /// more is refused at its Start, before anything is reserved; a
         /// classic client (no size in advance) is cut off once it sends
-        /// more. Default: the free space of --dir when the transfer starts.
-        #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
-        max_size: Option<u64>,
+        /// more. Default: 64 GiB.
+        #[arg(long, value_name = "BYTES", default_value_t = space::DEFAULT_MAX_SIZE, value_parser = clap::value_parser!(u64).range(1..))]
+        max_size: u64,
+        /// The free space every transfer must leave in --dir's file
+        /// system, in bytes: a file that would leave less is refused
+        /// before any data moves (classic: cut off). Default: a twentieth
+        /// of the file system, at most 1 GiB.
+        #[arg(long, value_name = "BYTES")]
+        min_free: Option<u64>,
         /// The slowest a transfer may be, in bytes per second over any 10 s
         /// once its chunks flow: a slower one is ended with an error and
         /// its temporary file removed, so a trickling client cannot hold a
@@ -187,6 +194,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             count,
             overwrite,
             max_size,
+            min_free,
             min_rate,
             deadline,
         } => server::serve(
@@ -201,6 +209,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 cores: cli.core.clone(),
                 verify_threads,
                 max_size,
+                min_free,
                 min_rate,
                 deadline: Duration::from_secs(deadline),
                 profile,

@@ -1,13 +1,18 @@
 //! The server's admission of clients: which connect request becomes a
 //! transfer, on which thread, and what the accept loop counts.
 //!
-//! The accept loop only classifies a request (a further stream of a
-//! transfer, a busy refusal, or a new transfer) and hands a new one to a
-//! thread of its own, where the rdma_cm handshake (accept → ESTABLISHED)
-//! and the whole transfer run: a client that connects and never completes
-//! the handshake holds its own thread until the connect timeout, never the
-//! loop. `--count` counts transfers that got past their handshake; busy
-//! refusals and failed handshakes are not transfers.
+//! The accept loop only classifies a request and never waits on a
+//! client: a further stream of a transfer is handed to that transfer's
+//! thread ([`Joins::hand_over`]); a hello that is not one, or a client
+//! beyond `--max-clients`, is rejected at once, without a thread; a new
+//! transfer gets a thread of its own, where the rdma_cm handshake (accept
+//! → ESTABLISHED) and the whole transfer run. A client that connects and
+//! never completes its handshake holds its own place until the connect
+//! timeout, never the loop. Finished threads are joined as the loop goes
+//! on, so a server's threads and their stacks are bounded by
+//! `--max-clients` however many transfers it serves. `--count` counts
+//! transfers that got past their handshake; refusals and failed
+//! handshakes are not transfers.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -22,17 +27,68 @@ use crate::filexfer::classic::ClassicSide;
 use crate::filexfer::in_flight::InFlight;
 use crate::filexfer::protocol::{classify_hello, Hello};
 use crate::filexfer::server::{join_stream, native_accept_error, ServeOptions, Side, Transfer};
+use crate::filexfer::space::Space;
 use crate::filexfer::streams::Joins;
 use crate::output::Output;
 use crate::run::error_line;
 use crate::session::{check_device, refuse, Accepting, Incoming};
 
 /// What a transfer's thread tells the accept loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Report {
     /// The handshake ended: established, or failed (reported already).
     Handshake { established: bool },
     /// The transfer ended: succeeded, or failed (reported already).
     Ended { ok: bool },
+}
+
+/// One admitted client's place among `--max-clients` and its reports to
+/// the accept loop, given back however its thread ends — a panic
+/// included: a place is never lost, and the loop never waits for a
+/// handshake that will not end.
+struct Place {
+    active: Arc<AtomicUsize>,
+    report: mpsc::Sender<Report>,
+    handshake: Option<bool>,
+    ended: Option<bool>,
+}
+
+impl Place {
+    /// Takes a place, if fewer than `max` are taken.
+    fn take(active: &Arc<AtomicUsize>, max: usize, report: &mpsc::Sender<Report>) -> Option<Place> {
+        active
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()?;
+        Some(Place {
+            active: Arc::clone(active),
+            report: report.clone(),
+            handshake: None,
+            ended: None,
+        })
+    }
+
+    fn handshake_ended(&mut self, established: bool) {
+        self.handshake = Some(established);
+        let _ = self.report.send(Report::Handshake { established });
+    }
+
+    fn ended(&mut self, ok: bool) {
+        self.ended = Some(ok);
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if self.handshake.is_none() {
+            let _ = self.report.send(Report::Handshake { established: false });
+        }
+        // The place is free before the loop hears the transfer ended.
+        self.active.fetch_sub(1, Ordering::SeqCst);
+        let ok = self.ended.unwrap_or(false);
+        let _ = self.report.send(Report::Ended { ok });
+    }
 }
 
 /// What every transfer of one server shares, and the threads they run on.
@@ -48,6 +104,7 @@ pub struct Admission<'a> {
     device_lost: Arc<Mutex<Option<String>>>,
     serial: AtomicU64,
     in_flight: InFlight,
+    space: Space,
     joins: Joins,
     reports: mpsc::Receiver<Report>,
     report: mpsc::Sender<Report>,
@@ -73,6 +130,7 @@ impl<'a> Admission<'a> {
             device_lost: Arc::default(),
             serial: AtomicU64::new(0),
             in_flight: InFlight::default(),
+            space: Space::new(opts.max_size, opts.min_free),
             joins: Joins::default(),
             reports,
             report,
@@ -85,8 +143,19 @@ impl<'a> Admission<'a> {
         self.device_lost.lock().ok().and_then(|l| l.clone())
     }
 
-    /// Passes what the transfers' threads reported on to `server`'s counts.
-    pub fn collect(&self, server: &mut Accepting) {
+    /// Passes what the transfers' threads reported on to `server`'s
+    /// counts, and joins the threads that ended (a thread not joined keeps
+    /// its stack mapped).
+    pub fn collect(&mut self, server: &mut Accepting) {
+        let (ended, running) = std::mem::take(&mut self.threads)
+            .into_iter()
+            .partition(JoinHandle::is_finished);
+        self.threads = running;
+        for handle in ended {
+            // A panic was reported by its Place (a failed transfer) and
+            // by the panic message on stderr.
+            let _ = handle.join();
+        }
         for report in self.reports.try_iter() {
             match report {
                 Report::Handshake { established } => server.handshake_ended(established),
@@ -95,42 +164,55 @@ impl<'a> Admission<'a> {
         }
     }
 
-    /// Admits `req`: joins a further stream to its transfer, refuses a
-    /// client while `--max-clients` transfers run or while the handshakes
-    /// under way would reach `--count`, or starts a transfer on a thread of
-    /// its own.
+    /// The transfers' threads not joined yet.
+    pub fn threads(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// Admits `req`: hands a further stream to its transfer; rejects a
+    /// hello that is not one, a client while `--max-clients` transfers run
+    /// or while the handshakes under way would reach `--count`; or starts
+    /// a transfer on a thread of its own. Never waits on the client.
     pub fn admit(&mut self, req: Request, server: &mut Accepting) -> anyhow::Result<()> {
         let peer = show_addr(req.peer_addr());
-        let hello = classify_hello(req.private_data());
-        if let Ok(Hello::Join { token, stream }) = hello {
-            join_stream(req, &self.joins, self.cfg, token, stream);
-            return Ok(());
-        }
-        let max = self.opts.max_clients;
-        let busy = if self.active.load(Ordering::SeqCst) >= max {
-            Some(format!("{max} transfers in progress (--max-clients {max})"))
-        } else if !server.has_room() {
-            Some("its last transfer (--count) is starting".to_owned())
-        } else {
-            None
-        };
-        if let Some(busy) = busy.filter(|_| hello.is_ok()) {
-            let reason = format!("server busy: {busy}; try again later\0");
-            if let Err(err) = req.reject(reason.as_bytes()) {
-                tracing::warn!(error = %err, "rejecting a client failed");
+        let hello = match classify_hello(req.private_data()) {
+            Ok(Hello::Join { token, stream }) => {
+                join_stream(req, &self.joins, token, stream);
+                return Ok(());
             }
-            return self
-                .out
-                .progress(format_args!("client {peer}: refused, server busy"));
-        }
+            Ok(hello) => hello,
+            Err(why) => {
+                server.failed(&peer, &refuse(req, anyhow::anyhow!(why)));
+                return Ok(());
+            }
+        };
+        let max = self.opts.max_clients;
+        let place = if server.has_room() {
+            Place::take(&self.active, max, &self.report)
+                .ok_or_else(|| format!("{max} transfers in progress (--max-clients {max})"))
+        } else {
+            Err("its last transfer (--count) is starting".to_owned())
+        };
+        let place = match place {
+            Ok(place) => place,
+            Err(busy) => {
+                let reason = format!("server busy: {busy}; try again later\0");
+                if let Err(err) = req.reject(reason.as_bytes()) {
+                    tracing::warn!(error = %err, "rejecting a client failed");
+                }
+                return self
+                    .out
+                    .progress(format_args!("client {peer}: refused, server busy"));
+            }
+        };
         server.handshaking();
-        self.active.fetch_add(1, Ordering::SeqCst);
         let job = self.transfer(&req, peer.clone());
-        let started = self.start(req, hello, job);
-        if let Err(err) = started {
-            self.active.fetch_sub(1, Ordering::SeqCst);
-            server.handshake_ended(false);
-            server.failed(&peer, &anyhow::Error::new(err).context("starting a thread"));
+        if let Err(err) = self.start(req, hello, job, place) {
+            // The place went back as the thread's closure was dropped, and
+            // counted the failure; its reports arrive with the next
+            // `collect`.
+            let err = anyhow::Error::new(err).context("starting a thread");
+            eprintln!("error: client {peer}: {}", error_line(&err));
         }
         Ok(())
     }
@@ -143,7 +225,7 @@ impl<'a> Admission<'a> {
             peer,
             serial: self.serial.fetch_add(1, Ordering::SeqCst),
             verify_threads: self.opts.verify_threads,
-            max_size: self.opts.max_size,
+            space: self.space.clone(),
             min_rate: self.opts.min_rate,
             deadline: self.opts.deadline,
             in_flight: self.in_flight.clone(),
@@ -154,49 +236,36 @@ impl<'a> Admission<'a> {
         }
     }
 
-    /// Starts the thread that completes `req`'s handshake and runs `job`.
+    /// Starts the thread that completes `req`'s handshake and runs `job`
+    /// in `place`.
     fn start(
         &mut self,
         req: Request,
-        hello: Result<Hello, String>,
+        hello: Hello,
         job: Transfer,
+        mut place: Place,
     ) -> std::io::Result<()> {
-        let (active, report, device_lost) = (
-            Arc::clone(&self.active),
-            self.report.clone(),
-            Arc::clone(&self.device_lost),
-        );
-        let (cfg, device, max_size) = (
-            self.cfg.clone(),
-            self.device.map(str::to_owned),
-            self.opts.max_size,
-        );
+        let device_lost = Arc::clone(&self.device_lost);
+        let (cfg, device) = (self.cfg.clone(), self.device.map(str::to_owned));
         let handle = std::thread::Builder::new()
             .name(format!("filexfer {}", job.peer))
             .spawn(move || {
-                let side = handshake(req, hello, &cfg, device.as_deref(), max_size);
-                let _ = report.send(Report::Handshake {
-                    established: side.is_ok(),
-                });
+                let side = handshake(req, hello, &cfg, device.as_deref());
+                place.handshake_ended(side.is_ok());
                 let peer = job.peer.clone();
                 let result = side.and_then(|side| {
                     job.out.progress(format_args!("client {peer}: connected"))?;
                     job.serve(side)
                 });
-                let ok = match result {
-                    Ok(()) => true,
-                    Err(err) => {
-                        eprintln!("error: client {peer}: {}", error_line(&err));
-                        if let Some(why) = device_gone(&err) {
-                            if let Ok(mut lost) = device_lost.lock() {
-                                lost.get_or_insert(why);
-                            }
+                if let Err(err) = &result {
+                    eprintln!("error: client {peer}: {}", error_line(err));
+                    if let Some(why) = device_gone(err) {
+                        if let Ok(mut lost) = device_lost.lock() {
+                            lost.get_or_insert(why);
                         }
-                        false
                     }
-                };
-                active.fetch_sub(1, Ordering::SeqCst);
-                let _ = report.send(Report::Ended { ok });
+                }
+                place.ended(result.is_ok());
             })?;
         self.threads.push(handle);
         Ok(())
@@ -222,9 +291,8 @@ impl<'a> Admission<'a> {
         }
         server.stop_listening();
         for handle in std::mem::take(&mut self.threads) {
-            if handle.join().is_err() {
-                server.count_failed(1);
-            }
+            // A panic was counted by its Place.
+            let _ = handle.join();
         }
         self.collect(server);
         if let Some(why) = self.device_lost() {
@@ -240,7 +308,7 @@ impl<'a> Admission<'a> {
 
     fn refuse_while_finishing(&self, req: Request) -> anyhow::Result<()> {
         if let Ok(Hello::Join { token, stream }) = classify_hello(req.private_data()) {
-            join_stream(req, &self.joins, self.cfg, token, stream);
+            join_stream(req, &self.joins, token, stream);
             return Ok(());
         }
         let peer = show_addr(req.peer_addr());
@@ -260,17 +328,15 @@ impl<'a> Admission<'a> {
 /// client is told why.
 fn handshake(
     mut req: Request,
-    hello: Result<Hello, String>,
+    hello: Hello,
     cfg: &EngineConfig,
     device: Option<&str>,
-    max_size: Option<u64>,
 ) -> anyhow::Result<Side> {
     if let Err(err) = check_device(req.endpoint(), device) {
         return Err(refuse(req, err));
     }
     match hello {
-        Err(why) => Err(refuse(req, anyhow::anyhow!(why))),
-        Ok(Hello::Classic) => match ClassicSide::prepare(req.endpoint(), cfg.pages, max_size) {
+        Hello::Classic => match ClassicSide::prepare(req.endpoint(), cfg.pages) {
             Err(err) => Err(refuse(req, err)),
             Ok(side) => req
                 .accept(&[])
@@ -279,10 +345,10 @@ fn handshake(
         },
         // Joins are handed over by the accept loop; this arm only
         // completes the match.
-        Ok(Hello::Join { .. }) => Err(refuse(req, anyhow::anyhow!("a stream of no transfer"))),
+        Hello::Join { .. } => Err(refuse(req, anyhow::anyhow!("a stream of no transfer"))),
         // The client is told why when its ring cannot be registered (the
         // engine's own refusal names no cause).
-        Ok(Hello::Native) => match pinpoll::memory::check_memlock(cfg.registered_bytes()) {
+        Hello::Native => match pinpoll::memory::check_memlock(cfg.registered_bytes()) {
             Err(err) => Err(refuse(
                 req,
                 anyhow::Error::new(err).context("registering the chunk ring"),
@@ -308,4 +374,47 @@ fn device_gone(err: &anyhow::Error) -> Option<String> {
             }
             _ => None,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn places_are_bounded_and_come_back_however_a_thread_ends() {
+        let active = Arc::new(AtomicUsize::new(0));
+        let (report, reports) = mpsc::channel();
+        let first = Place::take(&active, 2, &report).expect("room");
+        let second = Place::take(&active, 2, &report).expect("room");
+        assert!(
+            Place::take(&active, 2, &report).is_none(),
+            "--max-clients 2"
+        );
+        // A transfer that ends normally reports both steps.
+        let ok = std::thread::spawn(move || {
+            let mut place = first;
+            place.handshake_ended(true);
+            place.ended(true);
+        });
+        ok.join().unwrap();
+        // A transfer whose thread panics mid-way still gives its place back
+        // and ends its handshake and transfer as failed.
+        let panicked = std::thread::spawn(move || {
+            let _place = second;
+            panic!("a bug in a transfer");
+        });
+        assert!(panicked.join().is_err());
+        assert_eq!(active.load(Ordering::SeqCst), 0, "every place came back");
+        let seen: Vec<Report> = reports.try_iter().collect();
+        assert_eq!(
+            seen,
+            [
+                Report::Handshake { established: true },
+                Report::Ended { ok: true },
+                Report::Handshake { established: false },
+                Report::Ended { ok: false },
+            ]
+        );
+        assert!(Place::take(&active, 2, &report).is_some(), "room again");
+    }
 }

@@ -15,6 +15,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use super::digest::{ChunkGeometry, DigestError};
 
@@ -55,7 +56,15 @@ pub enum PipelineError {
     /// The pool was shut down.
     #[error("the hashing pool was shut down")]
     Closed,
+    /// No buffer came back in time: the threads holding them are stuck
+    /// (a write to the file that does not return, say).
+    #[error("no chunk buffer came back within {0:?} (--timeout): writing the file is stuck")]
+    Stalled(Duration),
 }
+
+/// A wait that ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimedOut;
 
 /// A FIFO queue of at most `capacity` items whose room is allocated up
 /// front, so neither pushing nor popping allocates; [`pop`](Self::pop)
@@ -127,6 +136,28 @@ impl<T> BoundedQueue<T> {
                 .pushed
                 .wait(state)
                 .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// As [`pop`](Self::pop), but waiting only until `deadline`.
+    pub(crate) fn pop_until(&self, deadline: Instant) -> Result<Option<T>, TimedOut> {
+        let mut state = self.lock();
+        loop {
+            if let Some(item) = state.items.pop_front() {
+                return Ok(Some(item));
+            }
+            if state.closed {
+                return Ok(None);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(TimedOut);
+            }
+            state = self
+                .pushed
+                .wait_timeout(state, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
     }
 
@@ -246,6 +277,16 @@ impl<M: BufferMemory> BufferPool<M> {
     /// `None` if the pool is closed and none is free.
     pub fn take(&self) -> Option<ChunkBuffer<M>> {
         self.free.pop().map(|memory| self.wrap(memory))
+    }
+
+    /// As [`take`](Self::take), but waiting at most `timeout`.
+    pub fn take_within(&self, timeout: Duration) -> Result<Option<ChunkBuffer<M>>, TimedOut> {
+        let deadline = Instant::now().checked_add(timeout);
+        let popped = match deadline {
+            Some(deadline) => self.free.pop_until(deadline)?,
+            None => self.free.pop(),
+        };
+        Ok(popped.map(|memory| self.wrap(memory)))
     }
 
     /// Returns a buffer's memory that [`ChunkBuffer::into_memory`] took

@@ -16,7 +16,6 @@
 //! into place without overwriting (the classic protocol has no checksum,
 //! so integrity rests on RC's own CRCs).
 
-use std::fs::File;
 use std::io::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -24,9 +23,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context as _};
 use pinpoll::{Access, Endpoint, MemoryRegion, PageSize, Posted, RegionOp, SharedRegion, WcOpcode};
 
+use crate::filexfer::in_flight::InFlight;
 use crate::filexfer::name;
 use crate::filexfer::pace::Pace;
-use crate::filexfer::temp::{free_space, TempFile};
+use crate::filexfer::source::Source;
+use crate::filexfer::space::Space;
+use crate::filexfer::temp::{self, TempFile};
 use crate::filexfer::{explain_link, summary};
 use crate::output::{printable, Output};
 
@@ -49,6 +51,7 @@ pub fn encode(id: i32, addr: u64, rkey: u32) -> [u8; MSG_LEN] {
 
 /// `(id, addr, rkey)` of a control message.
 pub fn decode(b: &[u8]) -> anyhow::Result<(i32, u64, u32)> {
+    pinpoll::wire::record("classic", b);
     ensure!(
         b.len() == MSG_LEN,
         "a classic message of {} bytes, expected {MSG_LEN}",
@@ -61,6 +64,16 @@ pub fn decode(b: &[u8]) -> anyhow::Result<(i32, u64, u32)> {
     ))
 }
 
+/// The file name in what a classic client wrote first: the path it sends,
+/// NUL-terminated, of which only the last component counts, validated
+/// ([`name::validate`]).
+pub fn file_name(written: &[u8]) -> Result<&str, name::BadName> {
+    pinpoll::wire::record("classic", written);
+    let raw = written.strip_suffix(&[0]).unwrap_or(written);
+    let base = raw.rsplit(|b| *b == b'/').next().unwrap_or(raw);
+    name::validate(base)
+}
+
 /// A classic connection's memory, registered (and its first receive
 /// posted) before accepting.
 pub struct ClassicSide {
@@ -71,18 +84,10 @@ pub struct ClassicSide {
     msg: Option<MemoryRegion>,
     /// The receive posted for the client's next write with immediate.
     recv: Option<Posted>,
-    /// The most bytes a file may have (`--max-size`); without it, the
-    /// free space of the directory when the transfer starts. The classic
-    /// protocol declares no size: the cap applies while receiving.
-    max_size: Option<u64>,
 }
 
 impl ClassicSide {
-    pub fn prepare(
-        ep: &mut Endpoint,
-        pages: PageSize,
-        max_size: Option<u64>,
-    ) -> anyhow::Result<ClassicSide> {
+    pub fn prepare(ep: &mut Endpoint, pages: PageSize) -> anyhow::Result<ClassicSide> {
         let buffer = ep
             .register_shared(BUFFER, pages, false)
             .context("registering the classic 10 MiB buffer")?;
@@ -94,7 +99,6 @@ impl ClassicSide {
             buffer,
             msg: Some(msg),
             recv: Some(recv),
-            max_size,
         })
     }
 
@@ -111,7 +115,7 @@ impl ClassicSide {
             .context("sending a control message")?;
         let c = ep
             .complete(posted, timeout)
-            .map_err(|e| explain_link(e, "client"))?;
+            .map_err(|e| explain_link(e.into(), "client"))?;
         ensure!(
             c.done.opcode == WcOpcode::SEND,
             "unexpected send completion"
@@ -121,7 +125,8 @@ impl ClassicSide {
     }
 
     /// Waits for the next write-with-imm, re-posting the receive; returns
-    /// the immediate (the length written).
+    /// the length written, which the immediate must announce exactly: the
+    /// bytes past what the client wrote are stale, never data.
     fn next_write(&mut self, ep: &mut Endpoint, timeout: Duration) -> anyhow::Result<usize> {
         let posted = self
             .recv
@@ -129,14 +134,20 @@ impl ClassicSide {
             .context("no receive is posted after an earlier failure")?;
         let c = ep
             .complete(posted, timeout)
-            .map_err(|e| explain_link(e, "client"))?;
+            .map_err(|e| explain_link(e.into(), "client"))?;
         ensure!(
             c.done.opcode == WcOpcode::RECV_RDMA_WITH_IMM,
             "the classic client sent a {} instead of a write with immediate",
             c.done.opcode
         );
         self.recv = Some(ep.post_recv(None).context("posting a receive")?);
-        let len = c.done.imm.unwrap_or(0) as usize;
+        let announced = c.done.imm.unwrap_or(0);
+        ensure!(
+            announced == c.done.byte_len,
+            "the classic client announced {announced} bytes but wrote {}",
+            c.done.byte_len
+        );
+        let len = announced as usize;
         ensure!(
             len <= BUFFER,
             "the classic client announced {len} bytes; the buffer has {BUFFER}"
@@ -155,6 +166,12 @@ impl ClassicSide {
         let name = self.read_name(&mut ep, &mut copy, timeout)?;
         let shown = printable(name.as_bytes());
         let target = job.dir.join(&name);
+        // Held until the file is in place or the transfer failed.
+        let _reserved = job.in_flight.reserve(&name).ok_or_else(|| {
+            anyhow::anyhow!(
+                "{shown} already exists on the server (another client is sending it now)"
+            )
+        })?;
         if std::fs::symlink_metadata(&target).is_ok() {
             bail!("{shown} already exists on the server");
         }
@@ -193,11 +210,7 @@ impl ClassicSide {
             .context("waiting for the file name")?;
         let raw = &mut copy[..len];
         self.buffer.copy_to(0, raw)?;
-        let raw = &*raw;
-        let raw = raw.strip_suffix(&[0]).unwrap_or(raw);
-        // The classic client sends a path: keep its last component only.
-        let base = raw.rsplit(|b| *b == b'/').next().unwrap_or(raw);
-        Ok(name::validate(base)?.to_owned())
+        Ok(file_name(raw)?.to_owned())
     }
 
     /// Receives the file's data into `temp` until the client's empty
@@ -210,10 +223,7 @@ impl ClassicSide {
         job: &ClassicJob<'_>,
         shown: &str,
     ) -> anyhow::Result<u64> {
-        let (cap, cap_name) = match self.max_size {
-            Some(max) => (max, "--max-size"),
-            None => (free_space(job.dir).unwrap_or(u64::MAX), "the free space"),
-        };
+        let (cap, cap_name) = job.space.classic_cap(job.dir);
         job.out.progress(format_args!(
             "client {}: receiving {shown} (classic)",
             job.peer
@@ -274,6 +284,10 @@ pub struct ClassicJob<'a> {
     pub out: Output,
     /// `--min-rate` and `--deadline`, over the whole transfer.
     pub pace: Pace,
+    /// `--max-size` and `--min-free`.
+    pub space: &'a Space,
+    /// The names being received: this one is held until it is in place.
+    pub in_flight: &'a InFlight,
 }
 
 /// Makes the received `temp` durable and links it to `target`, then makes
@@ -282,15 +296,13 @@ fn put_in_place(temp: &TempFile, target: &Path, dir: &Path, shown: &str) -> anyh
     temp.file().sync_all().context("fsync")?;
     std::fs::hard_link(temp.path(), target)
         .with_context(|| format!("linking {shown} into place"))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .context("fsync of the directory")
+    temp::sync_dir_after_link(dir, shown).map_err(anyhow::Error::msg)
 }
 
 /// `filexfer send --classic`: sends `path` (under the name `name`) to a
 /// classic rdma-file-transfer server.
 pub fn send(
-    path: &std::path::Path,
+    source: &Source,
     name: &str,
     addr: std::net::SocketAddr,
     cfg: &pinpoll::EngineConfig,
@@ -299,11 +311,7 @@ pub fn send(
 ) -> anyhow::Result<()> {
     use std::os::unix::fs::FileExt as _;
     let shown = printable(name.as_bytes());
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let size = file
-        .metadata()
-        .with_context(|| format!("reading {}", path.display()))?
-        .len();
+    let (file, size) = (source.file(), source.size());
     let mut client = ClassicClient::connect(addr, cfg, device)?;
     out.progress(format_args!(
         "connected to {addr} on {} (classic)",
@@ -328,11 +336,15 @@ pub fn send(
         let len = (size - offset).min(BUFFER as u64) as usize;
         client.write(remote, len, |buf| {
             file.read_exact_at(buf, offset)
-                .with_context(|| format!("reading {} at byte {offset}", path.display()))
+                .with_context(|| format!("reading {shown} at byte {offset}"))
         })?;
         client.next_msg(MSG_READY, "the server to store a chunk (MSG_READY)")?;
         offset += len as u64;
     }
+    // The classic protocol cannot abort a file: a file that changed
+    // meanwhile ends the connection before the empty write that would
+    // complete it, and the server keeps nothing.
+    source.check_unchanged()?;
     client.write(remote, 0, |_| Ok(()))?;
     client.next_msg(MSG_DONE, "the server to finish the file (MSG_DONE)")?;
     let elapsed = began.elapsed();
@@ -396,7 +408,7 @@ impl ClassicClient {
         let c = self
             .ep
             .complete(posted, self.timeout)
-            .map_err(|e| explain_link(e, "server"))
+            .map_err(|e| explain_link(e.into(), "server"))
             .with_context(|| format!("waiting for {what}"))?;
         ensure!(
             c.done.opcode == WcOpcode::RECV,
@@ -437,7 +449,7 @@ impl ClassicClient {
         let c = self
             .ep
             .complete(posted, self.timeout)
-            .map_err(|e| explain_link(e, "server"))
+            .map_err(|e| explain_link(e.into(), "server"))
             .context("writing into the server's buffer")?;
         ensure!(
             c.done.opcode == WcOpcode::RDMA_WRITE,
@@ -460,5 +472,16 @@ mod tests {
         assert_eq!(&m[4..8], &[0; 4]);
         assert_eq!(decode(&m).unwrap(), (1, 0x1122_3344_5566_7788, 0xabcd));
         assert!(decode(&m[..23]).is_err());
+    }
+
+    #[test]
+    fn the_file_name_is_the_last_component_of_the_path_written() {
+        assert_eq!(file_name(b"/home/user/data.bin\0"), Ok("data.bin"));
+        assert_eq!(file_name(b"data.bin"), Ok("data.bin"));
+        assert_eq!(file_name(b"../../etc/passwd\0"), Ok("passwd"));
+        assert_eq!(file_name(b"dir/\0"), Err(name::BadName::Empty));
+        assert_eq!(file_name(b"dir/..\0"), Err(name::BadName::DotDot));
+        assert_eq!(file_name(b"a\0b\0"), Err(name::BadName::Nul));
+        assert_eq!(file_name(b"\0"), Err(name::BadName::Empty));
     }
 }

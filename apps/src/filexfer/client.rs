@@ -32,15 +32,17 @@ use crate::cli::{socket_addr, CommonArgs};
 use crate::filexfer::chunk_pool::BufferPool;
 use crate::filexfer::digest::{ChainingValue, ChunkGeometry, FileDigest};
 use crate::filexfer::name;
-use crate::filexfer::protocol::{join_hello, Msg, HELLO};
+use crate::filexfer::protocol::{join_hello, FailCode, Msg, HELLO};
 use crate::filexfer::read_ahead::{HashingReader, Lane};
 use crate::filexfer::server::{send_and_wait, settle};
+use crate::filexfer::source::Source;
 use crate::filexfer::streams::{first_failure, Stopped};
 use crate::filexfer::{
     check_cores, core_for, digest_summary, engine_config, explain_link, is_registration, pin,
     with_transport, BATCH, CHUNK, SLOTS, TRAILER,
 };
 use crate::output::{printable, Output};
+use crate::run::error_line;
 use crate::session::device_exists;
 
 /// What `send` needs from the command line.
@@ -138,7 +140,7 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
     // any connection exists.
     let mut source = match opts.wait_for_file {
         Some(_) => None,
-        None => Some(open_source(path)?),
+        None => Some(Source::open(path)?),
     };
     let faults = Faults::from_env()?;
     // Checked here, used once the hashing threads run: a thread pinned
@@ -155,12 +157,11 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
         device_exists(device)?;
     }
     if opts.classic {
-        ensure!(
-            source.is_some(),
-            "--wait-for-file cannot be used with --classic"
-        );
+        let Some(source) = &source else {
+            bail!("--wait-for-file cannot be used with --classic");
+        };
         return crate::filexfer::classic::send(
-            path,
+            source,
             &name,
             addr,
             &cfg,
@@ -186,9 +187,9 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
             path.display()
         ))?;
         wait_for_file(&mut conn, path, limit)?;
-        source = Some(open_source(path)?);
+        source = Some(Source::open(path)?);
     }
-    let (file, size) = source.expect("the file is open by now");
+    let source = source.expect("the file is open by now");
     let native = Native {
         cfg: &cfg,
         addr,
@@ -196,7 +197,7 @@ pub fn send(opts: &SendOptions, common: &CommonArgs, out: Output) -> anyhow::Res
         quiet: common.quiet,
         faults,
     };
-    native.send(conn, file, size, opts, &name, out)
+    native.send(conn, &source, opts, &name, out)
 }
 
 /// What a native transfer needs beyond the command line.
@@ -215,8 +216,7 @@ impl Native<'_> {
     fn send(
         self,
         mut conn: Connection,
-        file: File,
-        size: u64,
+        source: &Source,
         opts: &SendOptions,
         name: &str,
         out: Output,
@@ -224,6 +224,7 @@ impl Native<'_> {
         let shown = printable(name.as_bytes());
         let timeout = self.cfg.completion_timeout;
         let began = Instant::now();
+        let size = source.size();
         let start = Msg::Start {
             size,
             streams: opts.streams,
@@ -233,7 +234,7 @@ impl Native<'_> {
         let mut others = self.open_streams(token, opts.streams)?;
         let bar = progress_bar(size, self.quiet, &shown);
         let sending = Sending {
-            file: Arc::new(file),
+            file: Arc::clone(source.file()),
             geometry: ChunkGeometry::v3(size),
             ring,
             timeout,
@@ -246,6 +247,18 @@ impl Native<'_> {
             Ok(digest) => digest,
             Err(e) => return Err(await_verdict(&mut conn, &shown).unwrap_or(e)),
         };
+        if let Err(changed) = source.check_unchanged() {
+            // Every chunk is sent; instead of Finish, the server is told
+            // why not, and keeps nothing.
+            let stop = Msg::Fail {
+                code: FailCode::Io,
+                message: error_line(&changed),
+            };
+            if let Err(e) = send_and_wait(&mut conn, &stop.encode(), timeout, "server") {
+                tracing::debug!(error = %e, "telling the server the file changed");
+            }
+            return Err(changed);
+        }
         if let Err(e) = send_and_wait(
             &mut conn,
             &Msg::Finish {
@@ -725,16 +738,6 @@ fn connect_error(err: pinpoll::Error, addr: std::net::SocketAddr) -> anyhow::Err
         err => err.into(),
     };
     err.context(format!("connecting to {addr}"))
-}
-
-/// Opens the file to send: a regular file, and its size.
-fn open_source(path: &Path) -> anyhow::Result<(File, u64)> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let meta = file
-        .metadata()
-        .with_context(|| format!("reading {}", path.display()))?;
-    ensure!(meta.is_file(), "{}: not a regular file", path.display());
-    Ok((file, meta.len()))
 }
 
 /// Holds the connection idle until `path` exists, at most `limit`. The

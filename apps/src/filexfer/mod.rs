@@ -15,6 +15,10 @@
 //! - [`in_flight`] — the names a server is receiving, reserved at `Start`.
 //! - [`temp`] — the server's locked temp files, and removing those a dead
 //!   server left behind.
+//! - [`space`] — how much of the disk one transfer may take
+//!   (`--max-size`, `--min-free`), reserved before any data moves.
+//! - [`source`] — the file `send` reads: never waited on in open, and
+//!   checked unchanged at the end (else nothing is kept).
 //! - [`client`] — `filexfer send`: keeps every server slot busy with
 //!   RDMA WRITE_WITH_IMM of the chunks its hashing pool read and hashed.
 //! - [`digest`] — protocol v3's digest: each slot-sized chunk's BLAKE3
@@ -76,6 +80,8 @@ pub mod pace;
 pub mod protocol;
 pub mod read_ahead;
 pub mod server;
+pub mod source;
+pub mod space;
 pub mod streams;
 pub mod temp;
 pub mod verify;

@@ -401,7 +401,7 @@ mod tests {
         // A chunk is copied out of the reader's buffer as into a slot, and
         // out of the "slot" into the verifier's.
         while let Some(chunk) = reader.next_chunk().unwrap() {
-            let mut copy = verifier.buffer().unwrap();
+            let mut copy = verifier.buffer(std::time::Duration::from_secs(60)).unwrap();
             copy.copy_from(chunk.bytes()).unwrap();
             verifier.submit(chunk.index(), *chunk.cv(), copy).unwrap();
         }

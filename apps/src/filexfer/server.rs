@@ -1,6 +1,6 @@
 //! `filexfer serve`: the accept loop and one transfer's receive side.
 
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -20,8 +20,9 @@ use crate::filexfer::name::{self, RESERVED_PREFIX};
 use crate::filexfer::pace::Pace;
 use crate::filexfer::protocol::{self, FailCode, Msg};
 use crate::filexfer::read_ahead::Lane;
-use crate::filexfer::streams::{first_failure, next_arrival, Arrival, Gathering, Joins};
-use crate::filexfer::temp::{self, free_space, TempFile};
+use crate::filexfer::space::{Space, SpaceRefusal};
+use crate::filexfer::streams::{first_failure, next_arrival, Arrival, Gathering, Joins, NotWaited};
+use crate::filexfer::temp::{self, TempFile};
 use crate::filexfer::verify::VerifierPool;
 use crate::filexfer::{
     check_cores, core_for, digest_summary, engine_config, explain_link, is_registration, pin,
@@ -46,9 +47,11 @@ pub struct ServeOptions {
     pub cores: Vec<usize>,
     /// Threads checking and writing each transfer's chunks.
     pub verify_threads: usize,
-    /// The largest file accepted (`--max-size`); without it, the free
-    /// space of `dir` when the transfer starts.
-    pub max_size: Option<u64>,
+    /// The largest file accepted (`--max-size`).
+    pub max_size: u64,
+    /// The free space a transfer must leave (`--min-free`); `None`: a
+    /// twentieth of the file system, at most 1 GiB.
+    pub min_free: Option<u64>,
     /// The slowest a transfer may be, in bytes/s over a window
     /// (`--min-rate`); 0: no bound.
     pub min_rate: u64,
@@ -108,6 +111,8 @@ pub fn check_dir(dir: &Path) -> anyhow::Result<PathBuf> {
 /// or SIGTERM. Each failed transfer is one `error: client ADDR: ...` line
 /// on stderr; the result is an error if any failed.
 pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::Result<()> {
+    // Clients are served whether or not anyone still reads stdout.
+    let out = out.best_effort();
     let dir = check_dir(&opts.dir)?;
     remove_orphans(&dir, out)?;
     let addr = socket_addr(&opts.bind, opts.port).context("--bind")?;
@@ -143,47 +148,39 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
 /// Removes the temporary files a server that died left in `dir`, and says
 /// so.
 fn remove_orphans(dir: &Path, out: Output) -> anyhow::Result<()> {
-    match temp::remove_orphans(dir) {
-        Ok(removed) if !removed.is_empty() => out.progress(format_args!(
+    let orphans = match temp::remove_orphans(dir) {
+        Ok(orphans) => orphans,
+        Err(e) => {
+            tracing::warn!(error = %e, "looking for temporary files left by a dead server");
+            return Ok(());
+        }
+    };
+    if !orphans.removed.is_empty() {
+        out.progress(format_args!(
             "removed {} temporary file(s) left by a server that died: {}",
-            removed.len(),
-            removed.join(", ")
-        ))?,
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "looking for temporary files left by a dead server"),
+            orphans.removed.len(),
+            orphans.removed.join(", ")
+        ))?;
+    }
+    for (name, e) in &orphans.failed {
+        tracing::warn!(name, error = %e, "removing a temporary file left by a dead server");
     }
     Ok(())
 }
 
-/// Accepts a further stream of a transfer that waits for it and hands it
-/// over; rejects, with the reason, a stream no transfer waits for. A
-/// stream is part of an admitted transfer: it is neither counted nor
-/// refused as busy.
-pub(crate) fn join_stream(
-    req: Request,
-    joins: &Joins,
-    cfg: &EngineConfig,
-    token: u64,
-    stream: u16,
-) {
-    let peer = show_addr(req.peer_addr());
-    if let Err(why) = joins.admits(token, stream, req.peer_addr().map(|a| a.ip())) {
+/// Hands a further stream of a transfer to that transfer, whose thread
+/// completes its handshake; rejects, with the reason, a stream no
+/// transfer waits for. Never waits: this runs on the accept loop. A stream
+/// is part of an admitted transfer: it is neither counted nor refused as
+/// busy.
+pub(crate) fn join_stream(req: Request, joins: &Joins, token: u64, stream: u16) {
+    if let Err(NotWaited(refused)) = joins.hand_over(token, stream, req) {
+        let (req, why) = *refused;
+        let peer = show_addr(req.peer_addr());
         tracing::warn!(peer, stream, why, "refusing a stream");
         if let Err(err) = req.reject(format!("{why}\0").as_bytes()) {
             tracing::warn!(error = %err, "rejecting a stream failed");
         }
-        return;
-    }
-    let accepted = Connection::builder(cfg)
-        .remote_access(Access::REMOTE_WRITE)
-        .accept(req);
-    let delivered = match accepted {
-        Ok(conn) => joins.deliver(token, stream, conn),
-        Err(err) => Err(error_line(&native_accept_error(err))),
-    };
-    // The transfer that waits for the stream fails without it, and says so.
-    if let Err(why) = delivered {
-        tracing::warn!(peer, stream, why, "a stream could not join its transfer");
     }
 }
 
@@ -216,7 +213,7 @@ pub(crate) struct Transfer {
     pub(crate) peer: String,
     pub(crate) serial: u64,
     pub(crate) verify_threads: usize,
-    pub(crate) max_size: Option<u64>,
+    pub(crate) space: Space,
     pub(crate) min_rate: u64,
     pub(crate) deadline: Duration,
     pub(crate) in_flight: InFlight,
@@ -323,6 +320,8 @@ impl Transfer {
                         peer: &self.peer,
                         out: self.out,
                         pace: Pace::new(self.min_rate, self.deadline),
+                        space: &self.space,
+                        in_flight: &self.in_flight,
                     },
                 )
             }
@@ -365,11 +364,9 @@ impl Transfer {
         let (size, streams, name) = read_start(conn)?;
         let shown = printable(name.as_bytes());
         let began = Instant::now();
-        if let Some(max) = self.max_size.filter(|max| size > *max) {
-            return Err(refusal(
-                FailCode::TooLarge,
-                format!("{shown} is {size} bytes, more than the server takes (--max-size {max})"),
-            ));
+        if let Err(too_large @ SpaceRefusal::TooLarge { .. }) = self.space.check_size(size, &shown)
+        {
+            return Err(space_refusal(too_large));
         }
         let final_path = self.dir.join(&name);
         // Held until the file is in place or the transfer failed.
@@ -380,14 +377,15 @@ impl Transfer {
             )
         })?;
         self.check_target(&final_path, &shown)?;
-        self.check_space(size, &shown)?;
         let temp = TempFile::create(&self.dir, self.serial).map_err(|e| {
             refusal(
                 FailCode::Io,
                 format!("creating a temporary file in the server's directory: {e}"),
             )
         })?;
-        reserve(temp.file(), size, &shown)?;
+        self.space
+            .reserve(&self.dir, temp.file(), size, &shown)
+            .map_err(space_refusal)?;
         self.out.progress(format_args!(
             "client {}: receiving {shown} ({size} bytes)",
             self.peer
@@ -453,7 +451,10 @@ impl Transfer {
     /// Answers `Ready` and, for a transfer of several streams, waits for
     /// streams `1..N` to join; returns their connections.
     fn open_streams(&self, conn: &mut Connection, streams: u16) -> anyhow::Result<Vec<Connection>> {
-        let gathering = (streams > 1).then(|| self.joins.open(self.peer_ip, streams));
+        let gathering = (streams > 1)
+            .then(|| self.joins.open(self.peer_ip, streams))
+            .transpose()
+            .map_err(|e| refusal(FailCode::Io, format!("drawing a join token: {e}")))?;
         let ready = Msg::Ready {
             slots: SLOTS,
             slot_size: conn.slot_size() as u32,
@@ -461,7 +462,12 @@ impl Transfer {
         };
         send_and_wait(conn, &ready.encode(), self.cfg.completion_timeout, "client")?;
         match gathering {
-            Some(gathering) => gathering.gather(self.cfg.completion_timeout),
+            Some(gathering) => gathering.gather(self.cfg.completion_timeout, |req| {
+                Connection::builder(&self.cfg)
+                    .remote_access(Access::REMOTE_WRITE)
+                    .accept(req)
+                    .map_err(native_accept_error)
+            }),
             None => Ok(Vec::new()),
         }
     }
@@ -522,17 +528,7 @@ impl Transfer {
             });
             settle_lanes(first, rest)
         })?;
-        let Some(Msg::Finish {
-            size: fsize,
-            digest: declared,
-        }) = finish
-        else {
-            let name = finish.as_ref().map_or("nothing", Msg::name);
-            return Err(refusal(
-                FailCode::Protocol,
-                format!("{name} during the transfer"),
-            ));
-        };
+        let (fsize, declared) = finished(finish, shown)?;
         if fsize != size || received != size {
             return Err(refusal(
                 FailCode::Integrity,
@@ -603,7 +599,8 @@ impl Transfer {
             if rewritten == Some(index) {
                 await_rewrite(conn, range.clone(), geometry, index);
             }
-            let (mut copy, mut cv) = (pool.buffer().map_err(failed)?, [0u8; TRAILER]);
+            let copy = pool.buffer(self.cfg.completion_timeout).map_err(failed)?;
+            let (mut copy, mut cv) = (copy, [0u8; TRAILER]);
             let data_len = range.len() - TRAILER;
             let target = conn.target();
             target.copy_to(range.start, copy.bytes_mut(data_len).map_err(failed)?)?;
@@ -650,25 +647,7 @@ impl Transfer {
         // dropping the temp file removes only its temp name.
         drop(temp);
         pause_before_dir_fsync();
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io("fsync of the server's directory failed", e))
-    }
-
-    /// Refuses a file larger than the free space of `--dir` before any
-    /// data moves (the reservation in [`reserve`] is what guarantees it;
-    /// this names the numbers).
-    fn check_space(&self, size: u64, shown: &str) -> anyhow::Result<()> {
-        let Some(free) = free_space(&self.dir) else {
-            return Ok(());
-        };
-        if size > free {
-            return Err(refusal(
-                FailCode::Io,
-                format!("no space left on the server for {shown} (ENOSPC): it is {size} bytes, the server's directory has {free} bytes free"),
-            ));
-        }
-        Ok(())
+        temp::sync_dir_after_link(&self.dir, shown).map_err(|why| refusal(FailCode::Io, why))
     }
 
     /// Refuses a target that exists (any existing name with --overwrite
@@ -720,6 +699,29 @@ impl Transfer {
                 FailCode::Io,
                 format!("linking {shown} into place on the server: {e}"),
             )),
+        }
+    }
+}
+
+/// The size and digest of the client's closing `Finish`; its `Fail` (it
+/// gave up: the file changed under it, say) or anything else is the
+/// transfer's end.
+fn finished(closing: Option<Msg>, shown: &str) -> anyhow::Result<(u64, [u8; 32])> {
+    match closing {
+        Some(Msg::Finish { size, digest }) => Ok((size, digest)),
+        Some(Msg::Fail { message, .. }) => Err(refusal(
+            FailCode::Io,
+            format!(
+                "the client stopped sending {shown}: {}; nothing was kept",
+                printable(message.as_bytes())
+            ),
+        )),
+        other => {
+            let name = other.as_ref().map_or("nothing", Msg::name);
+            Err(refusal(
+                FailCode::Protocol,
+                format!("{name} during the transfer"),
+            ))
         }
     }
 }
@@ -849,30 +851,13 @@ fn pause_before_dir_fsync() {
     }
 }
 
-/// Reserves the file's `size` bytes on disk (fallocate) before any data
-/// moves: a disk that cannot take the file fails the transfer here with
-/// ENOSPC, never in the middle of it. A file system without fallocate is
-/// written without the reservation (the free-space check still ran).
-fn reserve(file: &File, size: u64, shown: &str) -> anyhow::Result<()> {
-    use rustix::io::Errno;
-    if size == 0 {
-        return Ok(());
-    }
-    match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, size) {
-        Ok(()) => Ok(()),
-        Err(e) if e == Errno::OPNOTSUPP || e == Errno::NOSYS => {
-            tracing::debug!(error = %e, "no fallocate on this file system; writing without a reservation");
-            Ok(())
-        }
-        Err(e) if e == Errno::NOSPC || e == Errno::DQUOT => Err(refusal(
-            FailCode::Io,
-            format!("no space left on the server for {shown} (ENOSPC): reserving its {size} bytes failed: {e}"),
-        )),
-        Err(e) => Err(refusal(
-            FailCode::Io,
-            format!("reserving {size} bytes for {shown} on the server: {e}"),
-        )),
-    }
+/// The refusal the client is told when its file cannot have its space.
+fn space_refusal(refused: SpaceRefusal) -> anyhow::Error {
+    let code = match refused {
+        SpaceRefusal::TooLarge { .. } => FailCode::TooLarge,
+        _ => FailCode::Io,
+    };
+    refusal(code, refused.to_string())
 }
 
 /// SENDs `bytes`, signaled, and waits for its completion: the peer has it

@@ -13,9 +13,11 @@
 //!
 //! A join is accepted only for a token being gathered, from the address
 //! of the transfer's first connection, for a stream index not yet joined.
+//! The accept loop only checks that and hands the request over; the
+//! transfer's own thread completes its handshake, so a join that never
+//! completes holds that transfer (until `--timeout`), never the loop.
 
-use std::collections::hash_map::{HashMap, RandomState};
-use std::hash::{BuildHasher as _, Hasher as _};
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -23,11 +25,13 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
+use pinpoll::connect::cm::Request;
 use pinpoll::Connection;
 
 use crate::filexfer::explain_link;
 use crate::filexfer::protocol::{FailCode, Msg};
 use crate::filexfer::server::refusal;
+use crate::run::error_line;
 
 /// The transfers of one server waiting for their further streams.
 #[derive(Clone, Default)]
@@ -39,8 +43,11 @@ struct Waiting {
     peer: Option<IpAddr>,
     streams: u16,
     joined: Vec<u16>,
-    deliver: mpsc::Sender<(u16, Connection)>,
+    deliver: mpsc::Sender<(u16, Request)>,
 }
+
+/// A stream's request no transfer waits for, and why: to be rejected.
+pub struct NotWaited(pub Box<(Request, String)>);
 
 /// One transfer waiting for its streams `1..N`; it stops waiting when
 /// dropped.
@@ -48,7 +55,7 @@ pub struct Gathering {
     joins: Joins,
     token: u64,
     streams: u16,
-    arrived: mpsc::Receiver<(u16, Connection)>,
+    arrived: mpsc::Receiver<(u16, Request)>,
 }
 
 impl Joins {
@@ -59,12 +66,14 @@ impl Joins {
 
     /// Waits for streams `1..streams` of a transfer whose first stream
     /// came from `peer`.
-    pub fn open(&self, peer: Option<IpAddr>, streams: u16) -> Gathering {
+    pub fn open(&self, peer: Option<IpAddr>, streams: u16) -> std::io::Result<Gathering> {
         let (deliver, arrived) = mpsc::channel();
         let mut waiting = self.lock();
+        // From the OS's random source: a token a peer cannot predict.
         let token = loop {
-            let token = random_token();
-            if !waiting.contains_key(&token) {
+            let token = pinpoll_appkit::random_u64()?;
+            // 0 is "no token" in Ready.
+            if token != 0 && !waiting.contains_key(&token) {
                 break token;
             }
         };
@@ -77,48 +86,59 @@ impl Joins {
                 deliver,
             },
         );
-        Gathering {
+        Ok(Gathering {
             joins: self.clone(),
             token,
             streams,
             arrived,
-        }
+        })
     }
 
     /// Whether a connection from `peer` may join as stream `stream` of
-    /// the transfer of `token` (checked before it is accepted); the
-    /// reason if not.
+    /// the transfer of `token`; the reason if not.
     pub fn admits(&self, token: u64, stream: u16, peer: Option<IpAddr>) -> Result<(), String> {
-        let waiting = self.lock();
-        let Some(w) = waiting.get(&token) else {
-            return Err("no transfer of this server is waiting for that stream".into());
-        };
-        if w.peer != peer {
-            return Err("a stream must come from the address of its transfer's first one".into());
-        }
-        if !(1..w.streams).contains(&stream) || w.joined.contains(&stream) {
-            return Err(format!(
-                "stream {stream} is not one the transfer still waits for (it has {} streams)",
-                w.streams
-            ));
-        }
-        Ok(())
+        admits(&self.lock(), token, stream, peer)
     }
 
-    /// Hands the accepted connection of stream `stream` to its transfer.
-    pub fn deliver(&self, token: u64, stream: u16, conn: Connection) -> Result<(), String> {
+    /// Hands `req`, the connect request of stream `stream` of the transfer
+    /// of `token`, to that transfer, whose thread completes its handshake.
+    /// Never waits. A request the transfer does not wait for comes back,
+    /// with the reason, to be rejected.
+    pub fn hand_over(&self, token: u64, stream: u16, req: Request) -> Result<(), NotWaited> {
         let mut waiting = self.lock();
-        let Some(w) = waiting.get_mut(&token) else {
-            return Err("the transfer stopped waiting for its streams".into());
+        let peer = req.peer_addr().map(|a| a.ip());
+        let w = match admits(&waiting, token, stream, peer) {
+            Ok(()) => waiting.get_mut(&token).expect("admitted: it waits"),
+            Err(why) => return Err(NotWaited(Box::new((req, why)))),
         };
-        if w.joined.contains(&stream) {
-            return Err(format!("stream {stream} joined twice"));
-        }
         w.joined.push(stream);
-        w.deliver
-            .send((stream, conn))
-            .map_err(|_| "the transfer stopped waiting for its streams".to_owned())
+        w.deliver.send((stream, req)).map_err(|back| {
+            let (_, req) = back.0;
+            let why = "the transfer stopped waiting for its streams".to_owned();
+            NotWaited(Box::new((req, why)))
+        })
     }
+}
+
+fn admits(
+    waiting: &HashMap<u64, Waiting>,
+    token: u64,
+    stream: u16,
+    peer: Option<IpAddr>,
+) -> Result<(), String> {
+    let Some(w) = waiting.get(&token) else {
+        return Err("no transfer of this server is waiting for that stream".into());
+    };
+    if w.peer != peer {
+        return Err("a stream must come from the address of its transfer's first one".into());
+    }
+    if !(1..w.streams).contains(&stream) || w.joined.contains(&stream) {
+        return Err(format!(
+            "stream {stream} is not one the transfer still waits for (it has {} streams)",
+            w.streams
+        ));
+    }
+    Ok(())
 }
 
 impl Gathering {
@@ -128,24 +148,34 @@ impl Gathering {
     }
 
     /// The connections of streams `1..N`, in order, once all have joined
-    /// within `timeout`.
-    pub fn gather(self, timeout: Duration) -> anyhow::Result<Vec<Connection>> {
+    /// within `timeout`; `accept` completes each one's handshake, here on
+    /// the transfer's thread. A join whose handshake fails fails the
+    /// transfer.
+    pub fn gather(
+        self,
+        timeout: Duration,
+        mut accept: impl FnMut(Request) -> anyhow::Result<Connection>,
+    ) -> anyhow::Result<Vec<Connection>> {
         let deadline = Instant::now() + timeout;
         let mut streams: Vec<Option<Connection>> = (1..self.streams).map(|_| None).collect();
         for joined in 1..self.streams {
             let left = deadline.saturating_duration_since(Instant::now());
-            match self.arrived.recv_timeout(left) {
-                Ok((stream, conn)) => streams[usize::from(stream) - 1] = Some(conn),
-                Err(_) => {
-                    return Err(refusal(
-                        FailCode::Protocol,
-                        format!(
-                            "{} of the transfer's {} streams joined within --timeout",
-                            joined, self.streams
-                        ),
-                    ))
-                }
-            }
+            let Ok((stream, req)) = self.arrived.recv_timeout(left) else {
+                return Err(refusal(
+                    FailCode::Protocol,
+                    format!(
+                        "{} of the transfer's {} streams joined within --timeout",
+                        joined, self.streams
+                    ),
+                ));
+            };
+            let conn = accept(req).map_err(|e| {
+                refusal(
+                    FailCode::Protocol,
+                    format!("stream {stream} could not join: {}", error_line(&e)),
+                )
+            })?;
+            streams[usize::from(stream) - 1] = Some(conn);
         }
         Ok(streams.into_iter().flatten().collect())
     }
@@ -155,16 +185,6 @@ impl Drop for Gathering {
     fn drop(&mut self) {
         self.joins.lock().remove(&self.token);
     }
-}
-
-/// A token no one outside this process can predict: std's hasher keys
-/// come from the operating system's random source.
-fn random_token() -> u64 {
-    let mut hasher = RandomState::new().build_hasher();
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    hasher.write_u128(now.map_or(0, |d| d.as_nanos()));
-    hasher.write_u32(std::process::id());
-    hasher.finish()
 }
 
 /// What arrived on a stream.
@@ -253,7 +273,7 @@ mod tests {
         let joins = Joins::default();
         let here: Option<IpAddr> = Some("169.254.0.1".parse().unwrap());
         let elsewhere: Option<IpAddr> = Some("169.254.0.2".parse().unwrap());
-        let gathering = joins.open(here, 3);
+        let gathering = joins.open(here, 3).unwrap();
         let token = gathering.token();
         assert_eq!(joins.admits(token, 1, here), Ok(()));
         assert_eq!(joins.admits(token, 2, here), Ok(()));
@@ -266,7 +286,7 @@ mod tests {
         let why = joins.admits(token ^ 1, 1, here).unwrap_err();
         assert!(why.contains("no transfer"), "{why}");
         // Another transfer gets another token.
-        let other = joins.open(here, 2);
+        let other = joins.open(here, 2).unwrap();
         assert_ne!(other.token(), token);
         drop(gathering);
         assert!(joins.admits(token, 1, here).is_err(), "no longer waiting");
@@ -276,8 +296,12 @@ mod tests {
     #[test]
     fn a_transfer_waits_for_its_streams_only_until_the_timeout() {
         let joins = Joins::default();
-        let gathering = joins.open(None, 2);
-        let err = gathering.gather(Duration::from_millis(20)).unwrap_err();
+        let gathering = joins.open(None, 2).unwrap();
+        let err = gathering
+            .gather(Duration::from_millis(20), |_| {
+                unreachable!("no stream came")
+            })
+            .unwrap_err();
         assert!(
             err.to_string()
                 .contains("1 of the transfer's 2 streams joined within --timeout"),

@@ -1,22 +1,30 @@
 //! The server's temporary files: where a transfer is written until it is
 //! verified, and how one left behind by a server that died is found.
 //!
-//! A temp file is named `.filexfer-PID-SERIAL.tmp` (client names cannot
-//! start with the reserved prefix) and holds an exclusive `flock` for as
-//! long as its server lives. The kernel drops the lock when the process
-//! dies, however it dies (SIGKILL included), so at start-up a temp file
-//! whose lock can be taken, and whose PID is no process on this host, is
-//! an orphan and is removed. The two tests guard each other: the lock
-//! covers a reused PID, and the PID covers the instant between a live
-//! server creating its file and locking it. Both hold across servers of
-//! one directory on this host; a shared network directory relies on the
-//! lock alone.
+//! A temp file is named `.filexfer-PID-NONCE-SERIAL.tmp` (client names
+//! cannot start with the reserved prefix): NONCE is 64 random bits drawn
+//! once per server, so no later server — not even one that gets the same
+//! PID — can repeat a name a dead one left. It holds an exclusive `flock`
+//! for as long as its server lives; where the file system allows, it is
+//! created unnamed (`O_TMPFILE`), locked, and only then linked under its
+//! name, so it is never seen unlocked. The kernel drops the lock when the
+//! process dies, however it dies (SIGKILL included), so at start-up a temp
+//! file whose lock can be taken is an orphan and is removed: the lock
+//! alone decides, which also holds across hosts sharing a network
+//! directory. Where `O_TMPFILE` is missing the file is locked right after
+//! its exclusive create; a server starting in the same directory in that
+//! instant may remove it, and that transfer then fails when it links the
+//! file into place — it never stores a wrong file.
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::{AsFd as _, OwnedFd};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-use rustix::fs::{flock, FlockOperation};
+use rustix::fs::{flock, AtFlags, FlockOperation, Mode, OFlags};
+use rustix::io::Errno;
 
 use crate::filexfer::name::RESERVED_PREFIX;
 
@@ -28,25 +36,53 @@ pub struct TempFile {
     renamed: bool,
 }
 
+/// This server's NONCE (see the module docs).
+fn nonce() -> io::Result<u64> {
+    static NONCE: OnceLock<u64> = OnceLock::new();
+    if let Some(n) = NONCE.get() {
+        return Ok(*n);
+    }
+    let drawn = pinpoll_appkit::random_u64()?;
+    Ok(*NONCE.get_or_init(|| drawn))
+}
+
+/// The name of this server's temp file number `serial`.
+pub fn temp_name(serial: u64) -> io::Result<String> {
+    Ok(format!(
+        "{RESERVED_PREFIX}{}-{:016x}-{serial}.tmp",
+        std::process::id(),
+        nonce()?
+    ))
+}
+
 impl TempFile {
-    /// Creates (never opens an existing) `.filexfer-PID-SERIAL.tmp` in
-    /// `dir` and locks it.
+    /// Creates (never opens an existing) this server's temp file number
+    /// `serial` in `dir`, locked before anyone can see it where the file
+    /// system allows.
     pub fn create(dir: &Path, serial: u64) -> io::Result<TempFile> {
-        let path = dir.join(format!(
-            "{RESERVED_PREFIX}{}-{serial}.tmp",
-            std::process::id()
-        ));
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)?;
-        let temp = TempFile {
+        let path = dir.join(temp_name(serial)?);
+        let file = match create_locked_unnamed(dir, &path) {
+            Ok(file) => file,
+            Err(e) if unnamed_unsupported(e) => {
+                let file = OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&path)?;
+                let temp = TempFile {
+                    path,
+                    file,
+                    renamed: false,
+                };
+                flock(&temp.file, FlockOperation::NonBlockingLockExclusive)?;
+                return Ok(temp);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        Ok(TempFile {
             path,
             file,
             renamed: false,
-        };
-        flock(&temp.file, FlockOperation::NonBlockingLockExclusive)?;
-        Ok(temp)
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -67,6 +103,41 @@ impl TempFile {
     }
 }
 
+/// Creates an unnamed file in `dir` (`O_TMPFILE`), locks it, and links it
+/// as `path` (failing if that exists).
+fn create_locked_unnamed(dir: &Path, path: &Path) -> Result<File, Errno> {
+    let fd = rustix::fs::open(
+        dir,
+        OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC,
+        Mode::from_bits_truncate(0o666),
+    )?;
+    flock(&fd, FlockOperation::NonBlockingLockExclusive)?;
+    // Linking an unnamed file by its descriptor needs no privilege
+    // through /proc (AT_EMPTY_PATH would need CAP_DAC_READ_SEARCH).
+    let by_fd = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+    rustix::fs::linkat(
+        rustix::fs::CWD,
+        by_fd.as_str(),
+        rustix::fs::CWD,
+        path,
+        AtFlags::SYMLINK_FOLLOW,
+    )?;
+    Ok(File::from(fd))
+}
+
+/// Whether creating an unnamed file failed only because this system
+/// cannot (no `O_TMPFILE` in the file system or kernel, no /proc).
+fn unnamed_unsupported(e: Errno) -> bool {
+    [
+        Errno::OPNOTSUPP,
+        Errno::ISDIR,
+        Errno::INVAL,
+        Errno::NOENT,
+        Errno::NOSYS,
+    ]
+    .contains(&e)
+}
+
 impl Drop for TempFile {
     fn drop(&mut self) {
         if !self.renamed {
@@ -77,94 +148,182 @@ impl Drop for TempFile {
     }
 }
 
-/// Removes the temp files in `dir` that no live server holds (see the
-/// module docs) and returns their names. A file that cannot be checked is
-/// left alone.
-pub fn remove_orphans(dir: &Path) -> io::Result<Vec<String>> {
-    let mut removed = Vec::new();
+/// What [`remove_orphans`] did.
+#[derive(Debug, Default)]
+pub struct Orphans {
+    /// The names removed, sorted.
+    pub removed: Vec<String>,
+    /// The orphans that could not be removed, and why; the others were
+    /// removed all the same.
+    pub failed: Vec<(String, io::Error)>,
+}
+
+/// Removes the temp files in `dir` whose lock is free (see the module
+/// docs). A name with the temp files' pattern that is not a regular file
+/// (a link, a FIFO, a directory — planted, or swapped in meanwhile) is
+/// never opened through, never waited on, and left alone; an error with
+/// one file does not stop the others.
+pub fn remove_orphans(dir: &Path) -> io::Result<Orphans> {
+    let mut orphans = Orphans::default();
     for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(e) => {
+                orphans
+                    .failed
+                    .push((String::from("(a directory entry)"), e));
+                continue;
+            }
+        };
         let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some(pid) = owner_pid(name) else { continue };
-        if pid == std::process::id() || Path::new("/proc").join(pid.to_string()).exists() {
-            continue;
-        }
-        // Not a symlink or anything else a client could have planted:
-        // names with the prefix are refused on the wire, but be sure.
-        match entry.file_type() {
-            Ok(t) if t.is_file() => {}
-            _ => continue,
-        }
-        let Ok(file) = File::open(entry.path()) else {
+        let Some(name) = name.to_str().filter(|n| is_temp_name(n)) else {
             continue;
         };
-        if flock(&file, FlockOperation::NonBlockingLockExclusive).is_err() {
-            continue;
-        }
-        std::fs::remove_file(entry.path())?;
-        removed.push(name.to_owned());
-    }
-    removed.sort();
-    Ok(removed)
-}
-
-/// The PID in a temp file's name `.filexfer-PID-SERIAL.tmp`.
-fn owner_pid(name: &str) -> Option<u32> {
-    let rest = name.strip_prefix(RESERVED_PREFIX)?.strip_suffix(".tmp")?;
-    let (pid, serial) = rest.split_once('-')?;
-    serial.parse::<u64>().ok()?;
-    pid.parse().ok()
-}
-
-/// The bytes an unprivileged process can still write to the file system
-/// of `dir`, if statvfs says.
-pub fn free_space(dir: &Path) -> Option<u64> {
-    match rustix::fs::statvfs(dir) {
-        Ok(vfs) => Some(vfs.f_bavail.saturating_mul(vfs.f_frsize)),
-        Err(e) => {
-            tracing::debug!(error = %e, "statvfs of --dir");
-            None
+        match remove_if_orphan(&entry.path()) {
+            Ok(true) => orphans.removed.push(name.to_owned()),
+            Ok(false) => {}
+            Err(e) => orphans.failed.push((name.to_owned(), e)),
         }
     }
+    orphans.removed.sort();
+    Ok(orphans)
+}
+
+/// Removes `path` if it is a regular file whose lock is free; whether it
+/// did. Opened without following a link and without waiting (a FIFO), and
+/// removed only if the name still is the file that was checked.
+fn remove_if_orphan(path: &Path) -> io::Result<bool> {
+    let fd: OwnedFd = match rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        // Gone meanwhile, or a symbolic link (O_NOFOLLOW): not ours.
+        Err(Errno::NOENT | Errno::LOOP) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    let file = File::from(fd);
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        return Ok(false);
+    }
+    if let Err(e) = flock(file.as_fd(), FlockOperation::NonBlockingLockExclusive) {
+        return match e {
+            // Held: a live server's file.
+            Errno::WOULDBLOCK => Ok(false),
+            e => Err(e.into()),
+        };
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(now) if now.dev() == meta.dev() && now.ino() == meta.ino() => {}
+        Ok(_) => return Ok(false),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether `name` is a temp file's: `.filexfer-PID-NONCE-SERIAL.tmp`, or
+/// `.filexfer-PID-SERIAL.tmp` of servers before the nonce.
+fn is_temp_name(name: &str) -> bool {
+    let Some(rest) = name
+        .strip_prefix(RESERVED_PREFIX)
+        .and_then(|r| r.strip_suffix(".tmp"))
+    else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.split('-').collect();
+    let digits = |p: &str, radix: u32| !p.is_empty() && p.chars().all(|c| c.is_digit(radix));
+    match parts.as_slice() {
+        [pid, serial] => digits(pid, 10) && digits(serial, 10),
+        [pid, nonce, serial] => digits(pid, 10) && digits(nonce, 16) && digits(serial, 10),
+        _ => false,
+    }
+}
+
+/// Makes the directory entry of a file just linked into place in `dir`
+/// durable. A failure is said as what it is: the file is in place,
+/// verified and its data durable; only its name may not survive a power
+/// loss.
+pub fn sync_dir_after_link(dir: &Path, shown: &str) -> Result<(), String> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| {
+        format!(
+            "{shown} is in place on the server with its data verified and durable, \
+             but the fsync of the server's directory failed ({e}): after a power loss \
+             the file may be missing"
+        )
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    use pinpoll_testkit::Scratch;
+
     use super::*;
 
     #[test]
-    fn only_temp_names_carry_an_owner() {
-        assert_eq!(owner_pid(".filexfer-1234-0.tmp"), Some(1234));
-        assert_eq!(owner_pid(".filexfer-1234-17.tmp"), Some(1234));
+    fn only_temp_names_are_candidates() {
+        for name in [
+            ".filexfer-1234-0.tmp",
+            ".filexfer-1234-17.tmp",
+            ".filexfer-1234-00ff00ff00ff00ff-3.tmp",
+            &temp_name(5).unwrap(),
+        ] {
+            assert!(is_temp_name(name), "{name}");
+        }
         for not in [
             ".filexfer-probe-1234",
             ".filexfer-1234.tmp",
             ".filexfer-x-1.tmp",
             ".filexfer-12-x.tmp",
+            ".filexfer-12-zz-1.tmp",
+            ".filexfer-12-ab-1-2.tmp",
             "filexfer-12-1.tmp",
             ".filexfer-12-1.tmpx",
             "data.bin",
         ] {
-            assert_eq!(owner_pid(not), None, "{not}");
+            assert!(!is_temp_name(not), "{not}");
         }
     }
 
     #[test]
-    fn orphans_are_removed_and_live_or_foreign_files_kept() {
-        let dir = std::env::temp_dir().join(format!("pinpoll-temp-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir(&dir).unwrap();
-        // A dead owner: PID 0 is never a process's.
-        let orphan = dir.join(".filexfer-0-3.tmp");
-        std::fs::write(&orphan, b"partial").unwrap();
-        // A live temp file of this process, and one of a live other
-        // process (PID 1) that does not even hold the lock.
+    fn no_restart_repeats_a_name() {
+        let name = temp_name(0).unwrap();
+        let own = format!("{RESERVED_PREFIX}{}-0.tmp", std::process::id());
+        assert_ne!(name, own, "the name of a server before the nonce, same PID");
+        assert!(name.starts_with(&format!("{RESERVED_PREFIX}{}-", std::process::id())));
+        // A file planted under this very PID and serial does not stop a
+        // temp file from being created.
+        let scratch = Scratch::new("reuse");
+        let dir = scratch.path().to_owned();
+        std::fs::write(dir.join(&own), b"left by a dead server of this PID").unwrap();
+        let temp = TempFile::create(&dir, 0).unwrap();
+        assert_eq!(temp.path(), dir.join(&name));
+        drop(temp);
+    }
+
+    #[test]
+    fn the_lock_alone_decides_what_is_an_orphan() {
+        let scratch = Scratch::new("orphans");
+        let dir = scratch.path().to_owned();
+        // Unlocked: of this very PID (a dead server whose PID came back),
+        // of a live other process (PID 1), of a dead one (PID 0).
+        let unlocked = [
+            format!(".filexfer-{}-0.tmp", std::process::id()),
+            ".filexfer-1-4.tmp".to_owned(),
+            ".filexfer-0-00000000deadbeef-3.tmp".to_owned(),
+        ];
+        for name in &unlocked {
+            std::fs::write(dir.join(name), b"partial").unwrap();
+        }
+        // Locked: this server's live file, and a dead PID's file whose
+        // lock someone holds (a server on another host, say).
         let mine = TempFile::create(&dir, 9).unwrap();
-        let foreign = dir.join(".filexfer-1-4.tmp");
-        std::fs::write(&foreign, b"x").unwrap();
-        // A dead PID whose file is still locked (a reused PID's file on
-        // another host, say) is kept too.
         let locked = dir.join(".filexfer-0-5.tmp");
         std::fs::write(&locked, b"y").unwrap();
         let holder = File::open(&locked).unwrap();
@@ -172,20 +331,140 @@ mod tests {
         // Anything else is not ours to judge.
         std::fs::write(dir.join("data.bin"), b"z").unwrap();
 
-        let removed = remove_orphans(&dir).unwrap();
-        assert_eq!(removed, vec![".filexfer-0-3.tmp".to_owned()]);
-        assert!(!orphan.exists());
-        for kept in [mine.path(), &foreign, &locked, &dir.join("data.bin")] {
+        let orphans = remove_orphans(&dir).unwrap();
+        let mut want = unlocked.to_vec();
+        want.sort();
+        assert_eq!(orphans.removed, want);
+        assert!(orphans.failed.is_empty(), "{:?}", orphans.failed);
+        for kept in [mine.path(), &locked, &dir.join("data.bin")] {
             assert!(kept.exists(), "{}", kept.display());
         }
         drop(holder);
         assert_eq!(
-            remove_orphans(&dir).unwrap(),
+            remove_orphans(&dir).unwrap().removed,
             vec![".filexfer-0-5.tmp".to_owned()]
         );
         let path = mine.path().to_owned();
         drop(mine);
         assert!(!path.exists(), "a dropped temp file is removed");
-        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A FIFO or a symbolic link under a temp file's name — planted, or
+    /// swapped in between the directory listing and the open — is never
+    /// opened through and never waited on, and a name that vanishes
+    /// meanwhile stops nothing: every round removes the plain orphan too.
+    /// Sixteen names each swap (rename with RENAME_EXCHANGE, one system
+    /// call) between a regular file and a FIFO or a link to one, as fast
+    /// as they can.
+    #[test]
+    fn a_fifo_or_link_swapped_in_is_never_followed_or_waited_on() {
+        const NAMES: usize = 16;
+        let scratch = Scratch::new("swap");
+        let dir = scratch.path().to_owned();
+        let fifo = dir.join("outside-fifo");
+        let fifo_at = |path: &Path| {
+            rustix::fs::mknodat(
+                rustix::fs::CWD,
+                path,
+                rustix::fs::FileType::Fifo,
+                Mode::from_bits_truncate(0o600),
+                0,
+            )
+            .unwrap()
+        };
+        fifo_at(&fifo);
+        let names: Vec<PathBuf> = (0..NAMES)
+            .map(|i| dir.join(format!(".filexfer-0-7{i}.tmp")))
+            .collect();
+        let alts: Vec<PathBuf> = (0..NAMES).map(|i| dir.join(format!("alt-{i}"))).collect();
+        for (i, alt) in alts.iter().enumerate() {
+            if i % 2 == 0 {
+                fifo_at(alt);
+            } else {
+                std::os::unix::fs::symlink(&fifo, alt).unwrap();
+            }
+        }
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (name, alt) in names.iter().zip(&alts) {
+                        let swapped = rustix::fs::renameat_with(
+                            rustix::fs::CWD,
+                            name,
+                            rustix::fs::CWD,
+                            alt,
+                            rustix::fs::RenameFlags::EXCHANGE,
+                        );
+                        if swapped.is_err() {
+                            // Removed as an orphan (or its FIFO half
+                            // was): a regular file takes its place.
+                            let _ = std::fs::write(name, b"orphan");
+                            if !alt.exists() {
+                                fifo_at(alt);
+                            }
+                        }
+                    }
+                }
+            });
+            let remover = s.spawn(|| {
+                for round in 0..2000 {
+                    let plain = dir.join(format!(".filexfer-0-{round}00.tmp"));
+                    std::fs::write(&plain, b"orphan").unwrap();
+                    let orphans = remove_orphans(&dir).unwrap();
+                    assert!(
+                        orphans.failed.is_empty(),
+                        "round {round}: {:?}",
+                        orphans.failed
+                    );
+                    assert!(!plain.exists(), "round {round}: the plain orphan stayed");
+                }
+                tx.send(()).unwrap();
+            });
+            let finished = rx.recv_timeout(std::time::Duration::from_secs(60));
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            if finished.is_err() {
+                // Unblock a remover stuck in open(2) on a FIFO — again
+                // and again, as the listing it works through may hold
+                // more — so the test fails rather than hangs.
+                while !remover.is_finished() {
+                    for path in names.iter().chain(&alts).chain([&fifo]) {
+                        let _ = OpenOptions::new()
+                            .write(true)
+                            .custom_flags(libc_o_nonblock())
+                            .open(path);
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                let _ = remover.join();
+                panic!(
+                    "remove_orphans did not finish 2000 rounds within 60 s: it waited on a FIFO"
+                );
+            }
+            remover.join().unwrap();
+        });
+    }
+
+    fn libc_o_nonblock() -> i32 {
+        OFlags::NONBLOCK.bits() as i32
+    }
+
+    use std::os::unix::fs::OpenOptionsExt as _;
+
+    #[test]
+    fn a_failed_directory_fsync_says_the_file_is_in_place() {
+        let missing =
+            std::env::temp_dir().join(format!("pinpoll-no-such-dir-{}", std::process::id()));
+        let why = sync_dir_after_link(&missing, "f.bin").unwrap_err();
+        assert!(
+            why.starts_with("f.bin is in place on the server with its data verified and durable, but the fsync of the server's directory failed ("),
+            "{why}"
+        );
+        assert!(
+            why.ends_with("after a power loss the file may be missing"),
+            "{why}"
+        );
+        sync_dir_after_link(&std::env::temp_dir(), "f.bin").unwrap();
     }
 }

@@ -22,6 +22,7 @@ use std::os::unix::fs::FileExt;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use super::chunk_pool::{
     BoundedQueue, BufferPool, ChunkBuffer, PipelineError, PoolSize, Serve, Workers,
@@ -98,13 +99,19 @@ impl VerifierPool {
         Ok(self.buffers.try_take())
     }
 
-    /// A free buffer, waiting for a thread to give one back if all are
-    /// busy, or the error that stopped the pool.
-    pub fn buffer(&self) -> Result<ChunkBuffer, PipelineError> {
+    /// A free buffer, waiting up to `timeout` for a thread to give one
+    /// back if all are busy, or the error that stopped the pool. A buffer
+    /// that does not come back in time (a write that hangs) is an error,
+    /// never a wait without end.
+    pub fn buffer(&self, timeout: Duration) -> Result<ChunkBuffer, PipelineError> {
         self.shared.check()?;
         // The pool's buffers always come back (a stopped pool drops its
         // jobs), and `buffers` is never closed.
-        let buffer = self.buffers.take().ok_or(PipelineError::Closed)?;
+        let buffer = self
+            .buffers
+            .take_within(timeout)
+            .map_err(|_| PipelineError::Stalled(timeout))?
+            .ok_or(PipelineError::Closed)?;
         self.shared.check()?;
         Ok(buffer)
     }
@@ -245,6 +252,9 @@ mod tests {
     fn size(threads: usize, buffers: usize) -> PoolSize {
         PoolSize { threads, buffers }
     }
+
+    /// How long a test waits for a buffer: never reached when all is well.
+    const WAIT: Duration = Duration::from_secs(60);
     use crate::filexfer::chunk_pool::test_support::{
         digest_error, seeded_bytes, ScratchFile, POOL_EDGE_SIZES,
     };
@@ -278,7 +288,7 @@ mod tests {
         for &index in order {
             let bytes = chunk_of(&geometry, data, index);
             let cv = geometry.chunk_cv(index, bytes).unwrap();
-            let mut buffer = pool.buffer()?;
+            let mut buffer = pool.buffer(WAIT)?;
             buffer.copy_from(bytes)?;
             if corrupt == Some(index) {
                 let copy = buffer.bytes_mut(bytes.len())?;
@@ -365,7 +375,7 @@ mod tests {
         let pool = VerifierPool::new(writable(&scratch), geometry, size(1, 1)).unwrap();
         submit_all(&pool, &data, &[0], Some(0)).unwrap();
         assert_eq!(
-            digest_error(pool.buffer().unwrap_err()),
+            digest_error(pool.buffer(WAIT).unwrap_err()),
             DigestError::Mismatch { index: 0 }
         );
         assert!(pool.try_buffer().is_err());
@@ -398,7 +408,7 @@ mod tests {
         let geometry = ChunkGeometry::new(2 * 1024 + 10, 1024).unwrap();
         let data = seeded_bytes(2 * 1024 + 10, 2);
         let pool = VerifierPool::new(writable(&scratch), geometry, size(2, 2)).unwrap();
-        let mut buffer = pool.buffer().unwrap();
+        let mut buffer = pool.buffer(WAIT).unwrap();
         buffer.copy_from(&data[..1024]).unwrap();
         assert_eq!(
             digest_error(pool.submit(2, [0; 32], buffer).unwrap_err()),
@@ -408,7 +418,7 @@ mod tests {
                 expected: 10
             }
         );
-        let buffer = pool.buffer().unwrap();
+        let buffer = pool.buffer(WAIT).unwrap();
         assert_eq!(
             digest_error(pool.submit(3, [0; 32], buffer).unwrap_err()),
             DigestError::OutOfRange { index: 3, count: 3 }
@@ -441,5 +451,37 @@ mod tests {
         drop(pool);
         // The threads are gone with their share of the file.
         assert_eq!(Arc::strong_count(&file), 1);
+    }
+
+    /// Buffers that never come back — held by jobs whose writes hang —
+    /// make the next `buffer` an error once its timeout ran out, not a
+    /// wait without end.
+    #[test]
+    fn a_buffer_that_never_comes_back_is_an_error_after_the_timeout() {
+        let scratch = ScratchFile::new("stalled");
+        let geometry = ChunkGeometry::new(4 * 1024, 1024).unwrap();
+        let pool = VerifierPool::new(writable(&scratch), geometry, size(1, 2)).unwrap();
+        let mut held = Some([pool.buffer(WAIT).unwrap(), pool.buffer(WAIT).unwrap()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| tx.send(pool.buffer(Duration::from_millis(50)).map(|_| ())));
+            match rx.recv_timeout(WAIT) {
+                Ok(got) => assert!(
+                    matches!(got, Err(PipelineError::Stalled(t)) if t == Duration::from_millis(50)),
+                    "{got:?}"
+                ),
+                Err(_) => {
+                    // Let the stuck call return so the test can end.
+                    held.take();
+                    panic!("buffer() was still waiting after {WAIT:?}");
+                }
+            }
+        });
+        let err = pool.buffer(Duration::ZERO).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "no chunk buffer came back within 0ns (--timeout): writing the file is stuck"
+        );
+        assert!(held.is_some(), "both buffers were held throughout");
     }
 }

@@ -7,7 +7,18 @@ pub mod profile;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::sys::mem::PageSize;
+
+/// The pages that back registered memory ([`PageSize::bytes`] says how
+/// large each is on this system).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageSize {
+    /// The system's base page (4 KiB on x86-64).
+    Base,
+    /// 2 MiB huge pages (hugetlbfs, `vm.nr_hugepages`).
+    Huge2M,
+    /// 1 GiB huge pages (reserved at boot: `hugepagesz=1G hugepages=N`).
+    Huge1G,
+}
 
 /// Transport and queue settings of one reliable-connected queue pair.
 ///

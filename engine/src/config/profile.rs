@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::PageSize;
 use super::{out_of_range, EngineConfig, IdlePolicy};
 use crate::error::{Error, Result};
-use crate::sys::mem::PageSize;
 
 /// The built-in profiles: name and TOML text.
 pub const BUILTIN: [(&str, &str); 3] = [

@@ -222,6 +222,31 @@ impl Connector {
 
     /// Connects, sending `private_data` (at most 56 bytes for RC).
     pub fn connect(mut self, private_data: &[u8]) -> Result<Endpoint> {
+        self.request(private_data)?;
+        let ev = expect(
+            &self.id,
+            "rdma_connect",
+            event::ESTABLISHED,
+            Instant::now() + self.cfg.connect_timeout,
+        )?;
+        self.endpoint.mark_connected(ev.private_data, None);
+        Ok(self.endpoint)
+    }
+
+    /// Sends the connect request with `private_data` and returns without
+    /// reading a single rdma_cm event: this side never answers the
+    /// server's reply, so the handshake stays half-open until the returned
+    /// value is dropped. What a client that stalls in its handshake does
+    /// to a server — for tests of a server's bounds, never a connection.
+    pub fn connect_half_open(self, private_data: &[u8]) -> Result<HalfOpen> {
+        self.request(private_data)?;
+        Ok(HalfOpen {
+            _endpoint: self.endpoint,
+            _id: self.id,
+        })
+    }
+
+    fn request(&self, private_data: &[u8]) -> Result<()> {
         if private_data.len() > 56 {
             return Err(Error::Config(format!(
                 "{} bytes of private data; an RC connect request carries at most 56",
@@ -237,16 +262,18 @@ impl Connector {
             retry_count: self.cfg.retry_count,
             rnr_retry_count: self.cfg.rnr_retry,
         };
-        self.id.connect(&param)?;
-        let ev = expect(
-            &self.id,
-            "rdma_connect",
-            event::ESTABLISHED,
-            Instant::now() + self.cfg.connect_timeout,
-        )?;
-        self.endpoint.mark_connected(ev.private_data, None);
-        Ok(self.endpoint)
+        self.id.connect(&param)
     }
+}
+
+/// A connect request sent and never followed up
+/// ([`Connector::connect_half_open`]); dropping it destroys the id, which
+/// ends the handshake.
+#[derive(Debug)]
+pub struct HalfOpen {
+    // The endpoint (its queue pair) goes before the id it was made on.
+    _endpoint: Endpoint,
+    _id: Arc<CmId>,
 }
 
 #[cfg(test)]

@@ -77,6 +77,7 @@ impl ConnectionRecord {
     }
 
     pub fn decode(b: &[u8]) -> Result<ConnectionRecord> {
+        crate::wire::record("connection_record", b);
         Ok(Self::parse(&RECORD.check(b, Len::Exactly(Self::LEN))?)?)
     }
 
@@ -125,6 +126,7 @@ impl RegionDescriptor {
 
     /// Decodes from the front of `b` (rdma_cm may pad private data with zeros).
     pub fn decode(b: &[u8]) -> Result<RegionDescriptor> {
+        crate::wire::record("connection_record", b);
         let v = REGION.check(b, Len::AtLeast(Self::LEN))?;
         Ok(RegionDescriptor(region_at(&v, 8)?))
     }

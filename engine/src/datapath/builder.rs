@@ -47,8 +47,8 @@ impl Rings {
         remote_access: Access,
     ) -> Result<Rings> {
         cfg.validate()?;
-        let layout = SlotLayout::new(cfg.slot_size as usize, cfg.slot_count as usize);
-        let recv_layout = SlotLayout::new(cfg.slot_size as usize, cfg.qp.max_recv_wr as usize);
+        let layout = SlotLayout::new(cfg.slot_size as usize, cfg.slot_count as usize)?;
+        let recv_layout = SlotLayout::new(cfg.slot_size as usize, cfg.qp.max_recv_wr as usize)?;
         crate::sys::mem::check_memlock(cfg.registered_bytes())?;
         let send = ep.register_raw(layout.bytes(), cfg.pages, Access::LOCAL_READ)?;
         let recv = ep.register_raw(recv_layout.bytes(), cfg.pages, Access::LOCAL_WRITE)?;
@@ -72,7 +72,12 @@ impl Rings {
             inline_threshold,
         );
         let mut rq = RecvQueue::new(pollers.recv, recv, recv_layout, batch);
-        rq.refill(ep.qp())?;
+        if let Err(e) = rq.refill(ep.qp()) {
+            // Some receives may be queued on the QP, which outlives this
+            // call: the ring they write into must outlive the QP.
+            ep.park(rq.into_ring());
+            return Err(e);
+        }
         Ok(Rings {
             sq,
             rq,

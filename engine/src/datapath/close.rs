@@ -32,10 +32,13 @@ impl Connection {
 
     /// Makes sure a completion is coming for everything posted: when the
     /// newest requests are unsignaled, posts a signaled zero-length RDMA
-    /// WRITE behind them (its completion retires them all).
+    /// WRITE behind them (its completion retires them all) — also when an
+    /// older signaled request is still in flight, whose completion would
+    /// retire only the requests up to it. A full queue is reaped for room
+    /// first: the events of what completes meanwhile are dropped.
     pub fn flush_tail(&mut self) -> Result<()> {
         let ledger = self.sq.ledger();
-        if ledger.outstanding() == 0 || ledger.signal_in_flight() {
+        if ledger.outstanding() == 0 || ledger.tail_signaled() {
             return Ok(());
         }
         while self.sq.ledger().room() == 0 {
@@ -45,11 +48,16 @@ impl Connection {
     }
 
     /// Waits, up to the completion timeout, until every posted request has
-    /// retired; completion events met meanwhile go to `on`.
+    /// retired; completion events met meanwhile go to `on`, all of them.
     pub fn wait_idle(&mut self, mut on: impl FnMut(Event<'_>)) -> Result<()> {
-        self.flush_tail()?;
         let mut wait = BoundedWait::new(self.completion_timeout, "the send queue to drain");
         while self.outstanding() > 0 {
+            // What flush_tail does, but a full queue makes room by polling
+            // into `on` (flush_tail reaps, and reaping drops the events).
+            let ledger = self.sq.ledger();
+            if !ledger.tail_signaled() && ledger.room() > 0 {
+                self.post_marker()?;
+            }
             if self.poll_send(&mut on)? == 0 {
                 self.stats.wait_turns += 1;
             }

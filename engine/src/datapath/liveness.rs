@@ -117,11 +117,20 @@ impl Connection {
     /// (port error, device removal) — is reported as that end: the flush
     /// is only its consequence. Pending rdma_cm and device events are read
     /// first, so the cause is known even if no wait has looked yet.
+    #[cold]
+    #[inline(never)]
     pub(super) fn completion_error(&mut self, wc: WcError) -> Error {
         if wc.status == WcStatus::WR_FLUSH_ERR {
+            // A device that went away, or a peer that left, is why the QP
+            // flushes — also when a post failed meanwhile because of it.
             let _ = self.ep.peer_gone();
             if self.ep.was_disconnected() {
                 return self.ep.end_error();
+            }
+            // Otherwise a post that failed without naming what it refused
+            // moved the QP to ERR: that, not the flush, is what happened.
+            if let Some(broken) = self.sq.broken().or(self.rq.broken()) {
+                return broken.error();
             }
         }
         if matches!(

@@ -2,21 +2,23 @@
 //! posts and polls, with no heap allocation, lock or system call per
 //! operation.
 //!
-//! One operation's path runs through three files: [`post`] here (the
+//! One operation's path runs through three files: `post` here (the
 //! public `try_*` calls, and the waiting ones around them), then
 //! `sys::send_queue`, which admits the request in the pure `sys::ledger`,
 //! stages its payload (inline, or in a send-ring slot the ledger hands
 //! it) and builds it with `sys::wr` for one doorbell. Completions come
-//! back through [`poll`] (send queue) and [`receive`] (receive queue).
+//! back through `poll` (send queue) and `receive` (receive queue).
 //!
-//! The rest, by concern: [`builder`] (the rings and the ways to
-//! connect), [`batch`] (several requests, one doorbell), [`liveness`]
-//! (heartbeats, peer checks, what a failure is reported as), [`close`]
-//! (draining at the end), [`event`] (what is reported).
+//! The rest, by concern: `builder` (the rings and the ways to
+//! connect), `batch` (several requests, one doorbell), `liveness`
+//! (heartbeats, peer checks, what a failure is reported as), `close`
+//! (draining at the end), `event` (what is reported).
 
 mod batch;
 mod builder;
 mod close;
+#[cfg(test)]
+mod device_tests;
 mod event;
 mod liveness;
 mod poll;
@@ -26,8 +28,8 @@ mod receive;
 use std::time::Duration;
 
 pub use batch::Batch;
-pub use builder::ConnectionBuilder;
 pub(crate) use builder::Rings;
+pub use builder::{ConnectionBuilder, MAX_PRIVATE_DATA};
 pub use event::{Event, Incoming, Stats};
 
 use crate::config::EngineConfig;
@@ -60,6 +62,37 @@ pub struct Connection {
     closing: bool,
     heartbeat: Heartbeat,
     stats: Stats,
+}
+
+/// A connection's target ring, writable: [`copy_from`](TargetMut::copy_from)
+/// changes its bytes; everything else of [`SharedRegion`] reads through.
+/// It is not a `&mut SharedRegion`, so the ring cannot be swapped out (by
+/// `mem::replace`) and dropped while the peer may still write it:
+///
+/// ```compile_fail
+/// fn swap(conn: &mut pinpoll::Connection, other: pinpoll::SharedRegion) -> pinpoll::SharedRegion {
+///     std::mem::replace(conn.target_mut(), other)
+/// }
+/// ```
+#[derive(Debug)]
+pub struct TargetMut<'c> {
+    ring: &'c mut SharedRegion,
+}
+
+impl TargetMut<'_> {
+    /// Copies `src` to `offset` of the ring (see [`SharedRegion::copy_from`]).
+    #[inline]
+    pub fn copy_from(&mut self, offset: usize, src: &[u8]) -> Result<()> {
+        self.ring.copy_from(offset, src)
+    }
+}
+
+impl std::ops::Deref for TargetMut<'_> {
+    type Target = SharedRegion;
+
+    fn deref(&self) -> &SharedRegion {
+        self.ring
+    }
 }
 
 impl Connection {
@@ -145,9 +178,13 @@ impl Connection {
         &self.target
     }
 
-    /// This side's target ring, to publish data the peer will RDMA READ.
-    pub fn target_mut(&mut self) -> &mut SharedRegion {
-        &mut self.target
+    /// This side's target ring, to publish data the peer will RDMA READ:
+    /// its bytes can change through the view, the ring itself cannot (the
+    /// peer was told its address and key, and may write it at any time).
+    pub fn target_mut(&mut self) -> TargetMut<'_> {
+        TargetMut {
+            ring: &mut self.target,
+        }
     }
 
     /// Byte `offset` of this side's target ring, loaded from memory on

@@ -5,7 +5,7 @@
 use super::{Connection, Event, Stats};
 use crate::error::Result;
 use crate::status::{WcError, WcStatus};
-use crate::sys::send_queue::Retired;
+use crate::sys::send_queue::{Retired, POLL_BATCH};
 
 impl Connection {
     /// Polls the send CQ once for bookkeeping only (retire, free slots);
@@ -31,6 +31,14 @@ impl Connection {
         let sent = self.poll_send(&mut on)?;
         let received = self.poll_recv(&mut on)?;
         Ok(sent + received)
+    }
+
+    /// The most events the next [`poll`](Connection::poll) can hand on:
+    /// one per request retired (every outstanding one, at most) and one
+    /// per receive completion.
+    #[inline]
+    pub(crate) fn events_per_poll(&self) -> usize {
+        self.outstanding() as usize + POLL_BATCH
     }
 
     #[inline]

@@ -131,10 +131,13 @@ impl EventChannel {
             if now >= deadline {
                 return Err(Error::Timeout {
                     what,
-                    waited: now - start,
+                    waited: now.saturating_duration_since(start),
                 });
             }
-            let ms = (deadline - now).as_millis().clamp(1, i32::MAX as u128) as i32;
+            let ms = deadline
+                .saturating_duration_since(now)
+                .as_millis()
+                .clamp(1, i32::MAX as u128) as i32;
             fd_ready(self.fd(), ms).map_err(poll_error)?;
         }
     }

@@ -107,6 +107,7 @@ impl Drop for CompletionQueue {
 }
 
 /// One `ibv_wc`, read through safe accessors. Only polling fills one.
+#[derive(Clone, Copy)]
 #[repr(transparent)]
 pub(crate) struct WorkCompletion(ffi::ibv_wc);
 

@@ -8,17 +8,22 @@
 //! caches the other's index and touches the shared atomic only when the
 //! cache says the ring looks full or empty. The two indices sit on separate
 //! cache lines. Both halves are `Send` and not `Sync`.
+//!
+//! Positions are modular `u64`s: every difference of two is taken with
+//! `wrapping_sub`, which is exact while fewer than 2^64 slots are in
+//! flight (at most `count` are), so the ring works across the wrap of
+//! its counters as anywhere else — the tests start it just below it.
 
 use std::cell::Cell;
 use std::marker::PhantomData;
-use std::ops::Range;
 use std::sync::atomic::Ordering;
 
 use crossbeam::utils::CachePadded;
 
 use self::sync::{Arc, AtomicU64};
 use super::layout::SlotLayout;
-use crate::error::Result;
+use super::slot_storage::SlotStorage;
+use crate::error::{Error, Result};
 
 /// The shared pointer and atomics the ring synchronises through: loom's
 /// under `cfg(loom)`, so that its model checker sees every access (the
@@ -32,7 +37,7 @@ mod sync {
 
 #[derive(Debug)]
 struct Shared {
-    slots: Storage,
+    slots: SlotStorage,
     /// Slots published by the producer (next position to publish).
     published: CachePadded<AtomicU64>,
     /// Slots released by the consumer (next position to release).
@@ -50,34 +55,49 @@ impl Shared {
     #[inline]
     unsafe fn published_bytes(&self, pos: u64) -> &[u8] {
         let layout = self.slots.layout();
+        // At most the slot size: push_with checks it (and `range` clamps).
         let len = self.lens[layout.slot(pos)].load(Ordering::Relaxed) as usize;
-        // SAFETY: the producer stored `len` (at most the slot size: push_with
-        // checks it) before its Release store that published `pos`, which the
-        // caller's Acquire load synchronised with; nothing writes the slot
-        // before it is released, and the caller keeps it unreleased.
+        // SAFETY: the producer stored `len` before its Release store that
+        // published `pos`, which the caller's Acquire load synchronised
+        // with; nothing writes the slot before it is released, and the
+        // caller keeps it unreleased.
         unsafe { self.slots.read(layout.range(pos, len)) }
     }
 }
 
-/// Creates a ring of `count` slots (a power of two) of `size` bytes.
+/// Creates a ring of `count` slots (a power of two) of `size` bytes, or
+/// says why it cannot: a count that is not a power of two, empty slots, or
+/// more bytes than memory can hold.
 pub fn handoff_ring(size: usize, count: usize) -> Result<(SlotWriter, SlotReader)> {
+    ring_from(size, count, 0)
+}
+
+/// A ring whose first position is `start` (the tests start it near the
+/// wrap of the `u64` positions).
+fn ring_from(size: usize, count: usize, start: u64) -> Result<(SlotWriter, SlotReader)> {
+    let layout = SlotLayout::new(size, count)?;
+    let slots = SlotStorage::new(layout)?;
+    let mut lens = Vec::new();
+    lens.try_reserve_exact(count)
+        .map_err(|_| Error::Config(format!("no memory for the lengths of {count} slots")))?;
+    lens.extend((0..count).map(|_| AtomicU64::new(0)));
     let shared = Arc::new(Shared {
-        slots: Storage::new(SlotLayout::new(size, count))?,
-        published: CachePadded::new(AtomicU64::new(0)),
-        released: CachePadded::new(AtomicU64::new(0)),
-        lens: (0..count).map(|_| AtomicU64::new(0)).collect(),
+        slots,
+        published: CachePadded::new(AtomicU64::new(start)),
+        released: CachePadded::new(AtomicU64::new(start)),
+        lens: lens.into_boxed_slice(),
     });
     Ok((
         SlotWriter {
             shared: Arc::clone(&shared),
-            head: 0,
-            cached_released: 0,
+            head: start,
+            cached_released: start,
             _not_sync: PhantomData,
         },
         SlotReader {
             shared,
-            tail: 0,
-            cached_published: 0,
+            tail: start,
+            cached_published: start,
             _not_sync: PhantomData,
         },
     ))
@@ -105,19 +125,21 @@ impl SlotWriter {
         self.shared.slots.layout().size()
     }
 
+    /// Slots in use: published and not yet released (as last seen).
+    #[inline]
+    fn in_use(&self) -> u64 {
+        self.head.wrapping_sub(self.cached_released)
+    }
+
     /// Free slots (refreshing the consumer's index when it looks short).
     #[inline]
     pub fn free(&mut self) -> usize {
         let count = self.shared.slots.layout().count() as u64;
-        if self.head - self.cached_released >= count {
+        if self.in_use() != 0 {
             self.cached_released = self.shared.released.load(Ordering::Acquire);
         }
-        let mut free = count - (self.head - self.cached_released);
-        if free < count {
-            self.cached_released = self.shared.released.load(Ordering::Acquire);
-            free = count - (self.head - self.cached_released);
-        }
-        free as usize
+        // Never wraps: at most `count` slots are in use.
+        count.wrapping_sub(self.in_use()) as usize
     }
 
     /// Copies `data` into the next free slot and publishes it. `false`
@@ -135,9 +157,9 @@ impl SlotWriter {
         if len > layout.size() {
             return false;
         }
-        if self.head - self.cached_released >= layout.count() as u64 {
+        if self.in_use() >= layout.count() as u64 {
             self.cached_released = self.shared.released.load(Ordering::Acquire);
-            if self.head - self.cached_released >= layout.count() as u64 {
+            if self.in_use() >= layout.count() as u64 {
                 return false;
             }
         }
@@ -149,7 +171,7 @@ impl SlotWriter {
         // every earlier read of it happened before this write.
         unsafe { self.shared.slots.write(layout.range(self.head, len), fill) };
         self.shared.lens[slot].store(len as u64, Ordering::Relaxed);
-        self.head += 1;
+        self.head = self.head.wrapping_add(1);
         self.shared.published.store(self.head, Ordering::Release);
         true
     }
@@ -202,8 +224,9 @@ impl SlotReader {
     /// Releases the oldest published slot back to the producer.
     #[inline]
     pub fn release(&mut self) {
-        if self.tail < self.cached_published || self.peek().is_some() {
-            self.tail += 1;
+        // `tail` never passes `published`: unequal, one is unreleased.
+        if self.tail != self.cached_published || self.peek().is_some() {
+            self.tail = self.tail.wrapping_add(1);
             self.shared.released.store(self.tail, Ordering::Release);
         }
     }
@@ -220,139 +243,32 @@ pub struct Published<'a> {
 
 impl<'a> Published<'a> {
     pub fn len(&self) -> usize {
-        (self.published - self.tail) as usize
+        // At most the slot count, which is a usize.
+        self.published.wrapping_sub(self.tail) as usize
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// The bytes of the `i`-th oldest published slot.
+    /// The bytes of the `i`-th oldest published slot; `None` past the last.
     #[inline]
     pub fn get(&self, i: usize) -> Option<&'a [u8]> {
-        let pos = self.tail + i as u64;
-        if pos >= self.published {
+        // `i` first: the position is `tail + i`, and a large `i` would wrap
+        // it onto a released slot that the producer may be rewriting.
+        if i >= self.len() {
             return None;
         }
-        // SAFETY: tail <= pos < published, read with Acquire when this view
-        // was made; releasing needs the reader this view borrows for 'a.
+        let pos = self.tail.wrapping_add(i as u64);
+        // SAFETY: pos is one of the len() positions from tail on, published
+        // (read with Acquire when this view was made) and unreleased:
+        // releasing needs the reader this view borrows for 'a.
         Some(unsafe { self.shared.published_bytes(pos) })
     }
 }
 
-/// The slots' bytes: one mmap'd buffer, or under `cfg(loom)` one loom
-/// `UnsafeCell` per slot, so that loom checks every access to a slot
-/// against the conflicting accesses of the other side. The ring's indices
-/// decide who may touch a slot; these methods only carry that out.
-#[derive(Debug)]
-struct Storage {
-    layout: SlotLayout,
-    /// `layout.bytes()` long.
-    #[cfg(not(loom))]
-    buf: super::mem::Buffer,
-    /// One cell of `layout.size()` bytes per slot.
-    #[cfg(loom)]
-    cells: Box<[loom::cell::UnsafeCell<Box<[u8]>>]>,
-}
-
-impl Storage {
-    #[inline]
-    fn layout(&self) -> SlotLayout {
-        self.layout
-    }
-}
-
-#[cfg(not(loom))]
-impl Storage {
-    fn new(layout: SlotLayout) -> Result<Storage> {
-        use super::mem::{Buffer, PageSize};
-        Ok(Storage {
-            buf: Buffer::new(layout.bytes(), PageSize::Base)?,
-            layout,
-        })
-    }
-
-    /// Lets `fill` write the bytes of `range`.
-    ///
-    /// # Safety
-    /// `range` is `self.layout().range(pos, len)` for some position `pos`
-    /// and `len` at most the slot size (so it lies in that position's slot),
-    /// and no other access to the slot happens until `fill` returns.
-    #[inline]
-    unsafe fn write(&self, range: Range<usize>, fill: impl FnOnce(&mut [u8])) {
-        // `end - start`, not `range.len()`: the optimiser folds the former
-        // to the caller's `len`, but keeps the latter's empty-range check.
-        let len = range.end - range.start;
-        // SAFETY: the range lies in one slot, so in the buffer (which is
-        // layout.bytes() long); the caller rules out any other access while
-        // the &mut lives.
-        fill(unsafe { std::slice::from_raw_parts_mut(self.buf.as_ptr().add(range.start), len) })
-    }
-
-    /// The bytes of `range`.
-    ///
-    /// # Safety
-    /// `range` is as for `write`; every write to the slot happened before
-    /// this call, and none happens while the slice lives.
-    #[inline]
-    unsafe fn read(&self, range: Range<usize>) -> &[u8] {
-        let len = range.end - range.start; // as in `write`
-                                           // SAFETY: in the buffer, as in `write`; the caller rules out writes
-                                           // while the slice lives.
-        unsafe { std::slice::from_raw_parts(self.buf.as_ptr().add(range.start), len) }
-    }
-}
-
-// SAFETY: as for the mmap'd buffer (`mem::Buffer` is Sync): the cells are
-// reached only through `write` and `read`, whose callers give each slot to
-// one side at a time, in happens-before order; loom checks exactly that at
-// every `with` and `with_mut` below.
-#[cfg(loom)]
-unsafe impl Sync for Storage {}
-
-#[cfg(loom)]
-impl Storage {
-    fn new(layout: SlotLayout) -> Result<Storage> {
-        let cells = (0..layout.count())
-            .map(|_| loom::cell::UnsafeCell::new(vec![0u8; layout.size()].into_boxed_slice()))
-            .collect();
-        Ok(Storage { layout, cells })
-    }
-
-    /// The cell of the slot that `range` (which starts it) lies in.
-    fn cell(&self, range: &Range<usize>) -> &loom::cell::UnsafeCell<Box<[u8]>> {
-        &self.cells[range.start / self.layout.size()]
-    }
-
-    /// As the mmap'd storage's `write`; loom records the write access.
-    ///
-    /// # Safety
-    /// As the mmap'd storage's `write`.
-    unsafe fn write(&self, range: Range<usize>, fill: impl FnOnce(&mut [u8])) {
-        self.cell(&range).with_mut(|cell| {
-            // SAFETY: the cell holds a live slot of `size` >= range.len()
-            // bytes; loom has just checked that no other access is concurrent.
-            fill(unsafe { &mut (&mut *cell)[..range.len()] })
-        })
-    }
-
-    /// As the mmap'd storage's `read`; loom records the read access when
-    /// the slice is made, and checks any later write against it.
-    ///
-    /// # Safety
-    /// As the mmap'd storage's `read`.
-    unsafe fn read(&self, range: Range<usize>) -> &[u8] {
-        self.cell(&range).with(|cell| {
-            // SAFETY: the cell holds a live slot of `size` >= range.len() bytes,
-            // owned by `self`; loom has just checked that every write to it
-            // happened before, and the caller rules out later writes while
-            // the slice lives.
-            unsafe { &(&*cell)[..range.len()] }
-        })
-    }
-}
-
 #[cfg(all(test, not(loom)))]
+#[allow(clippy::arithmetic_side_effects)] // counts of the tests' own
 mod tests {
     use super::*;
 
@@ -385,6 +301,75 @@ mod tests {
             (2, Some(&[5u8][..]), Some(&[6u8, 6][..]), None)
         );
         assert_eq!(r.peek().unwrap(), &[5u8]);
+    }
+
+    /// Finding 1 of issue 23: `get(usize::MAX)` wrapped `tail + i` onto
+    /// a released slot, which the producer may be rewriting.
+    #[test]
+    fn a_view_never_reaches_past_its_published_slots() {
+        let (mut w, mut r) = handoff_ring(64, 4).unwrap();
+        for i in 0..4u8 {
+            assert!(w.push(&[i; 8]));
+        }
+        r.release();
+        r.release();
+        // Positions 0 and 1 are released: the producer may rewrite their
+        // slots now, while the consumer looks at 2 and 3.
+        assert!(w.push(&[4; 8]));
+        let view = r.published();
+        assert_eq!(view.len(), 3);
+        for i in [usize::MAX, usize::MAX - 1, usize::MAX - 2, 3, 4, 1 << 63] {
+            assert_eq!(view.get(i), None, "get({i})");
+        }
+        assert_eq!(view.get(0), Some(&[2u8; 8][..]));
+        assert_eq!(view.get(2), Some(&[4u8; 8][..]));
+    }
+
+    /// Finding 2 of issue 23: `size * count` wrapped, mapping one page for
+    /// a ring that later pushes write megabytes into.
+    #[test]
+    fn a_ring_that_does_not_fit_in_memory_is_refused() {
+        for (size, count) in [
+            (1 << 62, 4),
+            (usize::MAX, 2),
+            (1 << 20, 1 << 60),
+            (2, 1 << 63),
+        ] {
+            let err = handoff_ring(size, count).unwrap_err().to_string();
+            assert!(
+                err.contains("more bytes than one mapping can hold"),
+                "{size} x {count}: {err}"
+            );
+        }
+        let err = handoff_ring(64, 3).unwrap_err().to_string();
+        assert!(err.contains("power of two"), "{err}");
+        let err = handoff_ring(0, 4).unwrap_err().to_string();
+        assert!(err.contains("at least one byte"), "{err}");
+    }
+
+    /// Positions are modular: a ring whose counters wrap past u64::MAX
+    /// hands every message across intact, in order.
+    #[test]
+    fn the_ring_works_across_the_wrap_of_its_positions() {
+        let (mut w, mut r) = ring_from(16, 4, u64::MAX - 5).unwrap();
+        for i in 0..40u8 {
+            assert!(w.push(&[i; 3]), "push {i}");
+            assert_eq!(w.free(), 3);
+            let view = r.published();
+            assert_eq!(
+                (view.len(), view.get(0), view.get(1)),
+                (1, Some(&[i; 3][..]), None)
+            );
+            assert_eq!(view.get(usize::MAX), None);
+            assert_eq!(r.peek(), Some(&[i; 3][..]));
+            r.release();
+            assert!(r.peek().is_none());
+        }
+        for i in 0..4u8 {
+            assert!(w.push(&[i; 2]));
+        }
+        assert!(!w.push(&[9]), "full across the wrap");
+        assert_eq!(r.published().len(), 4);
     }
 
     #[test]
@@ -421,11 +406,15 @@ mod tests {
 }
 
 /// Every interleaving of the two halves (up to a preemption bound), checked
-/// by loom: its atomics model the weak memory orderings, and its cells flag
-/// any access to a slot's bytes that does not happen-after the other side's
-/// conflicting one. Run by scripts/test.sh (its loom step):
+/// by loom over the real ring — its mmap'd bytes and its index arithmetic:
+/// loom's atomics model the weak memory orderings, and the storage's
+/// per-byte cells flag any access to a byte that does not happen-after the
+/// other side's conflicting one. Each scenario also runs with the
+/// positions starting just below the wrap of `u64`. Run by scripts/test.sh
+/// (its loom step):
 /// `RUSTFLAGS="--cfg loom" cargo test -p pinpoll --release --lib -- loom_tests`.
 #[cfg(all(test, loom))]
+#[allow(clippy::arithmetic_side_effects)] // counts of the tests' own
 mod loom_tests {
     use loom::thread;
 
@@ -470,53 +459,70 @@ mod loom_tests {
         reader.release();
     }
 
+    /// First positions: the ordinary start, and two below the wrap of
+    /// `u64` (the four messages then cross it).
+    const STARTS: [u64; 2] = [0, u64::MAX - 1];
+
     #[test]
     fn push_peek_release_wrapping() {
-        check(|| {
-            let (writer, mut reader) = handoff_ring(SLOT, 2).unwrap();
-            let producer = thread::spawn(move || push_all(writer, &MESSAGES));
-            for m in MESSAGES {
-                take(&mut reader, m);
-            }
-            assert!(reader.peek().is_none());
-            producer.join().unwrap();
-        });
+        for start in STARTS {
+            check(move || {
+                let (writer, mut reader) = ring_from(SLOT, 2, start).unwrap();
+                let producer = thread::spawn(move || push_all(writer, &MESSAGES));
+                for m in MESSAGES {
+                    take(&mut reader, m);
+                }
+                assert!(reader.peek().is_none());
+                producer.join().unwrap();
+            });
+        }
     }
 
     #[test]
     fn published_batches_wrapping() {
-        check(|| {
-            let (writer, mut reader) = handoff_ring(SLOT, 2).unwrap();
-            let producer = thread::spawn(move || push_all(writer, &MESSAGES));
-            let mut next = 0;
-            while next < MESSAGES.len() {
-                let view = reader.published();
-                let n = view.len();
-                for i in 0..n {
-                    assert_eq!(
-                        view.get(i),
-                        Some(MESSAGES[next + i]),
-                        "position {}",
-                        next + i
-                    );
+        for start in STARTS {
+            check(move || {
+                let (writer, mut reader) = ring_from(SLOT, 2, start).unwrap();
+                let producer = thread::spawn(move || push_all(writer, &MESSAGES));
+                let mut next = 0;
+                while next < MESSAGES.len() {
+                    let view = reader.published();
+                    let n = view.len();
+                    for i in 0..n {
+                        assert_eq!(
+                            view.get(i),
+                            Some(MESSAGES[next + i]),
+                            "position {}",
+                            next + i
+                        );
+                    }
+                    assert_eq!(view.get(n), None);
+                    // Indices past the view must not wrap onto the slots
+                    // the producer is rewriting (loom flags the access).
+                    assert_eq!(view.get(usize::MAX), None);
+                    for _ in 0..n {
+                        reader.release();
+                    }
+                    next += n;
+                    if n == 0 {
+                        thread::yield_now();
+                    }
                 }
-                assert_eq!(view.get(n), None);
-                for _ in 0..n {
-                    reader.release();
-                }
-                next += n;
-                if n == 0 {
-                    thread::yield_now();
-                }
-            }
-            producer.join().unwrap();
-        });
+                producer.join().unwrap();
+            });
+        }
     }
 
     #[test]
     fn free_while_the_consumer_releases() {
-        check(|| {
-            let (mut writer, mut reader) = handoff_ring(SLOT, 2).unwrap();
+        for start in STARTS {
+            free_while_the_consumer_releases_from(start);
+        }
+    }
+
+    fn free_while_the_consumer_releases_from(start: u64) {
+        check(move || {
+            let (mut writer, mut reader) = ring_from(SLOT, 2, start).unwrap();
             assert!(writer.push(MESSAGES[0]) && writer.push(MESSAGES[1]));
             assert!(!writer.push(MESSAGES[2]), "full");
             assert_eq!(writer.free(), 0);

@@ -15,9 +15,16 @@
 //! `depth` are outstanding, and a signal falls at least every `interval`
 //! requests, so with `batch_size + interval <= depth` a full queue always
 //! holds a signaled request whose completion frees it.
+//!
+//! Arithmetic: sequence numbers and receive positions stay below
+//! [`LEDGER_LIMIT`] (2^62, checked at admission), and every other counter
+//! here (slot cursors, retired, done) is at most one of them, so sums of
+//! them and the small depths, and differences of a counter and one it
+//! never passes, are plain counting: written `wrapping_`, they never wrap.
 
 use std::ops::Range;
 
+use super::wr_id::LEDGER_LIMIT;
 use crate::status::WcOpcode;
 
 /// What a request is, for its completion event.
@@ -66,18 +73,18 @@ pub(crate) struct Request {
     pub read_len: u32,
 }
 
-/// A request admitted to the send queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Admitted {
-    pub seq: u64,
-    pub signaled: bool,
-}
-
 /// A retired request and where its READ data are, if it was a READ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Released {
     pub request: Request,
     pub read_pos: Option<u64>,
+}
+
+/// A request admitted to the send queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Admitted {
+    pub seq: u64,
+    pub signaled: bool,
 }
 
 /// A completion that names no outstanding request of this queue.
@@ -110,17 +117,18 @@ pub(crate) struct SlotCursor {
 impl SlotCursor {
     #[inline]
     fn claim(&mut self, count: u64) -> Option<u64> {
-        if self.head - self.tail >= count {
+        if self.head.wrapping_sub(self.tail) >= count {
             return None;
         }
-        self.head += 1;
-        Some(self.head - 1)
+        let pos = self.head;
+        self.head = pos.wrapping_add(1);
+        Some(pos)
     }
 
     /// Whether position `pos` was released and not claimed again since.
     #[inline]
     pub(crate) fn is_free_and_unclaimed(&self, pos: u64, count: u64) -> bool {
-        pos < self.tail && pos + count >= self.head
+        pos < self.tail && pos.wrapping_add(count) >= self.head
     }
 }
 
@@ -140,6 +148,9 @@ pub(crate) struct Ledger {
     slot_count: u64,
     send_slots: SlotCursor,
     read_slots: SlotCursor,
+    /// Sequence numbers end below this: [`LEDGER_LIMIT`], or the next one
+    /// once the queue is closed to new requests.
+    limit: u64,
 }
 
 impl Ledger {
@@ -147,40 +158,47 @@ impl Ledger {
     /// over rings of `slot_count` slots.
     pub(crate) fn new(depth: u32, interval: u32, slot_count: usize) -> Ledger {
         assert!(depth > 0 && interval > 0 && interval <= depth);
-        let table = (2 * depth as usize).next_power_of_two();
+        let table = (depth as usize).saturating_mul(2).next_power_of_two();
         Ledger {
             depth: depth.into(),
             interval: interval.into(),
             posted: 0,
             retired: 0,
-            next_auto_signal: u64::from(interval) - 1,
+            next_auto_signal: u64::from(interval).wrapping_sub(1),
             requests: vec![Request::default(); table].into_boxed_slice(),
             slot_count: slot_count as u64,
             send_slots: SlotCursor::default(),
             read_slots: SlotCursor::default(),
+            limit: LEDGER_LIMIT,
         }
+    }
+
+    /// Admits no more requests but markers ([`Ledger::admit_marker`]).
+    pub(crate) fn close(&mut self) {
+        self.limit = 0;
     }
 
     #[inline]
     fn record(&mut self, seq: u64) -> &mut Request {
-        let mask = self.requests.len() - 1;
+        let mask = self.requests.len().wrapping_sub(1);
         &mut self.requests[seq as usize & mask]
     }
 
     /// The record of `seq` (valid while it is outstanding).
     #[inline]
     pub(crate) fn request(&self, seq: u64) -> Request {
-        self.requests[seq as usize & (self.requests.len() - 1)]
+        self.requests[seq as usize & self.requests.len().wrapping_sub(1)]
     }
 
     #[inline]
     pub(crate) fn outstanding(&self) -> u64 {
-        self.posted - self.retired
+        self.posted.wrapping_sub(self.retired)
     }
 
     #[inline]
     pub(crate) fn room(&self) -> u64 {
-        self.depth - self.outstanding()
+        // Never wraps: at most `depth` are outstanding.
+        self.depth.wrapping_sub(self.outstanding())
     }
 
     #[inline]
@@ -200,26 +218,54 @@ impl Ledger {
     }
 
     /// Whether a completion is still coming that retires every request
-    /// before it (a signaled request is outstanding).
-    #[inline]
+    /// before it (a signaled request is outstanding): what keeps a full
+    /// queue from deadlocking, which the tests check.
+    #[cfg(test)]
     pub(crate) fn signal_in_flight(&self) -> bool {
         self.last_signaled().is_some_and(|s| s >= self.retired)
     }
 
+    /// Whether a completion is coming that retires every outstanding
+    /// request: the newest one is signaled. (A signal in flight behind
+    /// unsignaled requests retires only those before it.)
+    #[inline]
+    pub(crate) fn tail_signaled(&self) -> bool {
+        self.outstanding() > 0 && self.last_signaled() == self.posted.checked_sub(1)
+    }
+
     /// Admits one more request of `kind`: its sequence number and whether
     /// it is signaled (forced, or the interval's turn). `None` when the
-    /// queue is full: reap completions, then retry.
+    /// queue is full: reap completions, then retry. Sequence numbers stay
+    /// below [`LEDGER_LIMIT`] (2^62 requests: centuries at any rate), so
+    /// no tagged id is ever taken for one.
     #[inline]
     pub(crate) fn admit(&mut self, kind: RequestKind, must_signal: bool) -> Option<Admitted> {
-        if self.posted - self.retired >= self.depth {
+        self.admit_below(self.limit, kind, must_signal)
+    }
+
+    /// Admits a signaled marker (a heartbeat, or the WRITE whose completion
+    /// retires the requests before it), also once the queue is closed.
+    pub(crate) fn admit_marker(&mut self, kind: RequestKind) -> Option<Admitted> {
+        debug_assert!(kind.is_internal());
+        self.admit_below(LEDGER_LIMIT, kind, true)
+    }
+
+    #[inline(always)]
+    fn admit_below(
+        &mut self,
+        limit: u64,
+        kind: RequestKind,
+        must_signal: bool,
+    ) -> Option<Admitted> {
+        if self.outstanding() >= self.depth || self.posted >= limit {
             return None;
         }
         let seq = self.posted;
         let signaled = must_signal || seq >= self.next_auto_signal;
         if signaled {
-            self.next_auto_signal = seq + self.interval;
+            self.next_auto_signal = seq.wrapping_add(self.interval);
         }
-        self.posted = seq + 1;
+        self.posted = seq.wrapping_add(1);
         *self.record(seq) = Request {
             kind,
             signaled,
@@ -230,16 +276,21 @@ impl Ledger {
 
     /// Claims the next send-ring slot for admitted request `seq`: its
     /// position, or `None` when every slot is the NIC's.
+    /// Slots are claimed for the newest request only, so in order of
+    /// sequence numbers.
     #[inline]
     pub(crate) fn claim_send_slot(&mut self, seq: u64) -> Option<u64> {
+        debug_assert_eq!(seq.wrapping_add(1), self.posted, "claims follow admission");
         let pos = self.send_slots.claim(self.slot_count)?;
         self.record(seq).send_slot = true;
         Some(pos)
     }
 
-    /// Claims the next read-ring slot for admitted READ `seq` of `len` bytes.
+    /// Claims the next read-ring slot for admitted READ `seq` of `len` bytes
+    /// (the newest request, as for [`Ledger::claim_send_slot`]).
     #[inline]
     pub(crate) fn claim_read_slot(&mut self, seq: u64, len: u32) -> Option<u64> {
+        debug_assert_eq!(seq.wrapping_add(1), self.posted, "claims follow admission");
         let pos = self.read_slots.claim(self.slot_count)?;
         let record = self.record(seq);
         record.read_slot = true;
@@ -259,8 +310,9 @@ impl Ledger {
         );
         for s in seq..self.posted {
             let r = self.request(s);
-            self.send_slots.head -= u64::from(r.send_slot);
-            self.read_slots.head -= u64::from(r.read_slot);
+            // Each rolled-back claim was counted in its head.
+            self.send_slots.head = self.send_slots.head.wrapping_sub(u64::from(r.send_slot));
+            self.read_slots.head = self.read_slots.head.wrapping_sub(u64::from(r.read_slot));
         }
         self.posted = seq;
         // The newest signaled request left, within one interval back.
@@ -270,19 +322,20 @@ impl Ledger {
             .find(|s| self.request(*s).signaled)
             .map_or(
                 if seq < self.interval {
-                    self.interval - 1
+                    self.interval.wrapping_sub(1)
                 } else {
                     seq
                 },
-                |s| s + self.interval,
+                |s| s.wrapping_add(self.interval),
             );
     }
 
     /// A completion for `seq` arrived: every request through it is done.
-    /// Returns the sequence numbers newly retired, which the caller
-    /// [`release`](Ledger::release)s in order. A sequence number outside
-    /// the outstanding ones (not this queue's, or retired already) changes
-    /// nothing.
+    /// Returns the sequence numbers newly retired, which the caller must
+    /// [`release`](Ledger::release) in order — all of them, also when it
+    /// is interrupted (see `SendQueue::poll`). A sequence number outside
+    /// the outstanding ones (not this queue's, or retired already)
+    /// changes nothing.
     #[inline]
     pub(crate) fn retire_through(&mut self, seq: u64) -> Result<Range<u64>, NotOutstanding> {
         if seq < self.retired || seq >= self.posted {
@@ -293,8 +346,8 @@ impl Ledger {
             });
         }
         let from = self.retired;
-        self.retired = seq + 1;
-        Ok(from..seq + 1)
+        self.retired = seq.wrapping_add(1);
+        Ok(from..self.retired)
     }
 
     /// Hands the slots of retired request `seq` back to the CPU; called for
@@ -303,9 +356,18 @@ impl Ledger {
     pub(crate) fn release(&mut self, seq: u64) -> Released {
         debug_assert!(seq < self.retired);
         let request = self.request(seq);
-        self.send_slots.tail += u64::from(request.send_slot);
+        // Neither wraps: the tails count released claims, at most the heads.
+        let send_tail = self
+            .send_slots
+            .tail
+            .wrapping_add(u64::from(request.send_slot));
+        self.send_slots.tail = send_tail;
         let read_pos = request.read_slot.then_some(self.read_slots.tail);
-        self.read_slots.tail += u64::from(request.read_slot);
+        let read_tail = self
+            .read_slots
+            .tail
+            .wrapping_add(u64::from(request.read_slot));
+        self.read_slots.tail = read_tail;
         Released { request, read_pos }
     }
 
@@ -320,8 +382,8 @@ impl Ledger {
     #[cfg(test)]
     pub(crate) fn slots_in_use(&self) -> (u64, u64) {
         (
-            self.send_slots.head - self.send_slots.tail,
-            self.read_slots.head - self.read_slots.tail,
+            self.send_slots.head.wrapping_sub(self.send_slots.tail),
+            self.read_slots.head.wrapping_sub(self.read_slots.tail),
         )
     }
 }
@@ -344,28 +406,29 @@ impl RecvLedger {
         }
     }
 
-    /// Positions to post so that `depth` receives are outstanding.
+    /// Positions to post so that `depth` receives are outstanding; never
+    /// [`LEDGER_LIMIT`] or above, so no tagged id is taken for one.
     #[inline]
     pub(crate) fn wanted(&self) -> Range<u64> {
-        self.posted..self.done + self.depth
+        self.posted..self.done.wrapping_add(self.depth).min(LEDGER_LIMIT)
     }
 
     #[inline]
     pub(crate) fn outstanding(&self) -> u64 {
-        self.posted - self.done
+        self.posted.wrapping_sub(self.done)
     }
 
     #[inline]
     pub(crate) fn is_full(&self) -> bool {
-        self.posted - self.done == self.depth
+        self.outstanding() == self.depth
     }
 
     /// `n` receives from [`wanted`](RecvLedger::wanted)'s start reached
     /// the queue (a partial post counts only those the provider took).
     #[inline]
     pub(crate) fn posted(&mut self, n: u64) {
-        debug_assert!(self.posted + n <= self.done + self.depth);
-        self.posted += n;
+        debug_assert!(self.posted.wrapping_add(n) <= self.wanted().end);
+        self.posted = self.posted.wrapping_add(n);
     }
 
     /// A receive completion named `wr_id`: the oldest outstanding receive
@@ -379,7 +442,7 @@ impl RecvLedger {
                 posted: self.posted,
             });
         }
-        self.done += 1;
+        self.done = self.done.wrapping_add(1);
         Ok(wr_id)
     }
 
@@ -387,11 +450,12 @@ impl RecvLedger {
     /// its receive completed and no later receive was posted into it.
     #[inline]
     pub(crate) fn is_readable(&self, pos: u64) -> bool {
-        pos < self.done && pos + self.depth >= self.posted
+        pos < self.done && pos.wrapping_add(self.depth) >= self.posted
     }
 }
 
 #[cfg(test)]
+#[allow(clippy::arithmetic_side_effects)] // counts of the tests' own
 mod tests {
     use super::*;
 
@@ -546,6 +610,24 @@ mod tests {
         admit_n(&mut l, 4);
         l.rollback_to(3);
         assert!(!l.signal_in_flight());
+    }
+
+    #[test]
+    fn only_a_signaled_newest_request_covers_the_tail() {
+        let mut l = Ledger::new(16, 4, 8);
+        assert!(!l.tail_signaled(), "nothing outstanding");
+        l.admit(RequestKind::Read, true).unwrap();
+        assert!(l.tail_signaled());
+        admit_n(&mut l, 2);
+        // The READ's completion is coming, but it retires only the READ:
+        // the two behind it need a signal of their own.
+        assert!(l.signal_in_flight());
+        assert!(!l.tail_signaled());
+        // The interval's own signal (seq 4) covers them again.
+        admit_n(&mut l, 2);
+        assert!(l.tail_signaled());
+        l.retire_through(4).unwrap();
+        assert!(!l.tail_signaled(), "nothing outstanding");
     }
 
     #[test]

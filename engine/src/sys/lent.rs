@@ -30,10 +30,12 @@ impl<T> std::fmt::Debug for LentRegions<T> {
 }
 
 impl<T> LentRegions<T> {
-    /// Room for `capacity` regions at once.
+    /// Room for at least `capacity` regions at once (a power of two).
     pub(crate) fn new(capacity: usize) -> Self {
         LentRegions {
-            entries: (0..capacity.max(1)).map(|_| None).collect(),
+            entries: (0..capacity.max(1).next_power_of_two())
+                .map(|_| None)
+                .collect(),
             head: 0,
             len: 0,
         }
@@ -56,9 +58,10 @@ impl<T> LentRegions<T> {
         if self.is_full() {
             return Err(region);
         }
-        let at = (self.head + self.len) % self.entries.len();
+        let at = self.index(self.len);
         self.entries[at] = Some((seq, region));
-        self.len += 1;
+        // Below the capacity: not full (above).
+        self.len = self.len.wrapping_add(1);
         Ok(())
     }
 
@@ -71,39 +74,50 @@ impl<T> LentRegions<T> {
             return None;
         }
         let (_, region) = self.entries[self.head].take()?;
-        self.head = (self.head + 1) % self.entries.len();
-        self.len -= 1;
+        self.head = self.index(1);
+        // At least one: the oldest was there.
+        self.len = self.len.wrapping_sub(1);
         Some(region)
+    }
+
+    /// The entry `i` places after the oldest (`i` at most the capacity).
+    #[inline]
+    fn index(&self, i: usize) -> usize {
+        // Neither wraps: head and i are at most the capacity, a power of
+        // two (see `new`), so this masks the sum onto the ring.
+        self.head.wrapping_add(i) & self.entries.len().wrapping_sub(1)
     }
 }
 
 #[cfg(test)]
+#[allow(clippy::arithmetic_side_effects)] // counts of the tests' own
 mod tests {
     use super::*;
 
     #[test]
     fn a_region_comes_back_only_once_its_request_retired_and_in_lending_order() {
+        // Room for 3 is room for 4: a power of two.
         let mut lent = LentRegions::new(3);
-        for seq in 0..3 {
+        for seq in 0..4 {
             lent.push(seq, seq as u32 + 10).unwrap();
         }
-        // Full: the fourth is given back at once.
-        assert_eq!(lent.push(3, 13), Err(13));
-        // Posted 0..3, none retired: nothing comes back.
-        assert_eq!(lent.pop_returned(0, 3), None);
+        // Full: the fifth is given back at once.
+        assert_eq!(lent.push(4, 14), Err(14));
+        // Posted 0..4, none retired: nothing comes back.
+        assert_eq!(lent.pop_returned(0, 4), None);
         // 0 and 1 retired: those two, oldest first, and not 2.
-        assert_eq!(lent.pop_returned(2, 3), Some(10));
-        assert_eq!(lent.pop_returned(2, 3), Some(11));
-        assert_eq!(lent.pop_returned(2, 3), None);
-        assert_eq!(lent.len(), 1);
+        assert_eq!(lent.pop_returned(2, 4), Some(10));
+        assert_eq!(lent.pop_returned(2, 4), Some(11));
+        assert_eq!(lent.pop_returned(2, 4), None);
+        assert_eq!(lent.len(), 2);
         // The ring wraps.
-        lent.push(3, 13).unwrap();
         lent.push(4, 14).unwrap();
+        lent.push(5, 15).unwrap();
         assert!(lent.is_full());
-        assert_eq!(lent.pop_returned(5, 5), Some(12));
-        assert_eq!(lent.pop_returned(5, 5), Some(13));
-        assert_eq!(lent.pop_returned(5, 5), Some(14));
-        assert_eq!(lent.pop_returned(5, 5), None);
+        for expected in 12..16 {
+            assert_eq!(lent.pop_returned(6, 6), Some(expected));
+        }
+        assert_eq!(lent.pop_returned(6, 6), None);
         assert_eq!(lent.len(), 0);
     }
 

@@ -9,18 +9,12 @@ use std::ptr::NonNull;
 
 use crate::error::{Error, Result};
 
-/// The page size backing a [`Buffer`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PageSize {
-    /// The system's base page (4 KiB on x86-64).
-    Base,
-    /// 2 MiB huge pages (hugetlbfs, `vm.nr_hugepages`).
-    Huge2M,
-    /// 1 GiB huge pages (reserved at boot: `hugepagesz=1G hugepages=N`).
-    Huge1G,
-}
+use crate::config::PageSize;
 
+// The size a page choice stands for is the system's to say, so it is
+// answered here rather than where the choice is configured.
 impl PageSize {
+    /// Bytes per page.
     pub fn bytes(self) -> usize {
         match self {
             PageSize::Base => base_page_size(),
@@ -70,8 +64,7 @@ impl Buffer {
     /// Huge pages are never a silent fallback: when they were asked for and
     /// none are free, this fails and says how to reserve them.
     pub(crate) fn new(len: usize, page: PageSize) -> Result<Buffer> {
-        let page_bytes = page.bytes();
-        let mapped = len.max(1).div_ceil(page_bytes) * page_bytes;
+        let mapped = mapped_len(len, page)?;
         let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE;
         match page {
             PageSize::Base => {}
@@ -130,6 +123,19 @@ impl Drop for Buffer {
     }
 }
 
+/// The bytes a mapping of `len` bytes takes: whole pages, at least one,
+/// or an error when that is more than one mapping can span.
+pub(crate) fn mapped_len(len: usize, page: PageSize) -> Result<usize> {
+    len.max(1)
+        .checked_next_multiple_of(page.bytes())
+        .filter(|mapped| isize::try_from(*mapped).is_ok())
+        .ok_or_else(|| Error::Map {
+            len,
+            hint: "more bytes than one mapping can span".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOMEM),
+        })
+}
+
 fn map_hint(page: PageSize, mapped: usize) -> String {
     let Some(dir) = page.sysfs_dir() else {
         return "the machine is out of memory or the address space is exhausted".into();
@@ -139,7 +145,7 @@ fn map_hint(page: PageSize, mapped: usize) -> String {
             .ok()
             .map(|s| s.trim().to_owned())
     };
-    let need = mapped / page.bytes();
+    let need = mapped.checked_div(page.bytes()).unwrap_or(0);
     match (read("nr_hugepages"), read("free_hugepages")) {
         (Some(total), Some(free)) => format!(
             "{need} huge page(s) of {} needed, {free} free of {total} reserved; reserve more with \
@@ -194,7 +200,7 @@ fn lock_status(status: &str) -> (Option<bool>, u64) {
         .map(|bits| bits & (1 << CAP_IPC_LOCK) != 0);
     let pinned = field("VmPin:")
         .and_then(|v| v.trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024);
+        .map_or(0, |kb| kb.saturating_mul(1024));
     (cap, pinned)
 }
 
@@ -223,6 +229,7 @@ fn memlock_verdict(need: u64, locked: u64, limit: Option<u64>, privileged: bool)
 }
 
 #[cfg(test)]
+#[allow(clippy::arithmetic_side_effects)] // counts of the tests' own
 mod tests {
     use super::*;
 
@@ -278,6 +285,22 @@ mod tests {
             .expect("an smaps entry for the mapping");
         // `dc`: "do not copy area on fork" (proc(5)).
         assert!(flags.split_whitespace().any(|f| f == "dc"), "{flags}");
+    }
+
+    #[test]
+    fn a_length_past_the_address_space_is_refused_not_wrapped() {
+        for len in [usize::MAX, usize::MAX - 4095, (isize::MAX as usize) + 1] {
+            let err = Buffer::new(len, PageSize::Base).unwrap_err().to_string();
+            assert!(
+                err.contains("more bytes than one mapping can span"),
+                "{err}"
+            );
+        }
+        assert_eq!(
+            mapped_len(0, PageSize::Base).unwrap(),
+            PageSize::Base.bytes()
+        );
+        assert_eq!(mapped_len(1 << 20, PageSize::Huge2M).unwrap(), 2 << 20);
     }
 
     #[test]

@@ -3,21 +3,34 @@
 //! engine: what users need of it is re-exported by the crate root on
 //! purpose. Everything above this module is safe Rust.
 //!
+//! The invariants its `unsafe` blocks rely on, who upholds each and the
+//! test that catches its violation, are tabled in `docs/unsafe-contract.md`.
+//!
 //! - Owners of verbs and CM objects, each an RAII type whose children hold
 //!   an `Arc` of their parent, so teardown runs in reverse order of
 //!   construction — also after a setup step fails half-way: [`device`],
 //!   [`pd`], [`cq`], [`qp`], [`cm`], [`mem`] (mappings), [`mr`]
 //!   (registrations).
-//! - Ownership of registered memory: [`region`] (regions users hold, and
-//!   posting that moves them to the NIC and back), [`send_queue`] and
+//! - Ownership of registered memory: [`region`] (regions users hold),
+//!   [`posted`] (posting that moves a region to the NIC and back),
+//!   [`parked`] (memory let go of while a request may still name it, kept
+//!   until the queue pair is done with it), [`raw`] (`unsafe` posting for
+//!   experts), [`wr_id`] (whose a completion is), [`send_queue`] and
 //!   [`recv_queue`] (a connection's rings, whose slots only these modules
 //!   hand between CPU and NIC, and which keeps the regions a caller lends
 //!   it in [`lent`] until their requests retire), over the pure accounting
 //!   in [`ledger`] and [`layout`], and the work-request builder in [`wr`].
 //! - [`handoff`]: the lock-free slot ring between an application thread
-//!   and the engine's worker; [`cpu`], [`alloc`]: thread affinity and the
-//!   counting allocator of the zero-allocation test.
+//!   and the engine's worker, over [`slot_storage`] (its bytes, and under
+//!   loom the record of every access to them); [`cpu`], [`alloc`]: thread
+//!   affinity and the counting allocator of the zero-allocation test.
+//!
+//! Sizes, counts and offsets from callers and peers are checked before
+//! use, and every other sum says how it may overflow: `checked_` where it
+//! may, `saturating_` where a bound is meant, `wrapping_` where the value
+//! cannot get there or is modular (each says which).
 #![allow(unsafe_code)]
+#![deny(clippy::arithmetic_side_effects)]
 
 pub(crate) mod alloc;
 pub(crate) mod cm;
@@ -30,12 +43,17 @@ pub(crate) mod ledger;
 pub(crate) mod lent;
 pub(crate) mod mem;
 pub(crate) mod mr;
+pub(crate) mod parked;
 pub(crate) mod pd;
+pub(crate) mod posted;
 pub(crate) mod qp;
+pub(crate) mod raw;
 pub(crate) mod recv_queue;
 pub(crate) mod region;
 pub(crate) mod send_queue;
+pub(crate) mod slot_storage;
 pub(crate) mod wr;
+pub(crate) mod wr_id;
 
 use pinpoll_verbs_sys as ffi;
 

@@ -1,12 +1,14 @@
 //! Registered memory regions.
 
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::ops::Range;
 use std::sync::Arc;
 
 use super::ffi;
-use super::mem::{memlock_limit, Buffer, PageSize};
+use super::mem::{memlock_limit, Buffer};
 use super::pd::ProtectionDomain;
+use crate::config::PageSize;
 use crate::error::{last_os_error, Error, Result};
 
 /// Access rights of a memory region (`enum ibv_access_flags`). Register with
@@ -74,10 +76,15 @@ impl fmt::Display for Access {
 /// public views with their ownership rules are in [`super::region`].
 ///
 /// Dropping it deregisters first, so the NIC can no longer reach the
-/// pages, and unmaps after.
+/// pages, and unmaps after — unless deregistering failed, or a queue pair
+/// of its PD could not be destroyed: then the pages may still be the
+/// NIC's, and they are leaked, never unmapped. A registration that a
+/// queued request still names is never dropped at all: it is parked with
+/// that request's queue pair ([`super::parked`]).
 pub(crate) struct Registration {
     ptr: *mut ffi::ibv_mr,
-    buf: Buffer,
+    /// Unmapped only after a successful deregistration (see `Drop`).
+    buf: ManuallyDrop<Buffer>,
     access: Access,
     _pd: Arc<ProtectionDomain>,
 }
@@ -123,7 +130,7 @@ impl Registration {
         }
         Ok(Registration {
             ptr,
-            buf,
+            buf: ManuallyDrop::new(buf),
             access,
             _pd: Arc::clone(pd),
         })
@@ -166,9 +173,10 @@ impl Registration {
     #[inline]
     pub(crate) fn local(&self, range: Range<usize>) -> Result<LocalSlice> {
         check_range(&range, self.len())?;
+        // Neither wraps: the range is ordered and inside the mapping.
         Ok(LocalSlice {
-            addr: self.addr() + range.start as u64,
-            len: (range.end - range.start) as u32,
+            addr: self.addr().wrapping_add(range.start as u64),
+            len: range.end.wrapping_sub(range.start) as u32,
             lkey: self.lkey(),
         })
     }
@@ -176,9 +184,10 @@ impl Registration {
     /// What a peer needs to RDMA into `range` of this region.
     pub(crate) fn remote(&self, range: Range<usize>) -> Result<RemoteSlice> {
         check_range(&range, self.len())?;
+        // As in `local`.
         Ok(RemoteSlice {
-            addr: self.addr() + range.start as u64,
-            len: (range.end - range.start) as u64,
+            addr: self.addr().wrapping_add(range.start as u64),
+            len: range.end.wrapping_sub(range.start) as u64,
             rkey: self.rkey(),
         })
     }
@@ -242,7 +251,11 @@ fn check_span(offset: usize, len: usize, region_len: usize) -> Result<()> {
 
 #[inline]
 fn check_range(range: &Range<usize>, len: usize) -> Result<()> {
-    if range.start > range.end || range.end > len || range.end - range.start > u32::MAX as usize {
+    // The subtraction only once the range is known to be ordered.
+    if range.start > range.end
+        || range.end > len
+        || range.end.wrapping_sub(range.start) > u32::MAX as usize
+    {
         return Err(out_of_region(range, len));
     }
     Ok(())
@@ -268,13 +281,29 @@ fn out_of_region(range: &Range<usize>, len: usize) -> Error {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        // SAFETY: ptr is our MR, deregistered exactly once, before `buf`
-        // (a later field) is unmapped; after ibv_dereg_mr returns the device
-        // no longer reaches the pages (ibv_reg_mr(3)).
+        if self._pd.is_poisoned() {
+            tracing::warn!(
+                addr = self.addr(),
+                len = self.len(),
+                "a queue pair of this memory's PD could not be destroyed: leaking the memory"
+            );
+            return;
+        }
+        // SAFETY: ptr is our MR, deregistered exactly once; after
+        // ibv_dereg_mr succeeds the device no longer reaches the pages
+        // through it (ibv_reg_mr(3)).
         let rc = unsafe { ffi::ibv_dereg_mr(self.ptr) };
         if rc != 0 {
-            tracing::warn!(error = %crate::error::errno(rc), "ibv_dereg_mr failed");
+            tracing::warn!(
+                error = %crate::error::errno(rc),
+                len = self.len(),
+                "ibv_dereg_mr failed: leaking the memory, which the device may still reach"
+            );
+            return;
         }
+        // SAFETY: the MR over the buffer is gone (above), so nothing but
+        // this owner refers to the mapping; dropped exactly once, here.
+        unsafe { ManuallyDrop::drop(&mut self.buf) };
     }
 }
 
@@ -336,9 +365,10 @@ impl RemoteSlice {
     /// against what the peer advertised.
     #[inline]
     pub fn sub(&self, offset: u64, len: u64) -> Result<RemoteSlice> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(RemoteSlice {
-                addr: self.addr + offset,
+        // The peer's address may be anything: its sum is checked too.
+        match (offset.checked_add(len), self.addr.checked_add(offset)) {
+            (Some(end), Some(addr)) if end <= self.len => Ok(RemoteSlice {
+                addr,
                 len,
                 rkey: self.rkey,
             }),

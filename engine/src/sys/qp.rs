@@ -8,6 +8,7 @@ use super::cm::CmId;
 use super::cq::CompletionQueue;
 use super::ffi;
 use super::mr::Access;
+use super::parked::ParkingLot;
 use super::pd::ProtectionDomain;
 use crate::config::QpConfig;
 use crate::error::{last_os_error, Error, Result};
@@ -86,11 +87,15 @@ impl QpState {
 enum Owner {
     /// Created with ibv_create_qp; destroyed with ibv_destroy_qp.
     Verbs,
-    /// Created with rdma_create_qp on a CM id; destroyed with rdma_destroy_qp.
+    /// Created with rdma_create_qp on a CM id, whose `qp` field names it
+    /// until it is destroyed.
     Cm(Arc<CmId>),
 }
 
-/// A reliable-connected `ibv_qp`. Holds its PD and CQs alive.
+/// A reliable-connected `ibv_qp`. Holds its PD and CQs alive, and the
+/// memory its requests may still name after their owners let go of it
+/// ([`ParkingLot`]), which it frees once destroyed — or leaks, with every
+/// registration of its PD, if destroying it fails.
 ///
 /// Posting (in [`super::wr`]) takes `&mut self`: one owner posts, which is
 /// what the busy-poll design wants and what lets a provider run without
@@ -100,6 +105,7 @@ pub(crate) struct QueuePair {
     ptr: *mut ffi::ibv_qp,
     owner: Owner,
     max_inline: u32,
+    lot: Arc<ParkingLot>,
     _send_cq: Arc<CompletionQueue>,
     _recv_cq: Arc<CompletionQueue>,
     _pd: Arc<ProtectionDomain>,
@@ -150,6 +156,7 @@ impl QueuePair {
             ptr,
             owner: Owner::Verbs,
             max_inline: attr.cap.max_inline_data,
+            lot: ParkingLot::new(),
             _send_cq: Arc::clone(send_cq),
             _recv_cq: Arc::clone(recv_cq),
             _pd: Arc::clone(pd),
@@ -177,6 +184,7 @@ impl QueuePair {
             ptr,
             owner: Owner::Cm(Arc::clone(id)),
             max_inline: attr.cap.max_inline_data,
+            lot: ParkingLot::new(),
             _send_cq: Arc::clone(send_cq),
             _recv_cq: Arc::clone(recv_cq),
             _pd: Arc::clone(pd),
@@ -195,6 +203,11 @@ impl QueuePair {
     pub(crate) fn qp_num(&self) -> u32 {
         // SAFETY: ptr is a live QP.
         unsafe { (*self.ptr).qp_num }
+    }
+
+    /// Where memory goes that this QP's requests may still name.
+    pub(crate) fn lot(&self) -> &Arc<ParkingLot> {
+        &self.lot
     }
 
     /// The inline size the device granted (at least what was asked for).
@@ -313,6 +326,19 @@ impl QueuePair {
         )
     }
 
+    /// Moves the QP to ERR after a post that may have queued requests
+    /// without saying so, so that each of them completes (flushed) before
+    /// its memory is used again. If even that fails, the requests complete
+    /// when they run, or never: their memory is then kept until the QP is
+    /// destroyed, which is all that is left to wait for.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn fail(&mut self) {
+        if let Err(e) = self.enter_error() {
+            tracing::warn!(error = %e, "moving the queue pair to ERR after an indeterminate post failed");
+        }
+    }
+
     /// Moves the QP to ERR, which flushes every posted work request with
     /// WR_FLUSH_ERR; the first step of an orderly teardown.
     pub(crate) fn enter_error(&mut self) -> Result<()> {
@@ -330,21 +356,28 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        match &self.owner {
-            Owner::Verbs => {
-                // SAFETY: our QP, destroyed once, before the CQs and PD that
-                // this struct holds alive.
-                let rc = unsafe { ffi::ibv_destroy_qp(self.ptr) };
-                if rc != 0 {
-                    tracing::warn!(error = %crate::error::errno(rc), "ibv_destroy_qp failed");
-                }
-            }
-            Owner::Cm(id) => {
-                // SAFETY: the QP hangs off this CM id, which is alive (held
-                // here); rdma_destroy_qp destroys it and clears id->qp.
-                unsafe { ffi::rdma_destroy_qp(id.as_ptr()) };
-            }
+        // SAFETY: our QP, destroyed once, before the CQs and PD that this
+        // struct holds alive. For a QP made by rdma_create_qp with our own
+        // CQs, rdma_destroy_qp is exactly this call followed by clearing
+        // id->qp (librdmacm's cma.c; it destroys CQs only if it made them),
+        // but it drops the result, which decides below what may be freed.
+        let rc = unsafe { ffi::ibv_destroy_qp(self.ptr) };
+        let destroyed = rc == 0;
+        if !destroyed {
+            tracing::warn!(
+                error = %crate::error::errno(rc),
+                "ibv_destroy_qp failed: the memory of its PD is leaked, never unmapped"
+            );
+        } else if let Owner::Cm(id) = &self.owner {
+            // SAFETY: the CM id is alive (held here) and its QP is gone:
+            // what rdma_destroy_qp leaves behind.
+            unsafe { (*id.as_ptr()).qp = std::ptr::null_mut() };
         }
+        if !destroyed {
+            // The QP may still reach any memory of its PD, parked or not.
+            self._pd.poison();
+        }
+        self.lot.queue_pair_gone(destroyed);
     }
 }
 
@@ -363,6 +396,7 @@ fn create_qp_error(cfg: &QpConfig, source: std::io::Error) -> Error {
 }
 
 #[cfg(test)]
+#[allow(clippy::arithmetic_side_effects)] // counts of the tests' own
 mod tests {
     use super::*;
 

@@ -13,7 +13,7 @@ use super::ledger::RecvLedger;
 use super::mr::{LocalSlice, Registration};
 use super::qp::QueuePair;
 use super::send_queue::POLL_BATCH;
-use super::wr::RecvChain;
+use super::wr::{Indeterminate, PostFailed, RecvChain};
 use crate::error::Result;
 use crate::status::{WcOpcode, WcStatus};
 
@@ -39,6 +39,9 @@ pub(crate) struct RecvQueue {
     layout: SlotLayout,
     poller: CqPoller,
     wcs: [WorkCompletion; POLL_BATCH],
+    /// A post failed without saying which receive it refused: every one
+    /// counts as posted, the QP is in ERR, and no more are posted.
+    broken: Option<Indeterminate>,
 }
 
 impl std::fmt::Debug for RecvQueue {
@@ -67,13 +70,30 @@ impl RecvQueue {
             layout,
             poller,
             wcs: WorkCompletion::array(),
+            broken: None,
         }
+    }
+
+    /// The ring, given up (its receives may still be queued).
+    pub(crate) fn into_ring(self) -> Registration {
+        self.ring
+    }
+
+    /// The post that broke the queue, if one did.
+    pub(crate) fn broken(&self) -> Option<Indeterminate> {
+        self.broken
     }
 
     /// Receives posted and not yet completed.
     #[inline]
     pub(crate) fn outstanding(&self) -> u64 {
         self.ledger.outstanding()
+    }
+
+    /// Receives posted since the start.
+    #[cfg(test)]
+    pub(crate) fn receives_posted(&self) -> u64 {
+        self.ledger.wanted().start
     }
 
     /// Whether some completed receives wait to be posted again.
@@ -84,18 +104,29 @@ impl RecvQueue {
 
     /// Posts receives until every slot has one, in batches. When the
     /// provider refuses part way, what it took counts as posted and the
-    /// rest is posted again by the next call.
+    /// rest is posted again by the next call. When it fails without saying
+    /// which it refused, every receive of the call counts as posted (each
+    /// slot stays the NIC's until its receive completes), the QP goes to
+    /// ERR so that they all complete, and no more receives are posted.
     pub(crate) fn refill(&mut self, qp: &mut QueuePair) -> Result<()> {
+        if let Some(broken) = self.broken {
+            return Err(broken.error());
+        }
         loop {
             let wanted = self.ledger.wanted();
-            let n = (wanted.end - wanted.start).min(self.chain.capacity() as u64) as usize;
+            // Never wraps: what is wanted is never less than what is posted.
+            let n = wanted
+                .end
+                .wrapping_sub(wanted.start)
+                .min(self.chain.capacity() as u64) as usize;
             if n == 0 {
                 return Ok(());
             }
-            for (i, pos) in (wanted.start..wanted.start + n as u64).enumerate() {
+            for (i, pos) in (wanted.start..wanted.start.wrapping_add(n as u64)).enumerate() {
                 let range = self.layout.range(pos, self.layout.size());
                 let slot = LocalSlice {
-                    addr: self.ring.addr() + range.start as u64,
+                    // Never wraps: the range is inside the ring's mapping.
+                    addr: self.ring.addr().wrapping_add(range.start as u64),
                     len: range.len() as u32,
                     lkey: self.ring.lkey(),
                 };
@@ -107,9 +138,14 @@ impl RecvQueue {
             // &mut self.
             match unsafe { self.chain.post(qp, n) } {
                 Ok(()) => self.ledger.posted(n as u64),
-                Err(refused) => {
-                    self.ledger.posted(refused.posted as u64);
-                    return Err(refused.error);
+                Err(PostFailed::Refused { posted, error }) => {
+                    self.ledger.posted(posted as u64);
+                    return Err(error);
+                }
+                Err(PostFailed::Unknown(unknown)) => {
+                    self.ledger.posted(n as u64);
+                    qp.fail();
+                    return Err(self.broken.get_or_insert(unknown).error());
                 }
             }
         }
@@ -117,17 +153,40 @@ impl RecvQueue {
 
     /// Polls for up to `max` receive completions (at most [`POLL_BATCH`])
     /// and hands each to `on` with its bytes (empty for WRITE_WITH_IMM and
-    /// failed receives). Returns how many were taken.
+    /// failed receives). Returns how many were taken; a completion that
+    /// names no outstanding receive of this ring (another poster's) is
+    /// passed over, and reported as [`crate::Error::ForeignCompletion`]
+    /// once the others were handed on.
+    ///
+    /// Should `on` panic, the walk's guard still completes every receive
+    /// the completions taken name, so the ledger never waits for one that
+    /// was polled already.
     #[inline]
     pub(crate) fn poll(&mut self, max: usize, mut on: impl FnMut(Arrival, &[u8])) -> Result<usize> {
         let max = max.min(POLL_BATCH);
         let n = self.poller.poll(&mut self.wcs[..max])?;
-        for i in 0..n {
-            let pos = self.ledger.complete(self.wcs[i].wr_id())?;
-            let arrival = describe(&self.wcs[i], pos);
-            on(arrival, self.bytes(&arrival));
+        let mut walk = RecvWalk {
+            ledger: &mut self.ledger,
+            rest: &self.wcs[..n],
+        };
+        let mut foreign = None;
+        while let Some((wc, rest)) = walk.rest.split_first() {
+            walk.rest = rest;
+            match walk.ledger.complete(wc.wr_id()) {
+                Ok(pos) => {
+                    let arrival = describe(wc, pos);
+                    on(arrival, bytes(&self.ring, self.layout, &arrival));
+                }
+                Err(e) => {
+                    foreign.get_or_insert(e);
+                }
+            }
         }
-        Ok(n)
+        std::mem::forget(walk);
+        match foreign {
+            None => Ok(n),
+            Some(e) => Err(e.into()),
+        }
     }
 
     /// The bytes a successful SEND delivered into `arrival`'s slot, while
@@ -137,22 +196,42 @@ impl RecvQueue {
         if !self.ledger.is_readable(arrival.pos) {
             return &[];
         }
-        self.bytes(arrival)
+        bytes(&self.ring, self.layout, arrival)
     }
+}
 
-    #[inline(always)]
-    fn bytes(&self, arrival: &Arrival) -> &[u8] {
-        if arrival.write_imm || arrival.status != WcStatus::SUCCESS {
-            return &[];
+/// The bytes a successful SEND delivered into `arrival`'s slot of `ring`
+/// (empty otherwise). The caller makes sure the slot is the CPU's: its
+/// receive completed and it is not posted again while the slice lives.
+#[inline(always)]
+fn bytes<'r>(ring: &'r Registration, layout: SlotLayout, arrival: &Arrival) -> &'r [u8] {
+    if arrival.write_imm || arrival.status != WcStatus::SUCCESS {
+        return &[];
+    }
+    let len = (arrival.len as usize).min(layout.size());
+    let range = layout.range(arrival.pos, len);
+    // SAFETY: the receive at `pos` completed (the ledger checked its
+    // completion, or `data` checked is_readable), so the NIC is done
+    // writing the slot, and its next receive is posted only by `refill`,
+    // which needs &mut of the queue while this borrows its ring. The range
+    // is inside the ring (`new` checked its size).
+    unsafe { std::slice::from_raw_parts(ring.at(range.start), range.len()) }
+}
+
+/// Where `RecvQueue::poll` is in the completions it took. Dropped only by
+/// a panic in the caller's callback (the walk forgets it otherwise), it
+/// completes the receives the rest name, so the ledger never lags the NIC.
+struct RecvWalk<'a> {
+    ledger: &'a mut RecvLedger,
+    rest: &'a [WorkCompletion],
+}
+
+impl Drop for RecvWalk<'_> {
+    #[cold]
+    fn drop(&mut self) {
+        for wc in self.rest {
+            let _ = self.ledger.complete(wc.wr_id());
         }
-        let len = (arrival.len as usize).min(self.layout.size());
-        let range = self.layout.range(arrival.pos, len);
-        // SAFETY: the receive at `pos` completed (the ledger checked its
-        // completion, or `data` checked is_readable), so the NIC is done
-        // writing the slot, and its next receive is posted only by
-        // `refill`, which needs &mut self while this borrows self. The
-        // range is inside the ring (`new` checked its size).
-        unsafe { std::slice::from_raw_parts(self.ring.at(range.start), range.len()) }
     }
 }
 

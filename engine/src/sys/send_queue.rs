@@ -20,7 +20,7 @@ use super::lent::LentRegions;
 use super::mr::{LocalSlice, Registration, RemoteSlice};
 use super::qp::QueuePair;
 use super::region::{MemoryRegion, RegionRefused};
-use super::wr::{Payload, SendChain, SendOpcode, SendRequest};
+use super::wr::{Indeterminate, Payload, PostFailed, SendChain, SendOpcode, SendRequest};
 use crate::error::{Error, Result};
 use crate::status::WcStatus;
 
@@ -85,6 +85,10 @@ pub(crate) struct SendQueue {
     wcs: [WorkCompletion; POLL_BATCH],
     /// Regions requests send from, until those requests retire.
     lent: LentRegions,
+    /// A post failed without saying which request it refused: every
+    /// request of it counts as posted, the QP is in ERR, and the ledger
+    /// admits no more (but the markers that retire what is left).
+    broken: Option<Indeterminate>,
 }
 
 impl std::fmt::Debug for SendQueue {
@@ -124,8 +128,14 @@ impl SendQueue {
             wcs: WorkCompletion::array(),
             // Every outstanding request may send from a lent region, and
             // as many again may wait, rolled back, to be reclaimed.
-            lent: LentRegions::new(2 * depth as usize),
+            lent: LentRegions::new((depth as usize).saturating_mul(2)),
+            broken: None,
         }
+    }
+
+    /// The post that broke the queue, if one did.
+    pub(crate) fn broken(&self) -> Option<Indeterminate> {
+        self.broken
     }
 
     #[inline]
@@ -160,7 +170,17 @@ impl SendQueue {
     fn admit(&mut self, kind: RequestKind, must_signal: bool) -> Result<Admitted> {
         match self.ledger.admit(kind, must_signal) {
             Some(a) => Ok(a),
-            None => Err(full("the send queue")),
+            None => Err(self.refusal()),
+        }
+    }
+
+    /// Why the ledger admits nothing: the queue is full, or broken.
+    #[cold]
+    #[inline(never)]
+    fn refusal(&self) -> Error {
+        match self.broken {
+            Some(broken) => broken.error(),
+            None => full("the send queue"),
         }
     }
 
@@ -199,9 +219,17 @@ impl SendQueue {
         // only here, for the duration of `fill`). The range is inside the
         // ring (layout.bytes() <= its length, checked in `new`).
         let slot = unsafe { std::slice::from_raw_parts_mut(self.send_ring.at(range.start), len) };
-        fill(slot).map_err(|source| Error::SlotFill { source })?;
+        // Should `fill` panic, the request never existed.
+        let unwinding = ForgetOnUnwind {
+            ledger: &mut self.ledger,
+            seq,
+        };
+        let filled = fill(slot);
+        std::mem::forget(unwinding);
+        filled.map_err(|source| Error::SlotFill { source })?;
         Ok(Payload::Registered(LocalSlice {
-            addr: self.send_ring.addr() + range.start as u64,
+            // Never wraps: the range is inside the ring's mapping.
+            addr: self.send_ring.addr().wrapping_add(range.start as u64),
             len: len as u32,
             lkey: self.send_ring.lkey(),
         }))
@@ -233,7 +261,7 @@ impl SendQueue {
         // now and comes back only when the request retires.
         match unsafe { self.chain.post(qp, 1) } {
             Ok(()) => Ok(a.seq),
-            Err(refused) => Err(self.give_back(a.seq, refused.error)),
+            Err(failed) => Err(self.post_failed(qp, a.seq, failed)),
         }
     }
 
@@ -243,6 +271,27 @@ impl SendQueue {
     fn give_back(&mut self, seq: u64, err: Error) -> Error {
         self.ledger.rollback_to(seq);
         err
+    }
+
+    /// After a failed post of the requests from `first` on: those the
+    /// provider refused are given back; when it did not say which it
+    /// refused, none is — every one may be queued, so each keeps its slots
+    /// and regions until its completion, the QP goes to ERR so that they
+    /// all complete, and the queue takes no more requests.
+    #[cold]
+    #[inline(never)]
+    fn post_failed(&mut self, qp: &mut QueuePair, first: u64, failed: PostFailed) -> Error {
+        match failed {
+            // Never wraps: sequence numbers are below 2^62.
+            PostFailed::Refused { posted, error } => {
+                self.give_back(first.wrapping_add(posted as u64), error)
+            }
+            PostFailed::Unknown(unknown) => {
+                qp.fail();
+                self.ledger.close();
+                self.broken.get_or_insert(unknown).error()
+            }
+        }
     }
 
     /// SEND or WRITE of `data` on its own: inline when small, else copied
@@ -293,7 +342,8 @@ impl SendQueue {
         };
         let range = self.layout.range(pos, len);
         let local = LocalSlice {
-            addr: self.read_ring.addr() + range.start as u64,
+            // Never wraps: the range is inside the ring's mapping.
+            addr: self.read_ring.addr().wrapping_add(range.start as u64),
             len: len as u32,
             lkey: self.read_ring.lkey(),
         };
@@ -331,7 +381,10 @@ impl SendQueue {
         kind: RequestKind,
     ) -> Result<u64> {
         debug_assert!(kind.is_internal());
-        let a = self.admit(kind, true)?;
+        let a = self
+            .ledger
+            .admit_marker(kind)
+            .ok_or_else(|| self.refusal())?;
         let remote = RemoteSlice { len: 0, ..remote };
         self.post_alone(qp, a, SendOpcode::Write, Payload::Inline(&[]), remote)
     }
@@ -364,17 +417,37 @@ impl SendQueue {
     }
 
     /// Polls the CQ once and retires what completed, handing each retired
-    /// request to `on`, oldest first. Returns the completions taken.
+    /// request to `on`, oldest first. Returns the completions taken; a
+    /// completion that names no outstanding request (another poster's) is
+    /// passed over, and reported as [`Error::ForeignCompletion`] once the
+    /// others were handed on.
+    ///
+    /// Should `on` panic, the walk's guard still retires and releases
+    /// every request the completions taken name: no completion goes
+    /// unaccounted, and no request stays retired with its slots held.
     #[inline]
     pub(crate) fn poll(&mut self, mut on: impl FnMut(Retired<'_>)) -> Result<usize> {
         let n = self.poller.poll(&mut self.wcs)?;
-        for i in 0..n {
-            let wc = &self.wcs[i];
-            let (wr_id, status, vendor_err) = (wc.wr_id(), wc.status(), wc.vendor_err());
-            let range = self.ledger.retire_through(wr_id)?;
-            for seq in range {
-                let released = self.ledger.release(seq);
-                let named = seq == wr_id;
+        let wcs = &self.wcs[..n];
+        let mut walk = SendWalk {
+            ledger: &mut self.ledger,
+            rest: wcs,
+            range: 0..0,
+        };
+        let mut foreign = None;
+        while let Some((wc, rest)) = walk.rest.split_first() {
+            walk.rest = rest;
+            match walk.ledger.retire_through(wc.wr_id()) {
+                Ok(range) => walk.range = range,
+                Err(e) => {
+                    foreign.get_or_insert(e);
+                    continue;
+                }
+            }
+            let (status, vendor_err) = (wc.status(), wc.vendor_err());
+            for seq in walk.range.by_ref() {
+                let released = walk.ledger.release(seq);
+                let named = seq == wc.wr_id();
                 let read = match released.read_pos {
                     Some(pos) if named && status == WcStatus::SUCCESS => {
                         let r = self.layout.range(pos, released.request.read_len as usize);
@@ -398,7 +471,37 @@ impl SendQueue {
                 });
             }
         }
-        Ok(n)
+        std::mem::forget(walk);
+        match foreign {
+            None => Ok(n),
+            Some(e) => Err(e.into()),
+        }
+    }
+}
+
+/// Where `SendQueue::poll` is in the completions it took: the rest, and
+/// the requests of the current one not yet released. Dropped only by a
+/// panic in the caller's callback (the walk forgets it otherwise), it
+/// retires and releases them all, so the ledger never lags the NIC.
+struct SendWalk<'a> {
+    ledger: &'a mut Ledger,
+    rest: &'a [WorkCompletion],
+    range: std::ops::Range<u64>,
+}
+
+impl Drop for SendWalk<'_> {
+    #[cold]
+    fn drop(&mut self) {
+        for seq in self.range.clone() {
+            self.ledger.release(seq);
+        }
+        for wc in self.rest {
+            if let Ok(range) = self.ledger.retire_through(wc.wr_id()) {
+                for seq in range {
+                    self.ledger.release(seq);
+                }
+            }
+        }
     }
 }
 
@@ -459,7 +562,7 @@ impl<'d> SendBatch<'_, 'd> {
                 signaled: a.signaled,
             },
         );
-        self.len += 1;
+        self.len = self.len.wrapping_add(1); // at most the chain's capacity
         a.seq
     }
 
@@ -540,7 +643,9 @@ impl<'d> SendBatch<'_, 'd> {
     /// Posts every request added with one `ibv_post_send` (none: no
     /// doorbell). Returns how many went. When the provider refuses one,
     /// the requests before it stay posted and it and the rest are given
-    /// back; the error says how many went.
+    /// back; the error says how many went. When it fails without saying
+    /// which it refused, all stay posted and the queue breaks (see
+    /// [`SendQueue::post_failed`]).
     #[inline]
     pub(crate) fn post(mut self) -> Result<usize> {
         self.posted = true;
@@ -554,20 +659,34 @@ impl<'d> SendBatch<'_, 'd> {
         // retirement.
         match unsafe { self.sq.chain.post(self.qp, self.len) } {
             Ok(()) => Ok(self.len),
-            Err(refused) => {
-                let keep = self.first + refused.posted as u64;
-                Err(self.sq.give_back(keep, refused.error))
-            }
+            Err(failed) => Err(self.sq.post_failed(self.qp, self.first, failed)),
         }
     }
 }
 
 impl Drop for SendBatch<'_, '_> {
     fn drop(&mut self) {
-        if !self.posted && self.len > 0 {
-            // Never posted: the NIC saw none of it.
+        // Never posted, whatever was admitted (also a request whose payload
+        // was being staged when a panic unwound through the batch): the NIC
+        // saw none of it.
+        if !self.posted && self.sq.ledger.posted() != self.first {
             self.sq.ledger.rollback_to(self.first);
         }
+    }
+}
+
+/// Forgets request `seq` (and every later one) when dropped — which only
+/// a panic does: the code that admitted it forgets this guard once the
+/// caller's closure returned.
+struct ForgetOnUnwind<'l> {
+    ledger: &'l mut Ledger,
+    seq: u64,
+}
+
+impl Drop for ForgetOnUnwind<'_> {
+    #[cold]
+    fn drop(&mut self) {
+        self.ledger.rollback_to(self.seq);
     }
 }
 

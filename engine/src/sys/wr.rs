@@ -6,7 +6,13 @@
 //! buffer, remote address) and terminates the list after the last entry
 //! for the one `ibv_post_send`. When the provider refuses a request part
 //! way, `bad_wr` says which: everything before it was posted, it and
-//! everything after were not ([`PostFailed::posted`]).
+//! everything after were not ([`PostFailed::posted`]). When the call fails
+//! and `bad_wr` names none of the list, nothing is known: rdma-core's rxe
+//! sets `*bad_wr = NULL`, queues every request, and then returns its
+//! doorbell's error — the requests still run at the next doorbell. So
+//! every request is then taken as posted, and the caller
+//! must make sure each completes before its memory is used again
+//! ([`PostFailed::Unknown`]).
 
 use std::mem::MaybeUninit;
 
@@ -57,12 +63,35 @@ pub(crate) struct SendRequest<'d> {
     pub signaled: bool,
 }
 
-/// How many requests of a list went to the queue before one was refused.
+/// What a failed post did to its list of requests.
 #[derive(Debug)]
-pub(crate) struct PostFailed {
-    /// Requests posted, all before the refused one.
-    pub posted: usize,
-    pub error: Error,
+pub(crate) enum PostFailed {
+    /// The provider took the first `posted` requests and refused the rest.
+    Refused { posted: usize, error: Error },
+    /// It did not say which one it refused: every request of the list must
+    /// be taken as posted.
+    Unknown(Indeterminate),
+}
+
+/// A post that failed without naming the request it refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Indeterminate {
+    pub call: &'static str,
+    /// Requests in the call, all taken as posted.
+    pub requests: usize,
+    pub errno: i32,
+}
+
+impl Indeterminate {
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn error(self) -> Error {
+        Error::PostIndeterminate {
+            call: self.call,
+            requests: self.requests,
+            source: errno(self.errno),
+        }
+    }
 }
 
 /// Fills `wr` and its `sge` for `req`: the one place a send work request
@@ -111,37 +140,110 @@ unsafe fn post_send_list(
     // SAFETY: the caller's contract; the provider copies the requests
     // (and inline data) into its queue before it returns.
     let rc = unsafe { ffi::ibv_post_send(qp.as_ptr(), list.as_mut_ptr(), &mut bad) };
+    #[cfg(test)]
+    let (rc, bad) = fault::after_post(rc, bad);
     if rc == 0 {
         return Ok(());
     }
-    Err(send_refused(list, bad, rc))
+    Err(refused(Queue::Send, list, bad, rc))
 }
 
+/// The two queues a post goes to.
+#[derive(Debug, Clone, Copy)]
+enum Queue {
+    Send,
+    Recv,
+}
+
+/// A work request of either queue, as a failed post names it.
+trait WorkRequest {
+    fn id(&self) -> u64;
+}
+
+impl WorkRequest for ffi::ibv_send_wr {
+    fn id(&self) -> u64 {
+        self.wr_id
+    }
+}
+
+impl WorkRequest for ffi::ibv_recv_wr {
+    fn id(&self) -> u64 {
+        self.wr_id
+    }
+}
+
+impl WorkRequest for u64 {
+    fn id(&self) -> u64 {
+        *self
+    }
+}
+
+/// What a failed post of `list` to `queue` did, as `bad` tells it.
 #[cold]
 #[inline(never)]
-fn send_refused(list: &[ffi::ibv_send_wr], bad: *mut ffi::ibv_send_wr, rc: i32) -> PostFailed {
-    let posted = position(list, bad);
-    PostFailed {
+fn refused<T: WorkRequest>(queue: Queue, list: &[T], bad: *const T, rc: i32) -> PostFailed {
+    let Some(posted) = position(list, bad) else {
+        return PostFailed::Unknown(Indeterminate {
+            call: match queue {
+                Queue::Send => "ibv_post_send",
+                Queue::Recv => "ibv_post_recv",
+            },
+            requests: list.len(),
+            errno: rc,
+        });
+    };
+    let wr_id = list.get(posted).map_or(0, T::id);
+    let source = errno(rc);
+    PostFailed::Refused {
         posted,
-        error: Error::PostSend {
-            wr_id: list.get(posted).map_or(0, |wr| wr.wr_id),
-            posted,
-            source: errno(rc),
+        error: match queue {
+            Queue::Send => Error::PostSend {
+                wr_id,
+                posted,
+                source,
+            },
+            Queue::Recv => Error::PostRecv {
+                wr_id,
+                posted,
+                source,
+            },
         },
     }
 }
 
 /// The index of `bad` in `list`, compared as addresses (never
-/// dereferenced); a pointer outside the list (a provider that leaves
-/// `bad_wr` unset) counts as nothing posted.
-fn position<T>(list: &[T], bad: *const T) -> usize {
+/// dereferenced); `None` for a pointer outside the list (rxe's NULL after
+/// a failed doorbell): the provider did not say which it refused.
+fn position<T>(list: &[T], bad: *const T) -> Option<usize> {
     let base = list.as_ptr() as usize;
     let size = std::mem::size_of::<T>();
     let at = (bad as usize).wrapping_sub(base);
-    if at.is_multiple_of(size) && at / size < list.len() {
-        at / size
-    } else {
-        0
+    let index = at.checked_div(size)?;
+    (at.is_multiple_of(size) && index < list.len()).then_some(index)
+}
+
+/// A provider that fails a post after queueing every request, as rxe does
+/// when its doorbell fails: the unit tests' way to reach that path on a
+/// device whose doorbell never fails.
+#[cfg(test)]
+pub(crate) mod fault {
+    use std::cell::Cell;
+
+    thread_local! {
+        static NEXT: Cell<Option<i32>> = const { Cell::new(None) };
+    }
+
+    /// The next post of this thread runs for real, then reports `errno`
+    /// with `bad_wr` NULL.
+    pub(crate) fn fail_next_post_after_queueing(errno: i32) {
+        NEXT.with(|n| n.set(Some(errno)));
+    }
+
+    pub(super) fn after_post<T>(rc: i32, bad: *mut T) -> (i32, *mut T) {
+        match NEXT.with(Cell::take) {
+            Some(errno) if rc == 0 => (errno, std::ptr::null_mut()),
+            _ => (rc, bad),
+        }
     }
 }
 
@@ -178,9 +280,11 @@ impl SendChain {
         for (i, (wr, sge)) in wrs.iter_mut().zip(sges.iter_mut()).enumerate() {
             wr.sg_list = sge;
             wr.num_sge = 1;
-            wr.next = base.wrapping_add(i + 1);
+            wr.next = base.wrapping_add(i.wrapping_add(1));
         }
-        wrs[capacity - 1].next = std::ptr::null_mut();
+        if let Some(last) = wrs.last_mut() {
+            last.next = std::ptr::null_mut();
+        }
         SendChain { wrs, sges }
     }
 
@@ -206,7 +310,9 @@ impl SendChain {
     /// live for this call.
     #[inline(always)]
     pub(crate) unsafe fn post(&mut self, qp: &mut QueuePair, n: usize) -> Result<(), PostFailed> {
-        let last = n - 1;
+        // n >= 1 (callers post something); 0 would wrap, and the index
+        // below would panic before anything is posted.
+        let last = n.wrapping_sub(1);
         let saved = self.wrs[last].next;
         self.wrs[last].next = std::ptr::null_mut();
         // SAFETY: entries 0..n are initialised and linked, ending in NULL
@@ -222,8 +328,9 @@ impl SendChain {
 /// one-at-a-time path: setup messages, the classic protocol).
 ///
 /// # Safety
-/// As for [`SendChain::post`], for `req`'s payload.
-pub(crate) unsafe fn post_one(qp: &mut QueuePair, req: &SendRequest<'_>) -> Result<(), Error> {
+/// As for [`SendChain::post`], for `req`'s payload — also when this
+/// fails with [`PostFailed::Unknown`].
+pub(crate) unsafe fn post_one(qp: &mut QueuePair, req: &SendRequest<'_>) -> Result<(), PostFailed> {
     // SAFETY: plain data, all-zero is valid.
     let mut wr = unsafe { MaybeUninit::<ffi::ibv_send_wr>::zeroed().assume_init() };
     let mut sge = ffi::ibv_sge::default();
@@ -232,7 +339,7 @@ pub(crate) unsafe fn post_one(qp: &mut QueuePair, req: &SendRequest<'_>) -> Resu
     wr.num_sge = 1;
     // SAFETY: one request, NULL-terminated, its SGE on our stack for the
     // call; the payload is the caller's contract.
-    unsafe { post_send_list(qp, std::slice::from_mut(&mut wr)) }.map_err(|f| f.error)
+    unsafe { post_send_list(qp, std::slice::from_mut(&mut wr)) }
 }
 
 /// Posts one receive built on the stack, into `buffer` or (with `None`)
@@ -240,12 +347,13 @@ pub(crate) unsafe fn post_one(qp: &mut QueuePair, req: &SendRequest<'_>) -> Resu
 ///
 /// # Safety
 /// `buffer` names registered memory the NIC may write until the receive
-/// completes (or the QP is destroyed), and nothing reads it meanwhile.
+/// completes (or the QP is destroyed), and nothing reads it meanwhile —
+/// also when this fails with [`PostFailed::Unknown`].
 pub(crate) unsafe fn post_one_recv(
     qp: &mut QueuePair,
     wr_id: u64,
     buffer: Option<LocalSlice>,
-) -> Result<(), Error> {
+) -> Result<(), PostFailed> {
     let mut sge = match buffer {
         Some(s) => ffi::ibv_sge {
             addr: s.addr,
@@ -264,12 +372,10 @@ pub(crate) unsafe fn post_one_recv(
     // SAFETY: one NULL-terminated request whose SGE lives on our stack for
     // the call; the buffer is the caller's contract.
     let rc = unsafe { ffi::ibv_post_recv(qp.as_ptr(), &mut wr, &mut bad) };
+    #[cfg(test)]
+    let (rc, bad) = fault::after_post(rc, bad);
     if rc != 0 {
-        return Err(Error::PostRecv {
-            wr_id,
-            posted: 0,
-            source: errno(rc),
-        });
+        return Err(refused(Queue::Recv, std::slice::from_ref(&wr), bad, rc));
     }
     Ok(())
 }
@@ -305,8 +411,8 @@ impl RecvChain {
             })
             .collect();
         let base = wrs.as_mut_ptr();
-        for (i, wr) in wrs.iter_mut().enumerate().take(capacity - 1) {
-            wr.next = base.wrapping_add(i + 1);
+        for (i, wr) in wrs.iter_mut().enumerate().take(capacity.saturating_sub(1)) {
+            wr.next = base.wrapping_add(i.wrapping_add(1));
         }
         RecvChain { wrs, sges }
     }
@@ -341,30 +447,25 @@ impl RecvChain {
     /// completes (or the QP is destroyed), and nothing reads it meanwhile.
     #[inline]
     pub(crate) unsafe fn post(&mut self, qp: &mut QueuePair, n: usize) -> Result<(), PostFailed> {
-        let last = n - 1;
+        let last = n.wrapping_sub(1); // as in SendChain::post
         let saved = self.wrs[last].next;
         self.wrs[last].next = std::ptr::null_mut();
         let mut bad = std::ptr::null_mut();
         // SAFETY: entries 0..n are initialised, linked and NULL-terminated;
         // their SGEs point into `sges`; the buffers are the caller's contract.
         let rc = unsafe { ffi::ibv_post_recv(qp.as_ptr(), self.wrs.as_mut_ptr(), &mut bad) };
+        #[cfg(test)]
+        let (rc, bad) = fault::after_post(rc, bad);
         self.wrs[last].next = saved;
         if rc == 0 {
             return Ok(());
         }
-        let posted = position(&self.wrs[..n], bad);
-        Err(PostFailed {
-            posted,
-            error: Error::PostRecv {
-                wr_id: self.wrs[posted].wr_id,
-                posted,
-                source: errno(rc),
-            },
-        })
+        Err(refused(Queue::Recv, &self.wrs[..n], bad, rc))
     }
 }
 
 #[cfg(test)]
+#[allow(clippy::arithmetic_side_effects)] // counts of the tests' own
 mod tests {
     use super::*;
 
@@ -433,17 +534,43 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_request_is_found_by_its_position() {
+    fn a_refused_request_is_found_by_its_position_and_an_unnamed_one_is_unknown() {
         let list = [0u64; 4];
-        assert_eq!(position(&list, &list[2]), 2);
-        assert_eq!(position(&list, &list[0]), 0);
-        assert_eq!(
-            position(&list, std::ptr::null()),
-            0,
-            "unset: nothing posted"
-        );
+        assert_eq!(position(&list, &list[2]), Some(2));
+        assert_eq!(position(&list, &list[0]), Some(0));
+        // rxe after a failed doorbell: every request was queued.
+        assert_eq!(position(&list, std::ptr::null()), None);
         let elsewhere = 5u64;
-        assert_eq!(position(&list, &elsewhere), 0);
+        assert_eq!(position(&list, &elsewhere), None);
+        let past_the_end = list.as_ptr().wrapping_add(4);
+        assert_eq!(position(&list, past_the_end), None);
+        let unknown = |failed| match failed {
+            PostFailed::Unknown(u) => u,
+            other => panic!("expected an unknown outcome, got {other:?}"),
+        };
+        let failed = unknown(refused(Queue::Send, &list, std::ptr::null(), 5));
+        assert_eq!(
+            (failed.requests, failed.call, failed.errno),
+            (4, "ibv_post_send", 5)
+        );
+        let failed = unknown(refused(Queue::Recv, &[7u64, 8], &8u64, 12));
+        assert_eq!(
+            (failed.requests, failed.call),
+            (2, "ibv_post_recv"),
+            "a pointer outside the list"
+        );
+        match refused(Queue::Recv, &[7u64, 8], &list[1], 12) {
+            PostFailed::Unknown(_) => {}
+            other => panic!("another list's element names none of this one: {other:?}"),
+        }
+        let list = [7u64, 8, 9];
+        match refused(Queue::Send, &list, &list[1], 12) {
+            PostFailed::Refused {
+                posted: 1,
+                error: Error::PostSend { wr_id: 8, .. },
+            } => {}
+            other => panic!("expected 1 posted and 8 refused, got {other:?}"),
+        }
     }
 
     #[test]

@@ -10,16 +10,19 @@
 //!   hang watchdog that kills the child and fails the test.
 //! - [`scratch`]: fresh directories removed on drop.
 //! - [`data`]: deterministic test data and file digests.
+//! - [`maps`]: whether an address is mapped in this process.
 #![forbid(unsafe_code)]
 
 pub mod data;
 pub mod env;
+pub mod maps;
 pub mod pair;
 pub mod process;
 pub mod scratch;
 
 pub use data::{pattern, random_file, sha256};
 pub use env::{addr4, addr6, cm_addr, device, netdev};
+pub use maps::is_mapped;
 pub use process::{
     command, run, run_within, run_within_env, Finished, Running, Server, HANG, TIMEOUT_SECS,
 };
