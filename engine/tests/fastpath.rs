@@ -471,6 +471,15 @@ fn an_rdma_cm_disconnect_ends_waits_with_an_error() {
     assert!(matches!(err, Error::Disconnected), "{err}");
     let err = client.send(b"anyone?").unwrap_err();
     assert!(matches!(err, Error::Disconnected), "{err}");
+    // The calls that never wait too: they refuse with the connection's
+    // end, not with the flushed request that recorded its failure.
+    let err = match client.try_recv() {
+        Err(err) => err,
+        Ok(got) => panic!("try_recv after the end: {:?}", got.map(|m| m.len)),
+    };
+    assert!(matches!(err, Error::Disconnected), "try_recv: {err}");
+    let err = client.try_read(0, 8).unwrap_err();
+    assert!(matches!(err, Error::Disconnected), "try_read: {err}");
     assert_eq!(client.outstanding(), 0);
 }
 

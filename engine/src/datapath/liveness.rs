@@ -17,6 +17,12 @@ const PEER_CHECK_AFTER: Duration = Duration::from_millis(1);
 /// How long an error completion that a departing peer causes waits for
 /// that peer's disconnect to arrive and name the cause.
 const PEER_LEFT_GRACE: Duration = Duration::from_millis(200);
+/// How long a flush whose cause is not known yet waits for it. A queue
+/// pair flushes only after an end (a disconnect, a device event) or a
+/// failure; the event that names the end can reach rdma_cm's channel
+/// after the first flushed completion. Paid once per connection (with
+/// [`PEER_LEFT_GRACE`]: whichever comes first).
+const FLUSH_CAUSE_GRACE: Duration = Duration::from_secs(1);
 
 /// Heartbeat state of an idle connection.
 #[derive(Debug)]
@@ -123,14 +129,17 @@ impl Connection {
         if wc.status == WcStatus::WR_FLUSH_ERR {
             // A device that went away, or a peer that left, is why the QP
             // flushes — also when a post failed meanwhile because of it.
-            let _ = self.ep.peer_gone();
-            if self.ep.was_disconnected() {
+            if self.end_seen(Duration::ZERO) {
                 return self.ep.end_error();
             }
             // Otherwise a post that failed without naming what it refused
             // moved the QP to ERR: that, not the flush, is what happened.
             if let Some(broken) = self.sq.broken().or(self.rq.broken()) {
                 return broken.error();
+            }
+            // Or the end is on its way: a QP flushes only after one.
+            if !self.closing && self.end_seen(FLUSH_CAUSE_GRACE) {
+                return self.ep.end_error();
             }
         }
         if matches!(
@@ -139,26 +148,46 @@ impl Connection {
                 | WcStatus::REM_OP_ERR
                 | WcStatus::REM_INV_REQ_ERR
                 | WcStatus::RETRY_EXC_ERR
-        ) {
+        ) && self.end_seen(PEER_LEFT_GRACE)
+        {
             // What a peer process that dies leaves behind (its kernel tears
             // down its regions and QP while its disconnect is on the way)
             // fails like this. A disconnect close behind names the cause;
             // the status stays in the error.
-            let mut grace = BoundedWait::new(PEER_LEFT_GRACE, "the peer's disconnect");
+            return match self.ep.end_error() {
+                Error::Disconnected => Error::PeerLeft(wc),
+                other => other,
+            };
+        }
+        Error::Completion(wc)
+    }
+
+    /// Whether the connection's end (a disconnect, a device event) is
+    /// known, reading rdma_cm's and the device's pending events, for up to
+    /// `grace` if it is not yet. Only the first wait of a connection waits:
+    /// later reports of the same failure only look.
+    fn end_seen(&mut self, grace: Duration) -> bool {
+        let limit = if self.end_awaited {
+            Duration::ZERO
+        } else {
+            grace
+        };
+        self.end_awaited |= !grace.is_zero();
+        let mut wait = BoundedWait::new(limit, "the connection's end");
+        loop {
+            let _ = self.ep.peer_gone();
+            if self.ep.was_disconnected() {
+                return true;
+            }
+            // Events are looked for each time the wait reads its clock.
             loop {
-                let _ = self.ep.peer_gone();
-                if self.ep.was_disconnected() {
-                    return match self.ep.end_error() {
-                        Error::Disconnected => Error::PeerLeft(wc),
-                        other => other,
-                    };
-                }
-                if grace.tick().is_err() {
-                    break;
+                match wait.tick() {
+                    Ok(None) => continue,
+                    Ok(Some(_)) => break,
+                    Err(_) => return false,
                 }
             }
         }
-        Error::Completion(wc)
     }
 
     /// [`completion_error`](Self::completion_error) for any error.

@@ -60,6 +60,9 @@ pub struct Connection {
     failure: Option<WcError>,
     /// Set by close: flushes are then expected, not failures.
     closing: bool,
+    /// A failure already waited (once per connection) for the event that
+    /// names the connection's end.
+    end_awaited: bool,
     heartbeat: Heartbeat,
     stats: Stats,
 }
@@ -114,6 +117,7 @@ impl Connection {
             completion_timeout: cfg.completion_timeout,
             failure: None,
             closing: false,
+            end_awaited: false,
             heartbeat: Heartbeat::new(cfg),
             stats: Stats::default(),
         }
@@ -222,16 +226,19 @@ impl Connection {
         seq < self.sq.ledger().retired()
     }
 
-    /// The first failure as an error, for refusing new work.
+    /// The first failure as an error, for refusing new work: named as the
+    /// connection's end (the peer left, the device went) when that is what
+    /// it was, as every other report of it is.
     #[cold]
     #[inline(never)]
-    fn failed(&self) -> crate::Error {
-        crate::Error::Completion(self.failure.expect("called after a failure"))
+    fn failed(&mut self) -> crate::Error {
+        let failure = self.failure.expect("called after a failure");
+        self.completion_error(failure)
     }
 
     /// Fails with the connection's first failure, if it has one.
     #[inline(always)]
-    fn check_failure(&self) -> Result<()> {
+    fn check_failure(&mut self) -> Result<()> {
         match self.failure {
             None => Ok(()),
             Some(_) => Err(self.failed()),

@@ -67,18 +67,17 @@ impl Connection {
         let err = receive_error(&arrival);
         if err.status == WcStatus::WR_FLUSH_ERR {
             // A flushed receive is a consequence; the cause (a send that
-            // failed) may still sit in the send CQ.
+            // failed) may still sit in the send CQ. That send may itself
+            // have been flushed by the end of the connection (the peer
+            // left, the device went): the end, read from rdma_cm and the
+            // device, is named before any request it flushed.
             self.stats.recv_flushed += 1;
             if self.failure.is_none() {
                 if let Err(e) = self.poll_send(&mut |_| {}) {
                     return e;
                 }
             }
-            return match self.failure {
-                Some(cause) => Error::Completion(cause),
-                None if self.ep.was_disconnected() => self.ep.end_error(),
-                None => Error::Completion(err),
-            };
+            return self.completion_error(self.failure.unwrap_or(err));
         }
         if self.failure.is_none() {
             self.failure = Some(err);
