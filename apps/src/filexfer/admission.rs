@@ -17,6 +17,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use anyhow::Context as _;
 use pinpoll::connect::cm::Request;
@@ -24,6 +25,7 @@ use pinpoll::{Access, Connection, EngineConfig};
 
 use crate::cli::show_addr;
 use crate::filexfer::classic::ClassicSide;
+use crate::filexfer::device_watch::{listed_devices, DeviceWatch};
 use crate::filexfer::in_flight::InFlight;
 use crate::filexfer::protocol::{classify_hello, Hello};
 use crate::filexfer::server::{join_stream, native_accept_error, ServeOptions, Side, Transfer};
@@ -100,8 +102,10 @@ pub struct Admission<'a> {
     out: Output,
     /// Transfers admitted and not yet ended, handshakes included.
     active: Arc<AtomicUsize>,
-    /// Set by a transfer that ended because its RDMA device went away.
+    /// Set by a transfer that ended because its RDMA device went away,
+    /// or by the accept loop when a device it used is no longer listed.
     device_lost: Arc<Mutex<Option<String>>>,
+    devices: DeviceWatch,
     serial: AtomicU64,
     in_flight: InFlight,
     space: Space,
@@ -128,6 +132,13 @@ impl<'a> Admission<'a> {
             out,
             active: Arc::default(),
             device_lost: Arc::default(),
+            devices: {
+                let mut watch = DeviceWatch::new(Instant::now());
+                if let Some(device) = device {
+                    watch.used(device);
+                }
+                watch
+            },
             serial: AtomicU64::new(0),
             in_flight: InFlight::default(),
             space: Space::new(opts.max_size, opts.min_free),
@@ -138,8 +149,19 @@ impl<'a> Admission<'a> {
         }
     }
 
-    /// Why the server must stop: its RDMA device went away.
-    pub fn device_lost(&self) -> Option<String> {
+    /// Why the server must stop: its RDMA device went away. Also looks
+    /// (at most once a second) whether every device it used is listed.
+    pub fn device_lost(&mut self) -> Option<String> {
+        if let Some(gone) = self.devices.look(Instant::now(), listed_devices) {
+            if let Ok(mut lost) = self.device_lost.lock() {
+                lost.get_or_insert(format!("RDMA device {gone} is no longer listed"));
+            }
+        }
+        self.lost_device()
+    }
+
+    /// What [`device_lost`](Self::device_lost) found so far, without looking.
+    fn lost_device(&self) -> Option<String> {
         self.device_lost.lock().ok().and_then(|l| l.clone())
     }
 
@@ -173,8 +195,9 @@ impl<'a> Admission<'a> {
     /// hello that is not one, a client while `--max-clients` transfers run
     /// or while the handshakes under way would reach `--count`; or starts
     /// a transfer on a thread of its own. Never waits on the client.
-    pub fn admit(&mut self, req: Request, server: &mut Accepting) -> anyhow::Result<()> {
+    pub fn admit(&mut self, mut req: Request, server: &mut Accepting) -> anyhow::Result<()> {
         let peer = show_addr(req.peer_addr());
+        self.devices.used(req.endpoint().device_name());
         let hello = match classify_hello(req.private_data()) {
             Ok(Hello::Join { token, stream }) => {
                 join_stream(req, &self.joins, token, stream);
@@ -295,7 +318,7 @@ impl<'a> Admission<'a> {
             let _ = handle.join();
         }
         self.collect(server);
-        if let Some(why) = self.device_lost() {
+        if let Some(why) = self.lost_device() {
             // The failed transfer said why in its error line. Staying up
             // would keep the dead device open, and removing a device (`rdma
             // link delete`) waits until every process has let go of it.

@@ -73,6 +73,7 @@ pub mod admission;
 pub mod chunk_pool;
 pub mod classic;
 pub mod client;
+pub mod device_watch;
 pub mod digest;
 pub mod in_flight;
 pub mod name;
