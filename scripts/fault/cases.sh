@@ -250,7 +250,8 @@ server_killed_mid_transfer() { hit_mid_transfer /tmp/k2 "--count 1 --timeout 60"
 kill_receiving_server() {
     inject pinpoll-peer-kill 1 "$job" KILL >/dev/null 2>&1
     wait_bounded "$cpid" 60
-    why=$(check_error $? /tmp/client.out "the server \(disconnected\|stopped answering\|sent nothing\)")
+    # $why may hold the mid_transfer verdict already: add to it.
+    fail_if "$(check_error $? /tmp/client.out "the server \(disconnected\|stopped answering\|sent nothing\)")"
     mid_transfer || fail_if "big.bin was complete before the kill: not mid-transfer"
     [[ " $(remote_names /tmp/k2) " != *" big.bin "* ]] || fail_if "big.bin exists on the server"
     stop_all
@@ -390,7 +391,7 @@ device_deleted_mid_transfer() {
     restore_device
 }
 delete_device() {
-    local del src rc
+    local del src rc crc
     # The client is stopped first, as power-loss.sh does: a transfer that
     # finished before the delete (1 run in 5 on the TCG guests) would leave
     # the server nothing to notice. It resumes once the server has ended.
@@ -407,7 +408,9 @@ delete_device() {
     fi
     kill -CONT "$cpid"
     wait_bounded "$cpid" 90
-    why=$(check_error $? /tmp/client.out "the server \(disconnected\|stopped answering\|sent nothing\)")
+    crc=$?
+    # $why may hold the mid_transfer verdict already: it stays first.
+    fail_if "$(check_error "$crc" /tmp/client.out "the server \(disconnected\|stopped answering\|sent nothing\)")"
     [ "${rc:-1}" -eq 0 ] || fail_if "rdma link delete failed (rc=${rc:-not run}): $(tr '\n' ' ' 2>/dev/null </tmp/delete.out)"
     fail_if "$(check_error "$src" /tmp/server.out "reported \(RDMA_CM_EVENT_DEVICE_REMOVAL\|DEVICE_FATAL\|PORT_ERR\): the port or device failed")"
     grep -q "^stopping: RDMA device $DEV reported" /tmp/server.out || fail_if "the server did not say it stops for the device: $(tr '\n' ' ' </tmp/server.out)"

@@ -80,7 +80,7 @@ run_load() { # CLIENTS FILES MIB PROFILE_ARGS
     rm -rf "$SRC/load"
 }
 
-# 8 clients x 32 files x 4 MiB (1 GiB) at once with `--profile softroce`:
+# 8 clients x 16 files x 4 MiB (512 MiB) at once with `--profile softroce`:
 # every file identical, the server's memory bounded.
 #
 # Memory bound: a native transfer registers its rings — send, target and
@@ -91,8 +91,8 @@ run_load() { # CLIENTS FILES MIB PROFILE_ARGS
 # more): 4 MiB for these single-stream clients. 24 MiB per transfer; at
 # most --max-clients (8) run at once: 192 MiB, plus 64 MiB for the program,
 # its threads' stacks and the allocator. 256 MiB in all, whatever the
-# number of files: 256 files leaking one transfer's memory each would be
-# 6 GiB.
+# number of files: 128 transfers leaking one transfer's memory each would
+# be 3 GiB.
 #
 # Why softroce: with the default ACK timeout (QP timeout 14, ~67 ms) the
 # TCG guests' stalls make Linux 6.1's rxe retransmit spuriously, and it

@@ -102,10 +102,14 @@ pub struct Admission<'a> {
     out: Output,
     /// Transfers admitted and not yet ended, handshakes included.
     active: Arc<AtomicUsize>,
-    /// Set by a transfer that ended because its RDMA device went away,
-    /// or by the accept loop when a device it used is no longer listed.
+    /// Set by a transfer that ended because its RDMA device went away.
     device_lost: Arc<Mutex<Option<String>>>,
     devices: DeviceWatch,
+    /// Set by the accept loop when a device it used is no longer listed.
+    /// Kept apart: a transfer that names the device's own event says more,
+    /// and it may tell only after the listing changed (its teardown takes
+    /// seconds).
+    unlisted: Option<String>,
     serial: AtomicU64,
     in_flight: InFlight,
     space: Space,
@@ -139,6 +143,7 @@ impl<'a> Admission<'a> {
                 }
                 watch
             },
+            unlisted: None,
             serial: AtomicU64::new(0),
             in_flight: InFlight::default(),
             space: Space::new(opts.max_size, opts.min_free),
@@ -152,17 +157,20 @@ impl<'a> Admission<'a> {
     /// Why the server must stop: its RDMA device went away. Also looks
     /// (at most once a second) whether every device it used is listed.
     pub fn device_lost(&mut self) -> Option<String> {
-        if let Some(gone) = self.devices.look(Instant::now(), listed_devices) {
-            if let Ok(mut lost) = self.device_lost.lock() {
-                lost.get_or_insert(format!("RDMA device {gone} is no longer listed"));
-            }
+        if self.unlisted.is_none() {
+            self.unlisted = self
+                .devices
+                .look(Instant::now(), listed_devices)
+                .map(|gone| format!("RDMA device {gone} is no longer listed"));
         }
         self.lost_device()
     }
 
-    /// What [`device_lost`](Self::device_lost) found so far, without looking.
+    /// What [`device_lost`](Self::device_lost) found so far, without
+    /// looking: a transfer's report of the device's event first.
     fn lost_device(&self) -> Option<String> {
-        self.device_lost.lock().ok().and_then(|l| l.clone())
+        let reported = self.device_lost.lock().ok().and_then(|l| l.clone());
+        reported.or_else(|| self.unlisted.clone())
     }
 
     /// Passes what the transfers' threads reported on to `server`'s
