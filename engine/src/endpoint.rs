@@ -513,8 +513,18 @@ impl Endpoint {
             return Ok(false);
         }
         // The device: a port that went down or a fatal error ends the
-        // connection whichever way it was made.
-        while let Some(ev) = self.pd.context().try_async_event()? {
+        // connection whichever way it was made. A failed read of its events
+        // must not hide rdma_cm's: it is returned only if they end nothing.
+        let mut device_events = Ok(());
+        loop {
+            let ev = match self.pd.context().try_async_event() {
+                Ok(Some(ev)) => ev,
+                Ok(None) => break,
+                Err(e) => {
+                    device_events = Err(e);
+                    break;
+                }
+            };
             if ev.ends_connection(self.qp.handle()) {
                 tracing::debug!(event = ev.name(), "device event ends the connection");
                 self.connected = false;
@@ -528,7 +538,7 @@ impl Endpoint {
             tracing::debug!(event = ev.name(), "device event");
         }
         let Some(id) = &self.cm_id else {
-            return Ok(false);
+            return device_events.map(|()| false);
         };
         while let Some(ev) = id.channel().try_event()? {
             use crate::sys::cm::event;
@@ -547,7 +557,7 @@ impl Endpoint {
                 return Ok(true);
             }
         }
-        Ok(false)
+        device_events.map(|()| false)
     }
 
     /// Busy-polls one CQ for one completion within `wait`, noticing an

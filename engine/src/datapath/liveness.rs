@@ -138,7 +138,7 @@ impl Connection {
                 return broken.error();
             }
             // Or the end is on its way: a QP flushes only after one.
-            if !self.closing && self.end_seen(FLUSH_CAUSE_GRACE) {
+            if !self.closing && !self.end_awaited && self.end_seen(FLUSH_CAUSE_GRACE) {
                 return self.ep.end_error();
             }
         }
@@ -165,7 +165,7 @@ impl Connection {
     /// Whether the connection's end (a disconnect, a device event) is
     /// known, reading rdma_cm's and the device's pending events, for up to
     /// `grace` if it is not yet. Only the first wait of a connection waits:
-    /// later reports of the same failure only look.
+    /// later reports of the same failure only look, once (two polls).
     fn end_seen(&mut self, grace: Duration) -> bool {
         let limit = if self.end_awaited {
             Duration::ZERO
@@ -173,19 +173,25 @@ impl Connection {
             grace
         };
         self.end_awaited |= !grace.is_zero();
+        let _ = self.ep.peer_gone();
+        if self.ep.was_disconnected() {
+            return true;
+        }
+        if limit.is_zero() {
+            return false;
+        }
+        // Events are looked for each time the wait reads its clock.
         let mut wait = BoundedWait::new(limit, "the connection's end");
         loop {
-            let _ = self.ep.peer_gone();
-            if self.ep.was_disconnected() {
-                return true;
-            }
-            // Events are looked for each time the wait reads its clock.
-            loop {
-                match wait.tick() {
-                    Ok(None) => continue,
-                    Ok(Some(_)) => break,
-                    Err(_) => return false,
+            match wait.tick() {
+                Ok(None) => {}
+                Ok(Some(_)) => {
+                    let _ = self.ep.peer_gone();
+                    if self.ep.was_disconnected() {
+                        return true;
+                    }
                 }
+                Err(_) => return false,
             }
         }
     }
