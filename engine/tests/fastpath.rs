@@ -485,7 +485,7 @@ fn an_rdma_cm_disconnect_ends_waits_with_an_error() {
 
 #[test]
 #[ignore = "needs an RDMA device"]
-fn close_flushes_every_posted_request_before_teardown() {
+fn abort_flushes_every_posted_request_before_teardown() {
     let cfg = engine_config();
     for (mut client, server) in [cm_pair(&cfg), oob_pair(&cfg)] {
         // Unsignaled writes in flight and a full receive queue posted.
@@ -493,7 +493,7 @@ fn close_flushes_every_posted_request_before_teardown() {
         for i in 0..3u64 {
             client.write(&data, i * 512, None).unwrap();
         }
-        let stats = client.close().unwrap();
+        let stats = client.abort().unwrap();
         // Everything posted is accounted: completed or flushed, none failed,
         // and every posted receive came back flushed.
         assert_eq!(stats.failed, 0, "{stats:?}");
@@ -504,6 +504,117 @@ fn close_flushes_every_posted_request_before_teardown() {
         );
         drop(server);
     }
+}
+
+/// The `i`th of the messages the closing tests send: some inline (under
+/// the kit's 64-byte threshold), some through the send ring.
+fn message(i: usize) -> Vec<u8> {
+    pattern(if i.is_multiple_of(2) { 40 } else { 700 }, i as u8)
+}
+
+/// Takes `n` messages from `server`, checking each byte for byte, within
+/// the kit's wait; returns how many arrived before an error or the wait.
+fn receive_messages(server: &mut pinpoll::Connection, n: usize, what: &str) -> usize {
+    let deadline = std::time::Instant::now() + pinpoll_testkit::pair::WAIT;
+    let mut got = 0;
+    while got < n && std::time::Instant::now() < deadline {
+        match server.try_recv() {
+            Ok(Some(m)) => {
+                assert_eq!(
+                    m.data,
+                    &message(got)[..],
+                    "{what}: message {got} arrived different"
+                );
+                got += 1;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("{what}: after {got} messages: {e}");
+                break;
+            }
+        }
+    }
+    got
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn close_delivers_every_message_sent_before_it() {
+    let cfg = engine_config();
+    // Every message has a receive posted: none waits for the peer to
+    // repost, so nothing but the close can lose one.
+    let n = cfg.qp.max_recv_wr as usize - 2;
+    for (what, (mut client, mut server)) in [("cm", cm_pair(&cfg)), ("oob", oob_pair(&cfg))] {
+        for i in 0..n {
+            client.send(&message(i)).unwrap();
+        }
+        let stats = client.close().unwrap();
+        assert_eq!(stats.flushed, 0, "{what}: nothing flushed: {stats:?}");
+        assert_eq!(stats.failed, 0, "{what}: {stats:?}");
+        let got = receive_messages(&mut server, n, what);
+        assert_eq!(got, n, "{what}: every message sent before close arrived");
+        drop(server);
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn dropping_a_connection_delivers_every_message_sent_before_it() {
+    let cfg = engine_config();
+    let n = cfg.qp.max_recv_wr as usize - 2;
+    for (what, (mut client, mut server)) in [("cm", cm_pair(&cfg)), ("oob", oob_pair(&cfg))] {
+        for i in 0..n {
+            client.send(&message(i)).unwrap();
+        }
+        drop(client);
+        let got = receive_messages(&mut server, n, what);
+        assert_eq!(got, n, "{what}: every message sent before the drop arrived");
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn close_after_the_peer_closed_first_is_not_an_error_when_everything_arrived() {
+    let cfg = engine_config();
+    let (mut client, mut server) = cm_pair(&cfg);
+    // Fewer than the signal interval: all unsignaled, still outstanding.
+    let n = cfg.signal_interval as usize - 1;
+    for i in 0..n {
+        client.send(&message(i)).unwrap();
+    }
+    assert!(client.outstanding() > 0, "the sends are unsignaled");
+    assert_eq!(receive_messages(&mut server, n, "cm"), n);
+    server.close().unwrap();
+    // The peer is gone, and had everything: nothing was lost.
+    let stats = client.close().unwrap();
+    assert_eq!(stats.failed, 0, "{stats:?}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn close_reports_messages_the_peer_never_took() {
+    let mut cfg = engine_config();
+    cfg.completion_timeout = Duration::from_secs(2);
+    let (mut client, server) = cm_pair(&cfg);
+    // Two more than the peer has receives posted, and the peer never
+    // takes any: the last two stay in receiver-not-ready retries.
+    let n = cfg.qp.max_recv_wr as usize + 2;
+    for i in 0..n {
+        client.send(&message(i)).unwrap();
+    }
+    let err = client.close().unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::Timeout { .. }
+                | Error::Completion(pinpoll::WcError {
+                    status: WcStatus::RNR_RETRY_EXC_ERR,
+                    ..
+                })
+        ),
+        "close says the last messages were not delivered: {err}"
+    );
+    drop(server);
 }
 
 #[test]

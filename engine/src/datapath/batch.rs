@@ -55,8 +55,10 @@ impl<'d> Batch<'_, 'd> {
         self
     }
 
-    /// Refuses new requests once the connection failed; takes the pending
-    /// signal request.
+    /// Refuses new requests once the connection failed, with the failure
+    /// as recorded (`Error::Completion`): a batch cannot afford to carry
+    /// the connection's end, which the connection's own calls name; takes
+    /// the pending signal request.
     #[inline(always)]
     fn start(&mut self) -> Result<bool> {
         if let Some(f) = self.failure {

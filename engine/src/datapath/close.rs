@@ -68,20 +68,73 @@ impl Connection {
         Ok(())
     }
 
-    /// Ends the connection in order: disconnects (rdma_cm) or moves the QP
-    /// to ERR, then polls until every posted send and receive has completed
-    /// (flushed), so the NIC is done with every buffer before the QP, the
-    /// rings and their registrations go. Bounded by the completion timeout.
-    /// Dropping a connection does the same, ignoring errors.
+    /// Ends the connection gracefully. First every posted request
+    /// completes, up to the completion timeout: a SEND or WRITE that
+    /// completed was delivered (the peer's NIC acknowledged it), so
+    /// `send(..)?; close()?` loses nothing. Then it disconnects (rdma_cm)
+    /// or moves the QP to ERR, and polls until every posted receive came
+    /// back flushed, so the NIC is done with every buffer before the QP,
+    /// the rings and their registrations go. On a connection that already
+    /// failed or ended nothing can be delivered: it ends at once.
+    ///
+    /// If the delivery fails or times out (a peer that stopped reposting
+    /// receives holds a SEND in receiver-not-ready retries) the connection
+    /// still ends, as [`abort`](Self::abort) does, and that error is
+    /// returned: what was still queued may not have reached the peer.
+    ///
+    /// Dropping a connection does the same, ignoring errors: a drop may
+    /// wait up to the completion timeout. [`abort`](Self::abort) never waits
+    /// for delivery.
     pub fn close(mut self) -> Result<Stats> {
-        self.drain()?;
+        self.end(true)?;
         Ok(self.stats())
     }
 
-    fn drain(&mut self) -> Result<()> {
-        if std::mem::replace(&mut self.closing, true) {
+    /// Ends the connection at once: disconnects first, so whatever is still
+    /// queued flushes and may never reach the peer, then waits (bounded)
+    /// for the flushes as [`close`](Self::close) does, so no buffer is
+    /// freed while the NIC may still use it.
+    pub fn abort(mut self) -> Result<Stats> {
+        self.end(false)?;
+        Ok(self.stats())
+    }
+
+    /// Waits until every posted request has completed, unless the
+    /// connection already failed or ended (then nothing more is delivered).
+    /// Fails if one of them did not complete: it was not delivered.
+    fn deliver(&mut self) -> Result<()> {
+        // A peer that closed first: nothing more can be delivered, and
+        // what completed before was (an end seen later is judged below).
+        let _ = self.ep.peer_gone();
+        if self.failure.is_some() || self.ep.was_disconnected() || self.outstanding() == 0 {
             return Ok(());
         }
+        // Requests before this one are the caller's; later ones are the
+        // close's own marker and heartbeats.
+        let after_last = self.sq.ledger().posted();
+        self.wait_idle(|_| {})?;
+        match self.failure {
+            // Requests retire in order: a first failure at or after
+            // `after_last` means every request of the caller completed
+            // (the peer left after it had everything).
+            Some(f) if f.wr_id < after_last => Err(self.completion_error(f)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Ends the connection, delivering first when `graceful`. The first
+    /// error is returned; the connection ends whatever happened.
+    fn end(&mut self, graceful: bool) -> Result<()> {
+        if self.closing {
+            return Ok(());
+        }
+        // Before `closing`: a failure while delivering is a failure, not
+        // an expected flush.
+        let delivered = if graceful { self.deliver() } else { Ok(()) };
+        if let Err(e) = &delivered {
+            tracing::debug!(error = %e, "not every request was delivered before the close");
+        }
+        self.closing = true;
         let disconnected = self.ep.disconnect();
         // Unsignaled requests that completed before the QP went to ERR make
         // no completion, and flushed ones make one each, in order. A
@@ -122,7 +175,7 @@ impl Connection {
                 break;
             }
         }
-        disconnected
+        delivered.and(disconnected)
     }
 
     /// A signaled zero-length RDMA WRITE, posted even after a failure.
@@ -136,7 +189,7 @@ impl Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        if let Err(e) = self.drain() {
+        if let Err(e) = self.end(true) {
             tracing::warn!(error = %e, "connection did not drain cleanly at close");
         }
     }
