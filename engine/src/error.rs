@@ -9,9 +9,13 @@ use crate::status::WcError;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// How to get an RDMA device on a machine that has none.
-pub const HOW_TO_GET_A_DEVICE: &str = "load SoftRoCE with `scripts/softroce.sh up` \
-(needs a kernel with rdma_rxe) or run inside the test guest with `scripts/softroce-vm -- COMMAND`";
+/// How to get an RDMA device on a machine that has none: commands of the
+/// system's own tools, nothing of this repository's.
+pub const HOW_TO_GET_A_DEVICE: &str = "load the NIC's RDMA driver (e.g. `modprobe mlx5_ib`) \
+and rdma-core's user-space providers (package `ibverbs-providers` or `rdma-core`); for \
+functional testing without a NIC, SoftRoCE on a kernel with rdma_rxe: \
+`modprobe rdma_rxe && rdma link add rxe0 type rxe netdev <netdev>`; `ibv_devices` lists \
+what the system sees";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -183,4 +187,18 @@ pub(crate) fn last_os_error() -> io::Error {
 /// Verbs that return a positive errno value instead of setting `errno`.
 pub(crate) fn errno(code: i32) -> io::Error {
     io::Error::from_raw_os_error(code.abs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_device_says_how_to_get_one_with_the_system_s_own_tools() {
+        let text = Error::NoDevice.to_string();
+        // A user's project has none of this repository's scripts.
+        assert!(!text.contains("scripts/"), "{text}");
+        assert!(text.contains("modprobe rdma_rxe"), "{text}");
+        assert!(text.contains("ibv_devices"), "{text}");
+    }
 }

@@ -33,11 +33,17 @@ impl ProfileSource {
     /// Its TOML text.
     pub fn text(&self) -> Result<String> {
         match self {
-            ProfileSource::Builtin(name) => Ok(BUILTIN
+            ProfileSource::Builtin(name) => BUILTIN
                 .iter()
                 .find(|(n, _)| n == name)
                 .map(|(_, text)| (*text).to_owned())
-                .expect("a built-in name")),
+                .ok_or_else(|| {
+                    let names: Vec<&str> = BUILTIN.iter().map(|(n, _)| *n).collect();
+                    Error::Config(format!(
+                        "no built-in profile is named {name:?} (built-in: {})",
+                        names.join(", ")
+                    ))
+                }),
             ProfileSource::File(path) => std::fs::read_to_string(path)
                 .map_err(|e| Error::Config(format!("cannot read profile {}: {e}", path.display()))),
         }
@@ -213,6 +219,19 @@ impl ProfileFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_built_in_name_that_does_not_exist_is_an_error_naming_the_ones_that_do() {
+        // Builtin is public: a caller may name any &'static str.
+        let err = ProfileSource::Builtin("lowlatency").text().unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, Error::Config(_)), "{err:?}");
+        for (name, _) in BUILTIN {
+            assert!(text.contains(name), "{text}");
+        }
+        assert!(text.contains("\"lowlatency\""), "{text}");
+        assert!(ProfileSource::Builtin("latency").text().is_ok());
+    }
 
     #[test]
     fn a_profile_sets_every_key() {
