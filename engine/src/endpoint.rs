@@ -226,6 +226,13 @@ impl Endpoint {
         self.qp.qp_num()
     }
 
+    /// The queue pair's state, as the device reports it now.
+    ///
+    /// ```no_run
+    /// fn ready(ep: &pinpoll::Endpoint) -> pinpoll::Result<bool> {
+    ///     Ok(ep.state()? == pinpoll::QpState::Rts)
+    /// }
+    /// ```
     pub fn state(&self) -> Result<QpState> {
         self.qp.state()
     }

@@ -97,4 +97,6 @@ pub use memory::{
     SharedRegion,
 };
 pub use status::{WcError, WcOpcode, WcStatus};
+/// What [`Endpoint::state`] reports.
+pub use sys::qp::QpState;
 pub use worker::{Engine, EngineEvent, WorkerReport};

@@ -188,7 +188,7 @@ impl Context {
     /// The async fd is asked first (`poll`, zero timeout), so the library
     /// is entered only when an event is there: every wait's slow turn and
     /// the engine's worker call this, on the data path.
-    pub fn try_async_event(&self) -> Result<Option<AsyncEvent>> {
+    pub(crate) fn try_async_event(&self) -> Result<Option<AsyncEvent>> {
         // SAFETY: ptr is a live context; async_fd is its open descriptor.
         let fd = unsafe { (*self.ptr).async_fd };
         if !fd_ready(fd, 0).map_err(Error::QueryDevice)? {
@@ -362,9 +362,7 @@ pub struct AsyncEvent {
 }
 
 impl AsyncEvent {
-    pub const QP_FATAL: u32 = 1;
     pub const DEVICE_FATAL: u32 = 8;
-    pub const PORT_ACTIVE: u32 = 9;
     pub const PORT_ERR: u32 = 10;
 
     pub fn name(&self) -> &'static str {
