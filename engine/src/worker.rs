@@ -132,6 +132,11 @@ pub struct Engine {
 impl Engine {
     /// Moves `conn` to a new worker thread, pinned to `cfg.core` when set,
     /// and returns once the worker runs (or failed to pin).
+    ///
+    /// From `cfg` the worker takes its own settings (`core`,
+    /// `handoff_depth`, `idle`, `completion_timeout`, and `batch_size` up
+    /// to what the connection's batches carry); the queue depths are the
+    /// connection's, whatever `cfg.qp` says, so operation ids never alias.
     pub fn spawn(conn: Connection, cfg: &EngineConfig) -> Result<Engine> {
         cfg.validate()?;
         let depth = cfg.handoff_depth as usize;
@@ -142,14 +147,17 @@ impl Engine {
         let (ops, ops_out) = RingBuffer::new(depth);
         // Room for every event one poll can make (see `collect`) even when
         // the whole send queue retires at once.
-        let (notes_in, notes) =
-            RingBuffer::new(depth.max(cfg.qp.max_send_wr as usize + POLL_BATCH));
+        // The connection's own depth, whatever `cfg` says: it decides how
+        // many requests can be outstanding (and so the id map's size).
+        let send_depth = conn.send_queue_depth();
+        let batch_size = (cfg.batch_size as usize).clamp(1, conn.batch_capacity());
+        let (notes_in, notes) = RingBuffer::new(depth.max(send_depth + POLL_BATCH));
         let stop = Arc::new(AtomicBool::new(false));
         let peer_len = conn.peer_ring().len;
         let worker = Worker {
             // A power of two at least the send-queue depth: an outstanding
             // request's sequence number maps to its entry with a mask.
-            ids: vec![0; (cfg.qp.max_send_wr as usize).next_power_of_two()].into_boxed_slice(),
+            ids: vec![0; send_depth.next_power_of_two()].into_boxed_slice(),
             conn,
             ops: ops_out,
             notes: notes_in,
@@ -157,7 +165,7 @@ impl Engine {
             rx: rx_writer,
             stop: Arc::clone(&stop),
             pending: None,
-            batch_size: cfg.batch_size as usize,
+            batch_size,
             idle: cfg.idle,
             drain_timeout: cfg.completion_timeout,
         };

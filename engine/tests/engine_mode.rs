@@ -160,6 +160,49 @@ fn a_full_queue_is_backpressure_and_shutdown_drains_everything() {
     assert_eq!(&target_bytes(&server, 0..512)[..], &data[..]);
 }
 
+/// The worker's id map and event queue are sized from the connection's
+/// send queue, not from the config given to `spawn`: with a smaller
+/// `max_send_wr` there, ids of requests more than its depth apart shared
+/// one entry and completions named the wrong operations.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn engine_ids_follow_the_connection_whatever_the_spawn_config_says() {
+    let cfg = engine_config();
+    let (client, _server) = cm_pair(&cfg);
+    let mut spawn_cfg = cfg.clone();
+    spawn_cfg.qp.max_send_wr = 16;
+    spawn_cfg.qp.cq_depth = 32;
+    let mut engine = Engine::spawn(client, &spawn_cfg).unwrap();
+    let data = pattern(4096, 9);
+    let n = cfg.qp.max_send_wr as u64 - 8;
+    let mut submitted = Vec::new();
+    for i in 0..n {
+        submitted.push(
+            engine
+                .signal_next()
+                .write(&data, (i % 16) * 4096, None)
+                .unwrap(),
+        );
+    }
+    let mut completed = Vec::new();
+    while (completed.len() as u64) < n {
+        // Bounded: the engine's wait ends in its completion timeout.
+        match engine.wait().unwrap() {
+            EngineEvent::Completed { id, opcode } => {
+                assert_eq!(opcode, WcOpcode::RDMA_WRITE);
+                completed.push(id);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    completed.sort_unstable();
+    assert_eq!(
+        completed, submitted,
+        "each operation completed once, under its own id"
+    );
+    engine.shutdown().unwrap();
+}
+
 /// One poll after a failure can retire the whole send queue at once: a
 /// flushed marker retires every unsignaled request before it, one
 /// `Flushed` each. The worker handed over at most 64 notes per poll and

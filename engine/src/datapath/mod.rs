@@ -199,6 +199,16 @@ impl Connection {
         self.target.load_byte(offset)
     }
 
+    /// The most requests this connection has outstanding at once.
+    pub(crate) fn send_queue_depth(&self) -> usize {
+        self.sq.ledger().depth() as usize
+    }
+
+    /// The most requests one of this connection's batches can carry.
+    pub(crate) fn batch_capacity(&self) -> usize {
+        self.sq.batch_capacity()
+    }
+
     /// Send-queue requests admitted and not yet retired.
     #[inline]
     pub fn outstanding(&self) -> u64 {

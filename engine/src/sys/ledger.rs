@@ -206,6 +206,11 @@ impl Ledger {
         self.posted
     }
 
+    /// The most requests outstanding at once (the send queue's depth).
+    pub(crate) fn depth(&self) -> u64 {
+        self.depth
+    }
+
     #[inline]
     pub(crate) fn retired(&self) -> u64 {
         self.retired

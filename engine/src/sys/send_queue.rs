@@ -143,6 +143,11 @@ impl SendQueue {
         &self.ledger
     }
 
+    /// The most requests one batch (one doorbell) can carry.
+    pub(crate) fn batch_capacity(&self) -> usize {
+        self.chain.capacity()
+    }
+
     #[inline]
     pub(crate) fn layout(&self) -> SlotLayout {
         self.layout
