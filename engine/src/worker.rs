@@ -407,6 +407,9 @@ impl Worker {
                     }
                 }
                 if since.elapsed() > self.drain_timeout {
+                    // Dropping the connection would wait for the same
+                    // requests again: end it now.
+                    let _ = self.conn.abort_in_place();
                     return Err(Error::Timeout {
                         what: "the worker to drain its in-flight work",
                         waited: since.elapsed(),

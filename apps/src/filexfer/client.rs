@@ -277,11 +277,12 @@ impl Native<'_> {
         if let Some(bar) = bar {
             bar.finish_and_clear();
         }
-        // The file is verified and durable on the server: a teardown that
-        // does not drain cleanly no longer changes the outcome.
+        // The file is verified and durable on the server (its Complete
+        // was the last message): nothing left to deliver, and a teardown
+        // that does not drain cleanly no longer changes the outcome.
         for mut conn in others.into_iter().flatten().chain([conn]) {
             conn.set_completion_timeout(timeout.min(std::time::Duration::from_secs(2)));
-            if let Err(e) = conn.close() {
+            if let Err(e) = conn.abort() {
                 tracing::debug!(error = %e, "closing the connection after Complete");
             }
         }

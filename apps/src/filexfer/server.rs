@@ -349,11 +349,14 @@ impl Transfer {
             }
         }
         // The outcome is settled (the file is in place, or the client was
-        // told why not): a teardown that does not drain cleanly changes
-        // nothing, so it is only logged, and briefly waited for.
+        // told why not, each message awaited by send_and_wait): nothing
+        // left to deliver, so abort — a graceful close would let a client
+        // that stops taking messages hold this thread and its place a
+        // completion timeout per stream. A teardown that does not drain
+        // cleanly changes nothing: it is only logged, and briefly waited for.
         for mut conn in others.into_iter().chain([conn]) {
             conn.set_completion_timeout(self.cfg.completion_timeout.min(Duration::from_secs(2)));
-            if let Err(e) = conn.close() {
+            if let Err(e) = conn.abort() {
                 tracing::debug!(error = %e, "closing the connection");
             }
         }

@@ -100,34 +100,26 @@ impl Connection {
     }
 
     /// Waits until every posted request has completed, unless the
-    /// connection already failed or ended (then nothing more is delivered).
-    /// Fails if one of them did not complete: it was not delivered.
+    /// connection already failed or ended (then nothing more can be
+    /// delivered). What did not complete is judged by [`end`](Self::end).
     fn deliver(&mut self) -> Result<()> {
-        // A peer that closed first: nothing more can be delivered, and
-        // what completed before was (an end seen later is judged below).
+        // A peer that closed first: only skips the wait.
         let _ = self.ep.peer_gone();
         if self.failure.is_some() || self.ep.was_disconnected() || self.outstanding() == 0 {
             return Ok(());
         }
-        // Requests before this one are the caller's; later ones are the
-        // close's own marker and heartbeats.
-        let after_last = self.sq.ledger().posted();
-        self.wait_idle(|_| {})?;
-        match self.failure {
-            // Requests retire in order: a first failure at or after
-            // `after_last` means every request of the caller completed
-            // (the peer left after it had everything).
-            Some(f) if f.wr_id < after_last => Err(self.completion_error(f)),
-            _ => Ok(()),
-        }
+        self.wait_idle(|_| {})
     }
 
-    /// Ends the connection, delivering first when `graceful`. The first
-    /// error is returned; the connection ends whatever happened.
+    /// Ends the connection, delivering first when `graceful`; then a
+    /// request of the caller's that failed or flushed during the end is an
+    /// error (what ended the connection). The first error is returned;
+    /// the connection ends whatever happened.
     fn end(&mut self, graceful: bool) -> Result<()> {
         if self.closing {
             return Ok(());
         }
+        let undelivered_before = self.stats.undelivered;
         // Before `closing`: a failure while delivering is a failure, not
         // an expected flush.
         let delivered = if graceful { self.deliver() } else { Ok(()) };
@@ -175,7 +167,21 @@ impl Connection {
                 break;
             }
         }
+        let lost = self.stats.undelivered - undelivered_before;
+        if graceful && lost > 0 && delivered.is_ok() {
+            tracing::debug!(lost, "requests of the caller's ended undelivered at close");
+            return Err(match self.failure {
+                Some(f) => self.completion_error(f),
+                None => self.ep.end_error(),
+            });
+        }
         delivered.and(disconnected)
+    }
+
+    /// Ends the connection at once, in place: for the engine's worker,
+    /// whose drain already gave up waiting (its drop then does nothing).
+    pub(crate) fn abort_in_place(&mut self) -> Result<()> {
+        self.end(false)
     }
 
     /// A signaled zero-length RDMA WRITE, posted even after a failure.
@@ -189,7 +195,8 @@ impl Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        if let Err(e) = self.end(true) {
+        // Unwinding from a panic: end at once, deliver nothing more.
+        if let Err(e) = self.end(!std::thread::panicking()) {
             tracing::warn!(error = %e, "connection did not drain cleanly at close");
         }
     }

@@ -14,6 +14,9 @@ pub struct Stats {
     pub failed: u64,
     /// Flushed after the failure.
     pub flushed: u64,
+    /// The caller's requests (not the engine's own markers and
+    /// heartbeats) among `failed` and `flushed`: never delivered.
+    pub undelivered: u64,
     /// Messages and immediates received.
     pub received: u64,
     /// Receives flushed after the failure.

@@ -86,10 +86,12 @@ impl Verdict<'_> {
             };
             *self.failure = Some(err);
             self.stats.failed += 1;
+            self.stats.undelivered += u64::from(!r.request.kind.is_internal());
             on(Event::Failed(err));
         } else {
             // After the failure every request completes, flushed.
             self.stats.flushed += 1;
+            self.stats.undelivered += u64::from(!r.request.kind.is_internal());
             on(Event::Flushed {
                 seq: r.seq,
                 opcode: Some(opcode),
