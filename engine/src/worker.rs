@@ -133,12 +133,15 @@ impl Engine {
     /// Moves `conn` to a new worker thread, pinned to `cfg.core` when set,
     /// and returns once the worker runs (or failed to pin).
     ///
-    /// From `cfg` the worker takes its own settings (`core`,
-    /// `handoff_depth`, `idle`, `completion_timeout`, and `batch_size` up
-    /// to what the connection's batches carry); the queue depths are the
-    /// connection's, whatever `cfg.qp` says, so operation ids never alias.
+    /// From `cfg` the worker takes, and checks, its own settings (`core`,
+    /// `handoff_depth`, `idle`, `completion_timeout`, heartbeats, and
+    /// `batch_size` up to what the connection's batches carry); the queue
+    /// depths are the connection's, whatever `cfg.qp` says, so operation
+    /// ids never alias.
     pub fn spawn(conn: Connection, cfg: &EngineConfig) -> Result<Engine> {
-        cfg.validate()?;
+        // Only what the worker takes from `cfg`: the connection was
+        // checked against its own settings when it was built.
+        cfg.validate_worker()?;
         let depth = cfg.handoff_depth as usize;
         let slots = depth.next_power_of_two();
         let slot_size = conn.slot_size();

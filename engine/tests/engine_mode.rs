@@ -167,29 +167,37 @@ fn a_full_queue_is_backpressure_and_shutdown_drains_everything() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn engine_ids_follow_the_connection_whatever_the_spawn_config_says() {
-    let cfg = engine_config();
-    let (client, _server) = cm_pair(&cfg);
+    let mut cfg = engine_config();
+    // The peer's receiver-not-ready timer at its longest (655 ms): a SEND
+    // the server has no receive for holds everything behind it.
+    cfg.qp.min_rnr_timer = 0;
+    cfg.qp.rnr_retry = 6;
+    let (client, mut server) = cm_pair(&cfg);
     let mut spawn_cfg = cfg.clone();
     spawn_cfg.qp.max_send_wr = 16;
-    spawn_cfg.qp.cq_depth = 32;
     let mut engine = Engine::spawn(client, &spawn_cfg).unwrap();
-    let data = pattern(4096, 9);
-    let n = cfg.qp.max_send_wr as u64 - 8;
+    let data = pattern(64, 9);
+    // One SEND more than the server has receives posted, and more than
+    // spawn_cfg's depth behind it: all outstanding at once.
+    let n = u64::from(cfg.qp.max_recv_wr) + 1 + 24;
     let mut submitted = Vec::new();
-    for i in 0..n {
-        submitted.push(
-            engine
-                .signal_next()
-                .write(&data, (i % 16) * 4096, None)
-                .unwrap(),
-        );
+    for _ in 0..n {
+        submitted.push(engine.signal_next().send(&data).unwrap());
     }
+    // Only now does the server take messages (and repost).
+    std::thread::sleep(Duration::from_millis(200));
+    let taker = std::thread::spawn(move || {
+        for _ in 0..n {
+            server.recv().expect("every SEND arrives");
+        }
+        server
+    });
     let mut completed = Vec::new();
     while (completed.len() as u64) < n {
         // Bounded: the engine's wait ends in its completion timeout.
         match engine.wait().unwrap() {
             EngineEvent::Completed { id, opcode } => {
-                assert_eq!(opcode, WcOpcode::RDMA_WRITE);
+                assert_eq!(opcode, WcOpcode::SEND);
                 completed.push(id);
             }
             other => panic!("unexpected {other:?}"),
@@ -201,6 +209,7 @@ fn engine_ids_follow_the_connection_whatever_the_spawn_config_says() {
         "each operation completed once, under its own id"
     );
     engine.shutdown().unwrap();
+    drop(taker.join().expect("the server took every SEND"));
 }
 
 /// One poll after a failure can retire the whole send queue at once: a

@@ -319,12 +319,10 @@ fn the_json_report_has_every_figure_and_the_configuration() {
     for i in 1..=100u64 {
         samples.record(Duration::from_nanos(1000 + i * 10));
     }
-    let stats = pinpoll::datapath::Stats {
-        posted: 200,
-        doorbells: 200,
-        wait_turns: 12345,
-        ..Default::default()
-    };
+    let mut stats = pinpoll::datapath::Stats::default();
+    stats.posted = 200;
+    stats.doorbells = 200;
+    stats.wait_turns = 12345;
     let info = RunInfo {
         test: s.kind.name(),
         role: "loopback",

@@ -189,8 +189,9 @@ impl Default for EngineConfig {
     }
 }
 
-/// The worker hands back up to this many events per poll of both CQs, so
-/// its event queue must hold at least that many.
+/// The least `handoff_depth`: the worker's hand-off rings hold at least
+/// this many slots (its event queue also at least the connection's send
+/// queue depth plus one poll's receives, whichever is more).
 pub const MIN_HANDOFF_DEPTH: u32 = 128;
 
 pub(crate) fn out_of_range(key: &str, value: impl std::fmt::Display, allowed: &str) -> Error {
@@ -282,7 +283,9 @@ impl EngineConfig {
     }
 
     /// The worker's hand-off ring, heartbeats, timeouts and core.
-    fn validate_worker(&self) -> Result<()> {
+    /// The settings of engine mode's worker alone (what `Engine::spawn`
+    /// takes from its config; the rest is the connection's).
+    pub(crate) fn validate_worker(&self) -> Result<()> {
         if !(MIN_HANDOFF_DEPTH..=1 << 20).contains(&self.handoff_depth) {
             return Err(out_of_range(
                 "handoff_depth",

@@ -83,8 +83,9 @@ impl Connection {
     /// returned: what was still queued may not have reached the peer.
     ///
     /// Dropping a connection does the same, ignoring errors: a drop may
-    /// wait up to the completion timeout. [`abort`](Self::abort) never waits
-    /// for delivery.
+    /// wait up to the completion timeout (a drop while a panic unwinds
+    /// does not: it ends at once). [`abort`](Self::abort) never waits for
+    /// delivery.
     pub fn close(mut self) -> Result<Stats> {
         self.end(true)?;
         Ok(self.stats())
@@ -124,7 +125,7 @@ impl Connection {
         // an expected flush.
         let delivered = if graceful { self.deliver() } else { Ok(()) };
         if let Err(e) = &delivered {
-            tracing::debug!(error = %e, "not every request was delivered before the close");
+            tracing::debug!(error = %e, "the wait for delivery ended before everything completed");
         }
         self.closing = true;
         let disconnected = self.ep.disconnect();
@@ -167,15 +168,19 @@ impl Connection {
                 break;
             }
         }
+        // What was lost decides, not how the wait for delivery ended: a
+        // wait that timed out on the close's own marker (a peer gone
+        // without a word) lost nothing of the caller's.
         let lost = self.stats.undelivered - undelivered_before;
-        if graceful && lost > 0 && delivered.is_ok() {
-            tracing::debug!(lost, "requests of the caller's ended undelivered at close");
-            return Err(match self.failure {
-                Some(f) => self.completion_error(f),
-                None => self.ep.end_error(),
-            });
+        if !graceful || lost == 0 {
+            return disconnected;
         }
-        delivered.and(disconnected)
+        tracing::debug!(lost, "requests of the caller's ended undelivered at close");
+        delivered?;
+        Err(match self.failure {
+            Some(f) => self.completion_error(f),
+            None => self.ep.end_error(),
+        })
     }
 
     /// Ends the connection at once, in place: for the engine's worker,

@@ -5,6 +5,7 @@ use crate::status::{WcError, WcOpcode};
 
 /// Counters of everything that completed, for accounting and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Send-queue work requests posted.
     pub posted: u64,
