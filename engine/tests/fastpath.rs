@@ -537,39 +537,65 @@ fn receive_messages(server: &mut pinpoll::Connection, n: usize, what: &str) -> u
     got
 }
 
-#[test]
-#[ignore = "needs an RDMA device"]
-fn close_delivers_every_message_sent_before_it() {
-    let cfg = engine_config();
-    // Every message has a receive posted: none waits for the peer to
-    // repost, so nothing but the close can lose one.
-    let n = cfg.qp.max_recv_wr as usize - 2;
+/// How the client side ends in [`an_end_delivers_what_the_peer_takes_only_once_it_began`].
+#[derive(Debug, Clone, Copy)]
+enum Ending {
+    Close,
+    Drop,
+}
+
+/// Sends more messages than the peer has receives posted, so the last
+/// ones wait in receiver-not-ready retries; the peer starts taking them
+/// only once the end has begun. A graceful end waits for them; an end
+/// that disconnects first (the old `close` and drop) flushes them.
+fn an_end_delivers_what_the_peer_takes_only_once_it_began(ending: Ending) {
+    let mut cfg = engine_config();
+    // 655 ms between the retries of a SEND the peer had no receive for.
+    cfg.qp.min_rnr_timer = 0;
+    cfg.qp.rnr_retry = 6;
+    let n = cfg.qp.max_recv_wr as usize + 8;
     for (what, (mut client, mut server)) in [("cm", cm_pair(&cfg)), ("oob", oob_pair(&cfg))] {
+        let (ending_now, began) = std::sync::mpsc::channel::<()>();
+        let taker = std::thread::spawn(move || {
+            began.recv().expect("the client says when it ends");
+            std::thread::sleep(Duration::from_millis(100));
+            (receive_messages(&mut server, n, what), server)
+        });
         for i in 0..n {
             client.send(&message(i)).unwrap();
         }
-        let stats = client.close().unwrap();
-        assert_eq!(stats.flushed, 0, "{what}: nothing flushed: {stats:?}");
-        assert_eq!(stats.failed, 0, "{what}: {stats:?}");
-        let got = receive_messages(&mut server, n, what);
-        assert_eq!(got, n, "{what}: every message sent before close arrived");
+        assert!(
+            client.outstanding() > 0,
+            "{what}: messages wait for the peer"
+        );
+        ending_now.send(()).unwrap();
+        match ending {
+            Ending::Close => {
+                let stats = client.close().unwrap();
+                assert_eq!(stats.undelivered, 0, "{what}: {stats:?}");
+                assert_eq!(stats.failed, 0, "{what}: {stats:?}");
+            }
+            Ending::Drop => drop(client),
+        }
+        let (got, server) = taker.join().expect("the taker");
+        assert_eq!(
+            got, n,
+            "{what} ({ending:?}): every message sent before the end arrived"
+        );
         drop(server);
     }
 }
 
 #[test]
 #[ignore = "needs an RDMA device"]
+fn close_delivers_every_message_sent_before_it() {
+    an_end_delivers_what_the_peer_takes_only_once_it_began(Ending::Close);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
 fn dropping_a_connection_delivers_every_message_sent_before_it() {
-    let cfg = engine_config();
-    let n = cfg.qp.max_recv_wr as usize - 2;
-    for (what, (mut client, mut server)) in [("cm", cm_pair(&cfg)), ("oob", oob_pair(&cfg))] {
-        for i in 0..n {
-            client.send(&message(i)).unwrap();
-        }
-        drop(client);
-        let got = receive_messages(&mut server, n, what);
-        assert_eq!(got, n, "{what}: every message sent before the drop arrived");
-    }
+    an_end_delivers_what_the_peer_takes_only_once_it_began(Ending::Drop);
 }
 
 #[test]
