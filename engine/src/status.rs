@@ -141,12 +141,27 @@ impl fmt::Display for WcOpcode {
 /// `wr_id`, `status`, `vendor_err` and `qp_num` are valid), so `opcode` is
 /// the one the engine posted, when the engine knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("work request {wr_id} ({}) failed: {status}{}", opcode.map_or("opcode unknown", WcOpcode::name), hint_suffix(*status))]
+#[error("{} ({}) failed: {status}{}", request_name(*wr_id), opcode.map_or("opcode unknown", WcOpcode::name), hint_suffix(*status))]
 pub struct WcError {
+    /// The failed request's id, or [`WcError::INTERNAL`].
     pub wr_id: u64,
     pub opcode: Option<WcOpcode>,
     pub status: WcStatus,
     pub vendor_err: u32,
+}
+
+impl WcError {
+    /// The `wr_id` of a failure of the engine's own request (a close
+    /// marker or a heartbeat), which no caller posted: no caller's id can
+    /// be mistaken for it, and none is reported in its place.
+    pub const INTERNAL: u64 = u64::MAX;
+}
+
+fn request_name(wr_id: u64) -> String {
+    match wr_id {
+        WcError::INTERNAL => "the engine's own work request".to_owned(),
+        id => format!("work request {id}"),
+    }
 }
 
 fn hint_suffix(status: WcStatus) -> String {
@@ -188,6 +203,21 @@ mod tests {
         );
         assert!(text.contains("access flags"), "{text}");
         assert!(text.contains("outside the peer's region"), "{text}");
+    }
+
+    #[test]
+    fn an_internal_failure_names_no_callers_request() {
+        let err = WcError {
+            wr_id: WcError::INTERNAL,
+            opcode: Some(WcOpcode::SEND),
+            status: WcStatus::RETRY_EXC_ERR,
+            vendor_err: 0,
+        };
+        let text = err.to_string();
+        assert!(
+            text.starts_with("the engine's own work request (SEND) failed: RETRY_EXC_ERR"),
+            "{text}"
+        );
     }
 }
 

@@ -90,7 +90,9 @@ pub enum EngineEvent<'a> {
     Completed { id: u64, opcode: WcOpcode },
     /// READ `id` completed with `data`.
     ReadCompleted { id: u64, data: &'a [u8] },
-    /// The connection's first error; `wr_id` is the operation's id.
+    /// The connection's first error; `wr_id` is the operation's id for a
+    /// send-side request, the receive's ring position for a receive
+    /// (`opcode` `RECV`), or [`WcError::INTERNAL`] for the engine's own.
     Failed(WcError),
     /// Operation `id` was flushed after the failure.
     Flushed { id: u64 },
@@ -590,7 +592,7 @@ impl Worker {
                     Relayed::ReadCompleted { id: id_of(seq) }
                 }
                 Event::Failed(mut e) => {
-                    if e.opcode != Some(WcOpcode::RECV) {
+                    if e.opcode != Some(WcOpcode::RECV) && e.wr_id != WcError::INTERNAL {
                         e.wr_id = id_of(e.wr_id);
                     }
                     Relayed::Failed(e)

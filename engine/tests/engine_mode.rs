@@ -212,24 +212,31 @@ fn engine_ids_follow_the_connection_whatever_the_spawn_config_says() {
     drop(taker.join().expect("the server took every SEND"));
 }
 
-/// One poll after a failure can retire the whole send queue at once: a
-/// flushed marker retires every unsignaled request before it, one
-/// `Flushed` each. The worker handed over at most 64 notes per poll and
-/// dropped the rest (a panic in debug builds).
+/// After a failure every operation the NIC had not done is reported once,
+/// `Flushed` (or as the failure itself) under its own id; an operation it
+/// had done is never reported lost, though its completion was silent and
+/// retired by a flush; the engine's own requests (the drain's marker)
+/// report nothing. Before, the silent ones were reported `Flushed` when
+/// the receive failure was judged first, and a marker's flush came over
+/// under whatever id last used its entry.
 #[test]
 #[ignore = "needs an RDMA device"]
-fn a_flush_that_retires_the_whole_queue_hands_every_event_over() {
+fn a_failure_reports_each_undelivered_operation_once_and_no_delivered_one() {
     let base = engine_config();
     let cfg = EngineConfig {
         qp: QpConfig {
             max_send_wr: 256,
             cq_depth: 512,
+            // The peer's receiver-not-ready timer at its longest (6 retries
+            // of 655 ms): a SEND it has no receive for holds all behind it.
+            min_rnr_timer: 0,
+            rnr_retry: 6,
             ..base.qp
         },
         batch_size: 16,
         signal_interval: 200,
         slot_count: 256,
-        handoff_depth: 128,
+        handoff_depth: 256,
         heartbeat_interval: None,
         ..base
     };
@@ -244,48 +251,63 @@ fn a_flush_that_retires_the_whole_queue_hands_every_event_over() {
     let server = std::thread::spawn(move || {
         pinpoll::Connection::accept(&listener, &server_cfg, WAIT).expect("accept")
     });
-    let mut client = pinpoll::Connection::connect(addr, &cfg).expect("connect");
+    let client = pinpoll::Connection::connect(addr, &cfg).expect("connect");
     let mut server = server.join().unwrap();
-
-    const SILENT: u64 = 150;
-    for i in 0..SILENT {
-        client.try_write(&[7u8; 8], i * 8, None).unwrap();
-    }
-    std::thread::sleep(SETTLE);
-    let _ = server.try_send(&pattern(6000, 1));
-    let mut failed = false;
-    let mut wait = std::time::Instant::now();
-    while !failed {
-        let _ = client.poll(|ev| failed |= matches!(ev, pinpoll::Event::Failed(_)));
-        assert!(wait.elapsed() < WAIT, "the client's receive never failed");
-    }
-    assert_eq!(
-        client.outstanding(),
-        SILENT,
-        "the writes completed silently, unretired"
-    );
-    // A marker behind them flushes and retires them all with one completion.
-    client.flush_tail().unwrap();
-    std::thread::sleep(SETTLE);
-
     let mut engine = Engine::spawn(client, &cfg).unwrap();
-    let mut flushed = 0;
-    wait = std::time::Instant::now();
-    while flushed <= SILENT {
+
+    // As many SENDs as the server has receives: delivered, unsignaled.
+    let delivered: Vec<u64> = (0..cfg.qp.max_recv_wr)
+        .map(|_| engine.send(&[1u8; 32]).unwrap())
+        .collect();
+    // One SEND more stalls in RNR, and 150 WRITEs queue behind it.
+    let mut stalled = vec![engine.send(&[2u8; 32]).unwrap()];
+    stalled.extend((0..150u64).map(|i| engine.write(&[7u8; 8], i * 8, None).unwrap()));
+    std::thread::sleep(SETTLE);
+    server.try_send(&pattern(6000, 1)).unwrap();
+
+    let mut reported = Vec::new();
+    let mut receive_failed = 0;
+    let wait = std::time::Instant::now();
+    while reported.len() < stalled.len() || wait.elapsed() < SETTLE {
         match engine.poll() {
-            Some(EngineEvent::Flushed { .. }) => flushed += 1,
+            Some(EngineEvent::Failed(e)) if e.opcode == Some(WcOpcode::RECV) => receive_failed += 1,
+            Some(EngineEvent::Failed(e)) => reported.push(e.wr_id),
+            Some(EngineEvent::Flushed { id } | EngineEvent::Refused { id }) => reported.push(id),
+            Some(EngineEvent::RecvFlushed) => {}
             Some(other) => panic!("unexpected {other:?}"),
             None => assert!(
                 wait.elapsed() < WAIT,
-                "{flushed} of {} Flushed events came over",
-                SILENT + 1
+                "{} of {} stalled operations reported",
+                reported.len(),
+                stalled.len()
             ),
         }
     }
+    assert!(receive_failed <= 1, "one failure at most: {receive_failed}");
+    let lost: Vec<_> = reported
+        .iter()
+        .filter(|id| delivered.contains(id))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "delivered operations reported lost: {lost:?}"
+    );
+    reported.sort_unstable();
+    assert_eq!(
+        reported, stalled,
+        "each stalled operation once, under its own id"
+    );
     let report = engine.shutdown().expect("the worker drained and stopped");
     assert_eq!(
-        report.stats.flushed,
-        SILENT + 1,
-        "the writes and the marker"
+        report.stats.undelivered,
+        stalled.len() as u64,
+        "{:?}",
+        report.stats
+    );
+    assert_eq!(
+        report.stats.completed,
+        delivered.len() as u64,
+        "{:?}",
+        report.stats
     );
 }

@@ -58,6 +58,8 @@ pub struct Connection {
     peer: RemoteSlice,
     completion_timeout: Duration,
     failure: Option<WcError>,
+    /// A send completion named an error (see `poll.rs`'s `Verdict`).
+    send_failed: bool,
     /// Set by close: flushes are then expected, not failures.
     closing: bool,
     /// A failure already waited (once per connection) for the event that
@@ -116,6 +118,7 @@ impl Connection {
             peer,
             completion_timeout: cfg.completion_timeout,
             failure: None,
+            send_failed: false,
             closing: false,
             end_awaited: false,
             heartbeat: Heartbeat::new(cfg),
@@ -130,7 +133,7 @@ impl Connection {
 
     pub fn stats(&self) -> Stats {
         Stats {
-            posted: self.sq.ledger().posted(),
+            posted: self.sq.ledger().committed(),
             ..self.stats
         }
     }
@@ -212,7 +215,7 @@ impl Connection {
     /// Send-queue requests admitted and not yet retired.
     #[inline]
     pub fn outstanding(&self) -> u64 {
-        self.sq.ledger().outstanding()
+        self.sq.ledger().in_flight()
     }
 
     /// The oldest region lent by [`Batch::write_region`] whose request

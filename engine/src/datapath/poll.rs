@@ -45,6 +45,7 @@ impl Connection {
     pub(super) fn poll_send(&mut self, on: &mut impl FnMut(Event<'_>)) -> Result<usize> {
         let mut verdict = Verdict {
             failure: &mut self.failure,
+            send_failed: &mut self.send_failed,
             closing: self.closing,
             stats: &mut self.stats,
         };
@@ -55,6 +56,10 @@ impl Connection {
 /// How a retired request is reported, given the connection's state.
 struct Verdict<'a> {
     failure: &'a mut Option<WcError>,
+    /// A send completion named an error: from then on the send queue
+    /// flushes, and a request retired unnamed was not delivered. (A
+    /// receive failure alone says nothing about sends already retired.)
+    send_failed: &'a mut bool,
     closing: bool,
     stats: &'a mut Stats,
 }
@@ -63,12 +68,16 @@ impl Verdict<'_> {
     #[inline(always)]
     fn judge(&mut self, r: Retired<'_>, on: &mut impl FnMut(Event<'_>)) {
         // Requests retired with a later completion completed silently,
-        // unless that completion is the failure (then they were flushed).
-        let ok = r.status == WcStatus::SUCCESS || (!r.named && self.failure.is_none());
+        // unless the send queue failed before (then they were flushed).
+        let ok = r.status == WcStatus::SUCCESS || (!r.named && !*self.send_failed);
+        let internal = r.request.kind.is_internal();
         let opcode = r.request.kind.completion_opcode();
+        if r.named && !ok {
+            *self.send_failed = true;
+        }
         if ok {
             self.stats.completed += 1;
-            if r.named && r.request.signaled && !r.request.kind.is_internal() {
+            if r.named && r.request.signaled && !internal {
                 match r.read {
                     Some(data) => on(Event::ReadCompleted { seq: r.seq, data }),
                     None => on(Event::Completed { seq: r.seq, opcode }),
@@ -78,24 +87,126 @@ impl Verdict<'_> {
             && r.named
             && !(self.closing && r.status == WcStatus::WR_FLUSH_ERR)
         {
+            // The caller never had an internal request's seq; reporting
+            // it would name whichever request an id table last kept there.
             let err = WcError {
-                wr_id: r.seq,
+                wr_id: if internal { WcError::INTERNAL } else { r.seq },
                 opcode: Some(opcode),
                 status: r.status,
                 vendor_err: r.vendor_err,
             };
             *self.failure = Some(err);
             self.stats.failed += 1;
-            self.stats.undelivered += u64::from(!r.request.kind.is_internal());
+            self.stats.undelivered += u64::from(!internal);
             on(Event::Failed(err));
         } else {
-            // After the failure every request completes, flushed.
+            // After the failure every request completes, flushed; only
+            // the caller's own are news to the caller.
             self.stats.flushed += 1;
-            self.stats.undelivered += u64::from(!r.request.kind.is_internal());
-            on(Event::Flushed {
-                seq: r.seq,
-                opcode: Some(opcode),
-            });
+            if !internal {
+                self.stats.undelivered += 1;
+                on(Event::Flushed {
+                    seq: r.seq,
+                    opcode: Some(opcode),
+                });
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::WcOpcode;
+    use crate::sys::ledger::{Request, RequestKind};
+
+    /// What a run of retirements made of the connection's state.
+    #[derive(Default)]
+    struct Judged {
+        failure: Option<WcError>,
+        send_failed: bool,
+        stats: Stats,
+        events: Vec<String>,
+    }
+
+    impl Judged {
+        fn retire(&mut self, seq: u64, kind: RequestKind, named: bool, status: WcStatus) {
+            let mut verdict = Verdict {
+                failure: &mut self.failure,
+                send_failed: &mut self.send_failed,
+                closing: false,
+                stats: &mut self.stats,
+            };
+            let request = Request {
+                kind,
+                signaled: named,
+                ..Request::default()
+            };
+            let retired = Retired {
+                seq,
+                request,
+                named,
+                status,
+                vendor_err: 0,
+                read: None,
+            };
+            let events = &mut self.events;
+            verdict.judge(retired, &mut |ev| events.push(format!("{ev:?}")));
+        }
+    }
+
+    #[test]
+    fn the_engines_own_requests_fail_under_no_callers_id_and_flush_unreported() {
+        let mut j = Judged::default();
+        j.retire(7, RequestKind::Heartbeat, true, WcStatus::RETRY_EXC_ERR);
+        j.retire(8, RequestKind::Send, true, WcStatus::WR_FLUSH_ERR);
+        j.retire(9, RequestKind::Marker, true, WcStatus::WR_FLUSH_ERR);
+        let failure = j
+            .failure
+            .expect("the heartbeat's failure is the connection's");
+        assert_eq!(failure.wr_id, WcError::INTERNAL);
+        assert_eq!(failure.opcode, Some(WcOpcode::RDMA_WRITE));
+        assert_eq!(j.events.len(), 2, "{:?}", j.events);
+        assert!(j.events[0].starts_with("Failed"), "{:?}", j.events);
+        assert!(
+            j.events[0].contains(&u64::MAX.to_string()),
+            "{:?}",
+            j.events
+        );
+        assert_eq!(j.events[1], "Flushed { seq: 8, opcode: Some(SEND) }");
+        // Counted, but only the caller's send is undelivered.
+        assert_eq!((j.stats.failed, j.stats.flushed), (1, 2));
+        assert_eq!(j.stats.undelivered, 1);
+    }
+
+    #[test]
+    fn sends_retired_silently_after_a_receive_failure_were_delivered() {
+        // A receive failure: the connection failed, its send queue did not.
+        let mut j = Judged {
+            failure: Some(WcError {
+                wr_id: 0,
+                opcode: Some(WcOpcode::RECV),
+                status: WcStatus::LOC_LEN_ERR,
+                vendor_err: 0,
+            }),
+            ..Judged::default()
+        };
+        // Unsignaled sends the peer acknowledged, retired by the flush of
+        // the request after them.
+        for seq in 0..3 {
+            j.retire(seq, RequestKind::Send, false, WcStatus::WR_FLUSH_ERR);
+        }
+        j.retire(3, RequestKind::Send, true, WcStatus::WR_FLUSH_ERR);
+        // Once the send queue flushed, silent retirements were flushed too.
+        j.retire(4, RequestKind::Send, false, WcStatus::WR_FLUSH_ERR);
+        j.retire(5, RequestKind::Send, true, WcStatus::WR_FLUSH_ERR);
+        assert_eq!(j.stats.completed, 3, "{:?}", j.events);
+        assert_eq!((j.stats.flushed, j.stats.undelivered), (3, 3));
+        let flushed: Vec<_> = j
+            .events
+            .iter()
+            .filter(|e| e.starts_with("Flushed"))
+            .collect();
+        assert_eq!(flushed.len(), 3, "{:?}", j.events);
     }
 }
