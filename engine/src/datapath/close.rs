@@ -37,6 +37,7 @@ impl Connection {
     /// retire only the requests up to it. A full queue is reaped for room
     /// first: the events of what completes meanwhile are dropped.
     pub fn flush_tail(&mut self) -> Result<()> {
+        self.sq.forget_leaked_batch();
         let ledger = self.sq.ledger();
         if ledger.outstanding() == 0 || ledger.tail_signaled() {
             return Ok(());
@@ -50,6 +51,7 @@ impl Connection {
     /// Waits, up to the completion timeout, until every posted request has
     /// retired; completion events met meanwhile go to `on`, all of them.
     pub fn wait_idle(&mut self, mut on: impl FnMut(Event<'_>)) -> Result<()> {
+        self.sq.forget_leaked_batch();
         let mut wait = BoundedWait::new(self.completion_timeout, "the send queue to drain");
         while self.outstanding() > 0 {
             // What flush_tail does, but a full queue makes room by polling
@@ -120,6 +122,8 @@ impl Connection {
         if self.closing {
             return Ok(());
         }
+        // A leaked batch's requests never went: nothing waits for them.
+        self.sq.forget_leaked_batch();
         let undelivered_before = self.stats.undelivered;
         // Before `closing`: a failure while delivering is a failure, not
         // an expected flush.

@@ -151,6 +151,10 @@ pub(crate) struct Ledger {
     /// Sequence numbers end below this: [`LEDGER_LIMIT`], or the next one
     /// once the queue is closed to new requests.
     limit: u64,
+    /// The first request of the batch being gathered, while one is. A
+    /// batch found still open by anything but itself was leaked
+    /// (`mem::forget`): its requests never reached the NIC.
+    open: Option<u64>,
 }
 
 impl Ledger {
@@ -170,7 +174,47 @@ impl Ledger {
             send_slots: SlotCursor::default(),
             read_slots: SlotCursor::default(),
             limit: LEDGER_LIMIT,
+            open: None,
         }
+    }
+
+    /// Starts gathering a batch (forgetting a leaked one first); returns
+    /// its first sequence number.
+    #[inline]
+    pub(crate) fn open_batch(&mut self) -> u64 {
+        self.forget_leaked_batch();
+        self.open = Some(self.posted);
+        self.posted
+    }
+
+    /// The batch was posted, or dropped and rolled back.
+    #[inline]
+    pub(crate) fn close_batch(&mut self) {
+        self.open = None;
+    }
+
+    /// Rolls back a batch that was leaked instead of posted or dropped, so
+    /// its requests hold no room, no slot and no place in a wait: they
+    /// never reached the NIC. Called wherever the queue is used outside a
+    /// batch, which a live batch's borrow rules out.
+    #[inline]
+    pub(crate) fn forget_leaked_batch(&mut self) {
+        if let Some(first) = self.open.take() {
+            self.rollback_to(first);
+        }
+    }
+
+    /// Requests handed to the NIC: those admitted, but a leaked batch's.
+    #[inline]
+    pub(crate) fn committed(&self) -> u64 {
+        self.open.unwrap_or(self.posted)
+    }
+
+    /// Requests handed to the NIC and not yet retired (what the caller
+    /// sees as outstanding; a leaked batch's do not count).
+    #[inline]
+    pub(crate) fn in_flight(&self) -> u64 {
+        self.committed().wrapping_sub(self.retired)
     }
 
     /// Admits no more requests but markers ([`Ledger::admit_marker`]).
@@ -497,6 +541,27 @@ mod tests {
         assert!(l.retire_through(3).is_err(), "nothing twice");
         assert_eq!(l.retire_through(7), Ok(4..8));
         assert_eq!(l.outstanding(), 0);
+    }
+
+    #[test]
+    fn a_leaked_batch_holds_no_room_and_no_slot_once_the_queue_is_used_again() {
+        let mut l = Ledger::new(8, 4, 8);
+        admit_n(&mut l, 2);
+        // A batch fills the queue, claims a slot, and is leaked.
+        assert_eq!(l.open_batch(), 2);
+        let leaked = admit_n(&mut l, 6);
+        assert!(l.claim_send_slot(leaked[5].seq).is_some());
+        assert_eq!(l.room(), 0);
+        assert_eq!((l.in_flight(), l.committed()), (2, 2), "never handed over");
+        l.forget_leaked_batch();
+        assert_eq!((l.outstanding(), l.room(), l.posted()), (2, 6, 2));
+        assert_eq!(l.slots_in_use().0, 0, "its slot came back");
+        // The next batch starts where the leaked one did, and closes.
+        assert_eq!(l.open_batch(), 2);
+        admit_n(&mut l, 1);
+        l.close_batch();
+        l.forget_leaked_batch();
+        assert_eq!(l.outstanding(), 3, "a posted batch is never forgotten");
     }
 
     #[test]

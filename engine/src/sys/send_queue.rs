@@ -143,6 +143,12 @@ impl SendQueue {
         &self.ledger
     }
 
+    /// See [`Ledger::forget_leaked_batch`].
+    #[inline]
+    pub(crate) fn forget_leaked_batch(&mut self) {
+        self.ledger.forget_leaked_batch();
+    }
+
     /// The most requests one batch (one doorbell) can carry.
     pub(crate) fn batch_capacity(&self) -> usize {
         self.chain.capacity()
@@ -162,7 +168,7 @@ impl SendQueue {
     #[inline]
     pub(crate) fn reclaim(&mut self) -> Option<MemoryRegion> {
         self.lent
-            .pop_returned(self.ledger.retired(), self.ledger.posted())
+            .pop_returned(self.ledger.retired(), self.ledger.committed())
     }
 
     /// Regions lent and not yet reclaimed.
@@ -309,6 +315,7 @@ impl SendQueue {
         data: &[u8],
         must_signal: bool,
     ) -> Result<u64> {
+        self.ledger.forget_leaked_batch();
         let (opcode, remote, kind) = op.parts();
         let a = self.admit(kind, must_signal)?;
         match self.stage_bytes(a.seq, data) {
@@ -328,6 +335,7 @@ impl SendQueue {
         must_signal: bool,
         fill: impl FnOnce(&mut [u8]) -> std::io::Result<()>,
     ) -> Result<u64> {
+        self.ledger.forget_leaked_batch();
         let (opcode, remote, kind) = op.parts();
         let a = self.admit(kind, must_signal)?;
         match self.stage_filled(a.seq, len, fill) {
@@ -364,6 +372,7 @@ impl SendQueue {
         remote: RemoteSlice,
         len: usize,
     ) -> Result<ReadTicket> {
+        self.ledger.forget_leaked_batch();
         let a = self.admit(RequestKind::Read, true)?;
         let (payload, pos) = match self.stage_read(a.seq, len) {
             Ok(staged) => staged,
@@ -386,12 +395,18 @@ impl SendQueue {
         kind: RequestKind,
     ) -> Result<u64> {
         debug_assert!(kind.is_internal());
+        self.ledger.forget_leaked_batch();
         let a = self
             .ledger
             .admit_marker(kind)
             .ok_or_else(|| self.refusal())?;
         let remote = RemoteSlice { len: 0, ..remote };
-        self.post_alone(qp, a, SendOpcode::Write, Payload::Inline(&[]), remote)
+        // Zero bytes, but at a real address that lives for ever: a
+        // provider that reads the gather entry as given (not inline) sees
+        // no dangling pointer, and no request outlives it.
+        static MARKER_BYTE: [u8; 1] = [0];
+        let payload = Payload::Inline(&MARKER_BYTE[..0]);
+        self.post_alone(qp, a, SendOpcode::Write, payload, remote)
     }
 
     /// The data of a READ that has retired, while no later READ has taken
@@ -401,16 +416,19 @@ impl SendQueue {
             return None;
         }
         let range = self.layout.range(ticket.pos, ticket.len as usize);
-        // SAFETY: the READ retired, so the NIC wrote its last byte, and the
-        // ledger says no later READ claimed the slot; claiming one needs
-        // &mut self, which this borrow excludes.
+        // SAFETY: the READ retired, so the NIC is done with its slot (it
+        // wrote the data, or, for a READ that failed or flushed, whatever it
+        // wrote before: stale bytes, never a race; callers check the READ's
+        // outcome before they read), and the ledger says no later READ
+        // claimed the slot; claiming one needs &mut self, which this borrow
+        // excludes.
         Some(unsafe { std::slice::from_raw_parts(self.read_ring.at(range.start), range.len()) })
     }
 
     /// Starts a batch: up to the chain's capacity of requests, one doorbell.
     #[inline]
     pub(crate) fn batch<'q, 'd>(&'q mut self, qp: &'q mut QueuePair) -> SendBatch<'q, 'd> {
-        let first = self.ledger.posted();
+        let first = self.ledger.open_batch();
         SendBatch {
             sq: self,
             qp,
@@ -654,6 +672,7 @@ impl<'d> SendBatch<'_, 'd> {
     #[inline]
     pub(crate) fn post(mut self) -> Result<usize> {
         self.posted = true;
+        self.sq.ledger.close_batch();
         if self.len == 0 {
             return Ok(0);
         }
@@ -677,6 +696,7 @@ impl Drop for SendBatch<'_, '_> {
         if !self.posted && self.sq.ledger.posted() != self.first {
             self.sq.ledger.rollback_to(self.first);
         }
+        self.sq.ledger.close_batch();
     }
 }
 
