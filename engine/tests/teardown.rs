@@ -131,4 +131,78 @@ fn failed_setups_release_everything_they_created() {
     assert_eq!(mr.as_slice()[8191], 7);
     drop(mr);
     assert_released(&dev, "child outliving its parent handle", baseline);
+
+    // 6. A connect request comes while the server has no descriptor to
+    //    spare: taking it fails (EMFILE) before the request is taken, so
+    //    it is neither lost nor leaked, and is accepted once the server can.
+    //    Before, the request was taken first and then dropped unanswered.
+    let listener = Listener::bind(cm_addr()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (resolved, client_ready) = std::sync::mpsc::channel();
+    let client = std::thread::spawn(move || {
+        let connector = Connector::resolve(addr, &config()).unwrap();
+        resolved.send(()).unwrap();
+        connector.connect(&[])
+    });
+    client_ready.recv().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let err = with_no_descriptor_to_spare(|| {
+        listener
+            .next_request(&config(), std::time::Duration::from_secs(10))
+            .unwrap_err()
+    });
+    assert!(
+        err.to_string().contains("rdma_create_event_channel"),
+        "{err}"
+    );
+    let request = listener
+        .next_request(&config(), std::time::Duration::from_secs(10))
+        .expect("the request waited for the server");
+    let server = request.accept(&[]).expect("accept");
+    let client = client.join().unwrap().expect("the client got in");
+    drop((client, server, listener));
+    assert_released(&dev, "a request taken while out of descriptors", baseline);
+}
+
+/// Runs `f` with this process's descriptor limit at the lowest free
+/// descriptor, so that opening one more fails with EMFILE. A helper shell
+/// (util-linux `prlimit`) lowers it and puts it back: putting it back
+/// from here would itself need a descriptor.
+fn with_no_descriptor_to_spare<T>(f: impl FnOnce() -> T) -> T {
+    use std::io::{BufRead, Write};
+    use std::process::{Command, Stdio};
+    let me = std::process::id();
+    let script = format!(
+        "read low; old=$(prlimit --pid {me} --nofile --output SOFT --noheadings); \
+         prlimit --pid {me} --nofile=$low: && echo lowered; read go; \
+         prlimit --pid {me} --nofile=$old:"
+    );
+    let mut helper = Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("sh");
+    let mut to_helper = helper.stdin.take().unwrap();
+    let mut from_helper = std::io::BufReader::new(helper.stdout.take().unwrap());
+    // The listing's own descriptor is listed too, and free again after.
+    let listing = std::path::PathBuf::from(format!("/proc/{me}/fd"));
+    let open: std::collections::BTreeSet<usize> = std::fs::read_dir(&listing)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| std::fs::read_link(e.path()).ok().as_ref() != Some(&listing))
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    let lowest_free = (0..).find(|fd| !open.contains(fd)).unwrap();
+    writeln!(to_helper, "{lowest_free}").unwrap();
+    let mut line = String::new();
+    from_helper.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "lowered", "prlimit could not lower the limit");
+    let out = f();
+    writeln!(to_helper, "go").unwrap();
+    assert!(
+        helper.wait().unwrap().success(),
+        "prlimit put the limit back"
+    );
+    out
 }

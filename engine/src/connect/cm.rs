@@ -89,6 +89,10 @@ impl Listener {
     /// request whose resources cannot be created is rejected.
     pub fn next_request(&self, cfg: &QpConfig, timeout: Duration) -> Result<Request> {
         let deadline = Instant::now() + timeout;
+        // The request's own channel comes first: once its event is taken,
+        // a failure here (out of descriptors) would leave the request
+        // neither accepted nor rejected, and its id never destroyed.
+        let channel = EventChannel::new()?;
         let ev = loop {
             let ev = self
                 .id
@@ -99,7 +103,7 @@ impl Listener {
             }
             tracing::debug!(event = ev.name(), "ignoring listener event");
         };
-        let id = CmId::from_request(&ev, &EventChannel::new()?)?;
+        let id = CmId::from_request(&ev, &channel)?;
         let built = id
             .context()
             .ok_or(Error::Cm {
