@@ -19,7 +19,8 @@ pub struct ProtectionDomain {
 
 // SAFETY: a PD is a handle the kernel validates; verbs on it are thread-safe.
 unsafe impl Send for ProtectionDomain {}
-// SAFETY: as above; no method mutates Rust-side state.
+// SAFETY: as above; the only Rust-side state a shared method changes is
+// `poisoned`, an atomic.
 unsafe impl Sync for ProtectionDomain {}
 
 impl ProtectionDomain {
