@@ -169,7 +169,7 @@ fn post_write_32x64b(mut pair: Pair) -> Pair {
 // then given time), so no empty poll is ever counted.
 
 #[library_benchmark]
-#[bench::write(setup = write_done, teardown = close, config = limit(200))]
+#[bench::write(setup = write_done, teardown = close, config = limit(225))]
 fn reap_write(mut pair: Pair) -> Pair {
     assert_eq!(pair.client.reap().unwrap(), 1, "the WRITE's completion");
     assert_eq!(pair.client.outstanding(), 0);
@@ -177,7 +177,7 @@ fn reap_write(mut pair: Pair) -> Pair {
 }
 
 #[library_benchmark]
-#[bench::send(setup = send_done, teardown = close, config = limit(430))]
+#[bench::send(setup = send_done, teardown = close, config = limit(440))]
 fn reap_send_and_receive(mut pair: Pair) -> Pair {
     let got = pair.server.try_recv().unwrap().expect("the SEND arrived");
     assert_eq!(black_box(got.data), &[7u8; 8]);
@@ -186,7 +186,7 @@ fn reap_send_and_receive(mut pair: Pair) -> Pair {
 }
 
 #[library_benchmark]
-#[bench::read(setup = read_done, teardown = close, config = limit(265))]
+#[bench::read(setup = read_done, teardown = close, config = limit(290))]
 fn reap_read_and_dispatch(mut pair: Pair) -> Pair {
     let mut delivered = 0;
     pair.client
@@ -202,7 +202,7 @@ fn reap_read_and_dispatch(mut pair: Pair) -> Pair {
 }
 
 #[library_benchmark]
-#[bench::batch(setup = batch_done, teardown = close, config = limit(715))]
+#[bench::batch(setup = batch_done, teardown = close, config = limit(640))]
 fn reap_write_32x64b(mut pair: Pair) -> Pair {
     assert_eq!(pair.client.reap().unwrap(), 1, "one signal for the batch");
     assert_eq!(pair.client.outstanding(), 0);

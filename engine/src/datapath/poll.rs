@@ -5,6 +5,7 @@
 use super::{Connection, Event, Stats};
 use crate::error::Result;
 use crate::status::{WcError, WcStatus};
+use crate::sys::ledger::RequestKind;
 use crate::sys::send_queue::{Retired, POLL_BATCH};
 
 impl Connection {
@@ -45,7 +46,8 @@ impl Connection {
     pub(super) fn poll_send(&mut self, on: &mut impl FnMut(Event<'_>)) -> Result<usize> {
         let mut verdict = Verdict {
             failure: &mut self.failure,
-            send_failed: &mut self.send_failed,
+            send_failed: self.send_failed,
+            send_failed_flag: &mut self.send_failed,
             closing: self.closing,
             stats: &mut self.stats,
         };
@@ -59,7 +61,11 @@ struct Verdict<'a> {
     /// A send completion named an error: from then on the send queue
     /// flushes, and a request retired unnamed was not delivered. (A
     /// receive failure alone says nothing about sends already retired.)
-    send_failed: &'a mut bool,
+    /// A copy, read per request: read through the reference, it made the
+    /// compiler store the ledger's counters on every request.
+    send_failed: bool,
+    /// The connection's flag, written when a send completion fails.
+    send_failed_flag: &'a mut bool,
     closing: bool,
     stats: &'a mut Stats,
 }
@@ -69,31 +75,47 @@ impl Verdict<'_> {
     fn judge(&mut self, r: Retired<'_>, on: &mut impl FnMut(Event<'_>)) {
         // Requests retired with a later completion completed silently,
         // unless the send queue failed before (then they were flushed).
-        let ok = r.status == WcStatus::SUCCESS || (!r.named && !*self.send_failed);
-        let internal = r.request.kind.is_internal();
-        let opcode = r.request.kind.completion_opcode();
-        if r.named && !ok {
-            *self.send_failed = true;
-        }
-        if ok {
+        if r.status == WcStatus::SUCCESS || (!r.named && !self.send_failed) {
             self.stats.completed += 1;
-            if r.named && r.request.signaled && !internal {
+            if r.named && r.request.signaled && !r.request.kind.is_internal() {
+                let opcode = r.request.kind.completion_opcode();
                 match r.read {
                     Some(data) => on(Event::ReadCompleted { seq: r.seq, data }),
                     None => on(Event::Completed { seq: r.seq, opcode }),
                 }
             }
-        } else if self.failure.is_none()
-            && r.named
-            && !(self.closing && r.status == WcStatus::WR_FLUSH_ERR)
-        {
+        } else {
+            // Inline, as all of the walk: a call in the loop, even on this
+            // path, made the compiler keep the ledger's counters in memory.
+            self.undelivered(r.seq, r.named, r.request.kind, r.status, r.vendor_err, on);
+        }
+    }
+
+    /// A request that failed, or flushed after a failure.
+    #[inline(always)]
+    fn undelivered(
+        &mut self,
+        seq: u64,
+        named: bool,
+        kind: RequestKind,
+        status: WcStatus,
+        vendor_err: u32,
+        on: &mut impl FnMut(Event<'_>),
+    ) {
+        let internal = kind.is_internal();
+        let opcode = kind.completion_opcode();
+        if named {
+            self.send_failed = true;
+            *self.send_failed_flag = true;
+        }
+        if self.failure.is_none() && named && !(self.closing && status == WcStatus::WR_FLUSH_ERR) {
             // The caller never had an internal request's seq; reporting
             // it would name whichever request an id table last kept there.
             let err = WcError {
-                wr_id: if internal { WcError::INTERNAL } else { r.seq },
+                wr_id: if internal { WcError::INTERNAL } else { seq },
                 opcode: Some(opcode),
-                status: r.status,
-                vendor_err: r.vendor_err,
+                status,
+                vendor_err,
             };
             *self.failure = Some(err);
             self.stats.failed += 1;
@@ -106,7 +128,7 @@ impl Verdict<'_> {
             if !internal {
                 self.stats.undelivered += 1;
                 on(Event::Flushed {
-                    seq: r.seq,
+                    seq,
                     opcode: Some(opcode),
                 });
             }
@@ -118,7 +140,7 @@ impl Verdict<'_> {
 mod tests {
     use super::*;
     use crate::status::WcOpcode;
-    use crate::sys::ledger::{Request, RequestKind};
+    use crate::sys::ledger::Request;
 
     /// What a run of retirements made of the connection's state.
     #[derive(Default)]
@@ -133,7 +155,8 @@ mod tests {
         fn retire(&mut self, seq: u64, kind: RequestKind, named: bool, status: WcStatus) {
             let mut verdict = Verdict {
                 failure: &mut self.failure,
-                send_failed: &mut self.send_failed,
+                send_failed: self.send_failed,
+                send_failed_flag: &mut self.send_failed,
                 closing: false,
                 stats: &mut self.stats,
             };

@@ -197,8 +197,16 @@ impl Ledger {
     /// its requests hold no room, no slot and no place in a wait: they
     /// never reached the NIC. Called wherever the queue is used outside a
     /// batch, which a live batch's borrow rules out.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn forget_leaked_batch(&mut self) {
+        if self.open.is_some() {
+            self.forget_leaked_batch_now();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn forget_leaked_batch_now(&mut self) {
         if let Some(first) = self.open.take() {
             self.rollback_to(first);
         }
