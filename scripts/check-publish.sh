@@ -81,6 +81,14 @@ for need in README.md LICENSE-MIT LICENSE-APACHE CHANGELOG.md; do
         [ -f "$scratch/$crate-0.1.0/$need" ] || { echo "error: the $crate package has no $need" >&2; exit 1; }
     done
 done
+# The licences and the changelog are the workspace's own texts (a file
+# holding only a path, a flattened symlink, once shipped in their place).
+for need in LICENSE-MIT LICENSE-APACHE CHANGELOG.md; do
+    for crate in pinpoll-verbs-sys pinpoll; do
+        cmp -s "$scratch/$crate-0.1.0/$need" "$top/$need" \
+            || { echo "error: the $crate package's $need is not the workspace's $need" >&2; exit 1; }
+    done
+done
 
 step "the packaged crates build with their tests, examples and doctests from the tarballs"
 # A workspace of the two unpacked packages, nothing of this checkout: the

@@ -28,7 +28,9 @@ done
 pinpoll_ensure_packages libibverbs-dev librdmacm-dev libclang-dev pkg-config \
     rdma-core ibverbs-providers ibverbs-utils perftest iproute2 python3 shellcheck
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step says when it began (minutes:seconds into the run): where a
+# run's time goes, against CI's limit.
+step() { printf '\n==> [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 
 if [ "$host" = 1 ]; then
     step "shellcheck: every script of the rig"

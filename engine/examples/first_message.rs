@@ -43,7 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Engine mode: a worker thread (pinned with cfg.core = Some(n)) owns
     // the connection; this thread hands it work and takes completions.
     let mut engine = Engine::spawn(Connection::connect(addr, &cfg)?, &cfg)?;
-    engine.send(b"hello from engine mode")?;
+    engine.try_send(b"hello from engine mode")?;
     loop {
         if let EngineEvent::Received { data } = engine.wait()? {
             println!("client got: {}", String::from_utf8_lossy(data));

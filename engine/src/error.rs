@@ -113,6 +113,10 @@ pub enum Error {
     Completion(#[from] WcError),
     #[error("{what} is full; poll completions (Connection::poll / reap) and retry")]
     Full { what: &'static str },
+    /// The batch carries as many requests as one doorbell can: post it,
+    /// then start another. Nothing is wrong with the connection.
+    #[error("the batch holds its {capacity} requests (batch_size); post it and start another")]
+    BatchFull { capacity: usize },
     #[error("{range} is outside the memory region of {len} bytes")]
     OutOfRegion { range: String, len: usize },
     #[error("{len} bytes do not fit a slot of {limit} bytes (slot_size)")]
@@ -169,7 +173,105 @@ pub enum Error {
     Address { what: String, detail: String },
 }
 
+/// What a program can do about an [`Error`]: its remedy, whatever verb
+/// failed. [`Error::kind`] gives it; `match` on it instead of on a
+/// message or an errno.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// No usable RDMA device, port or GID: the machine needs fixing
+    /// ([`HOW_TO_GET_A_DEVICE`]).
+    NoDevice,
+    /// The device or the OS refused a resource (memory, a registration,
+    /// a queue, locked memory, a thread, a core): limits or sizes need
+    /// changing.
+    Resources,
+    /// The configuration is invalid; nothing was set up.
+    Config,
+    /// This call was wrong for this connection (outside the region, too
+    /// large, completions taken out of order, the wrong device, a caller's
+    /// fill closure failed); the connection is unharmed.
+    Misuse,
+    /// A queue or ring had no room ([`Error::Full`]): poll completions,
+    /// then retry.
+    Full,
+    /// The batch is full ([`Error::BatchFull`]): post it, then go on.
+    BatchFull,
+    /// A bounded wait ran out; what it waited for may still come.
+    Timeout,
+    /// Setting the connection up failed (address, route, the peer's
+    /// answer, the out-of-band exchange): connect again later.
+    Connect,
+    /// The peer refused the connection ([`Error::Rejected`], its reason
+    /// says whether trying later helps).
+    Rejected,
+    /// The peer sent a malformed connection record.
+    Protocol,
+    /// The connection is over: a request failed, the peer left or stopped
+    /// answering, the device went away. Connect anew.
+    ConnectionLost,
+    /// The engine's worker thread stopped or panicked.
+    Worker,
+}
+
 impl Error {
+    /// What a program can do about this error.
+    pub fn kind(&self) -> ErrorKind {
+        use Error as E;
+        match self {
+            E::NoDevice
+            | E::DeviceNotFound { .. }
+            | E::NoActivePort
+            | E::GetDeviceList(_)
+            | E::PortNotActive { .. }
+            | E::NoGid { .. } => ErrorKind::NoDevice,
+            E::OpenDevice { .. }
+            | E::QueryDevice(_)
+            | E::QueryPort { .. }
+            | E::QueryGid { .. }
+            | E::AllocPd(_)
+            | E::CreateCq { .. }
+            | E::CreateQp { .. }
+            | E::ModifyQp { .. }
+            | E::RegMr { .. }
+            | E::Memlock { .. }
+            | E::Map { .. }
+            | E::PollCq(_)
+            | E::Pin { .. }
+            | E::WorkerSpawn { .. } => ErrorKind::Resources,
+            E::Config(_) => ErrorKind::Config,
+            E::OutOfRegion { .. }
+            | E::TooLarge { .. }
+            | E::SlotFill { .. }
+            | E::UnexpectedCompletion { .. }
+            | E::ForeignCompletion { .. }
+            | E::WrongDevice { .. }
+            | E::Address { .. } => ErrorKind::Misuse,
+            E::Full { .. } => ErrorKind::Full,
+            E::BatchFull { .. } => ErrorKind::BatchFull,
+            E::Timeout { .. } => ErrorKind::Timeout,
+            E::Cm { .. } | E::CmEvent { .. } | E::Exchange { .. } => ErrorKind::Connect,
+            E::Rejected { .. } => ErrorKind::Rejected,
+            E::BadRecord(_) => ErrorKind::Protocol,
+            E::PostSend { .. }
+            | E::PostRecv { .. }
+            | E::PostIndeterminate { .. }
+            | E::Completion(_)
+            | E::Disconnected
+            | E::PeerLeft(_)
+            | E::DeviceEvent { .. }
+            | E::PeerUnresponsive { .. } => ErrorKind::ConnectionLost,
+            E::WorkerStopped | E::WorkerPanicked => ErrorKind::Worker,
+        }
+    }
+
+    /// Whether the same call may succeed if made again unchanged: after
+    /// polling ([`ErrorKind::Full`]), or waiting longer
+    /// ([`ErrorKind::Timeout`]). Everything else needs a change first.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.kind(), ErrorKind::Full | ErrorKind::Timeout)
+    }
+
     /// The work completion behind this error, if it is one.
     pub fn completion(&self) -> Option<&WcError> {
         match self {
@@ -192,6 +294,29 @@ pub(crate) fn errno(code: i32) -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_error_names_its_remedy_and_only_waiting_or_polling_is_a_retry() {
+        let full = Error::Full { what: "the send queue" };
+        assert_eq!(full.kind(), ErrorKind::Full);
+        assert!(full.is_retryable());
+        let batch = Error::BatchFull { capacity: 16 };
+        assert_eq!(batch.kind(), ErrorKind::BatchFull);
+        assert!(!batch.is_retryable(), "post the batch first");
+        assert!(batch.to_string().contains("post it"), "{batch}");
+        let timeout = Error::Timeout {
+            what: "a completion",
+            waited: Duration::from_secs(1),
+        };
+        assert!(timeout.is_retryable());
+        assert_eq!(Error::NoDevice.kind(), ErrorKind::NoDevice);
+        let lost = Error::Disconnected;
+        assert_eq!(lost.kind(), ErrorKind::ConnectionLost);
+        assert!(!lost.is_retryable());
+        let config = Error::Config("cq_depth = 0".into());
+        assert_eq!(config.kind(), ErrorKind::Config);
+        assert!(!config.is_retryable());
+    }
 
     #[test]
     fn no_device_says_how_to_get_one_with_the_system_s_own_tools() {

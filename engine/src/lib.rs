@@ -53,7 +53,7 @@
 //! cfg.core = Some(1);
 //! let conn = Connection::connect(parse_socket_addr("169.254.0.1", 7471)?, &cfg)?;
 //! let mut engine = Engine::spawn(conn, &cfg)?;
-//! engine.send(b"hello")?;
+//! engine.try_send(b"hello")?;
 //! if let EngineEvent::Received { data } = engine.wait()? {
 //!     println!("{}", String::from_utf8_lossy(data));
 //! }
@@ -91,7 +91,7 @@ pub mod alloc {
 pub use config::{EngineConfig, IdlePolicy, QpConfig};
 pub use datapath::{Batch, Connection, ConnectionBuilder, Event, Incoming, Stats, TargetMut};
 pub use endpoint::{Completed, Endpoint, WorkDone};
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
 pub use memory::{
     Access, CompleteError, MemoryRegion, PageSize, Posted, RegionOp, RegionRefused, RemoteSlice,
     SharedRegion,
@@ -100,3 +100,21 @@ pub use status::{WcError, WcOpcode, WcStatus};
 /// What [`Endpoint::state`] reports.
 pub use sys::qp::QpState;
 pub use worker::{Engine, EngineEvent, WorkerReport};
+
+#[cfg(test)]
+mod tests {
+    /// Each handle moves to another thread (the worker takes a
+    /// `Connection`; an application thread may own the `Engine`); the
+    /// hand-off halves and the listener too.
+    #[test]
+    fn handles_that_cross_threads_are_send() {
+        fn send<T: Send>() {}
+        send::<crate::Connection>();
+        send::<crate::Engine>();
+        send::<crate::Endpoint>();
+        send::<crate::MemoryRegion>();
+        send::<crate::handoff::SlotWriter>();
+        send::<crate::handoff::SlotReader>();
+        send::<crate::connect::cm::Listener>();
+    }
+}

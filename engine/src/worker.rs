@@ -273,23 +273,27 @@ impl Engine {
         Ok(self.enqueue(kind))
     }
 
-    /// Submits a SEND of `data`; returns the operation's id.
+    /// Submits a SEND of `data`; returns the operation's id. Never waits:
+    /// `Error::Full` when the worker's queues have no room (poll, then
+    /// retry), like [`Connection::try_send`].
     #[inline]
-    pub fn send(&mut self, data: &[u8]) -> Result<u64> {
+    pub fn try_send(&mut self, data: &[u8]) -> Result<u64> {
         self.submit_with_payload(data, OpKind::Send)
     }
 
     /// Submits an RDMA WRITE (with `imm`: WRITE_WITH_IMM) of `data` to
-    /// `remote_offset` of the peer's target ring.
+    /// `remote_offset` of the peer's target ring. Never waits (see
+    /// [`try_send`](Engine::try_send)).
     #[inline]
-    pub fn write(&mut self, data: &[u8], remote_offset: u64, imm: Option<u32>) -> Result<u64> {
+    pub fn try_write(&mut self, data: &[u8], remote_offset: u64, imm: Option<u32>) -> Result<u64> {
         self.submit_with_payload(data, OpKind::Write { remote_offset, imm })
     }
 
     /// Submits an RDMA READ; the data come back in
-    /// [`EngineEvent::ReadCompleted`].
+    /// [`EngineEvent::ReadCompleted`]. Never waits (see
+    /// [`try_send`](Engine::try_send)).
     #[inline]
-    pub fn read(&mut self, remote_offset: u64, len: usize) -> Result<u64> {
+    pub fn try_read(&mut self, remote_offset: u64, len: usize) -> Result<u64> {
         self.check(len, Some(remote_offset))?;
         Ok(self.enqueue(OpKind::Read {
             remote_offset,
@@ -391,6 +395,9 @@ struct Worker {
 
 impl Worker {
     fn run(mut self, affinity: Vec<usize>) -> Result<WorkerReport> {
+        // The worker serves this one connection for its life.
+        let span = self.conn.span().clone();
+        let _in = span.enter();
         let mut empty = 0u32;
         let mut stopping: Option<Instant> = None;
         loop {

@@ -58,7 +58,7 @@ fn operations_round_trip_through_the_worker() {
 
     for len in [8usize, 64, 65, 4096] {
         let data = pattern(len, len as u8);
-        engine.signal_next().send(&data).unwrap();
+        engine.signal_next().try_send(&data).unwrap();
         assert_eq!(
             server.recv().unwrap().data,
             &data[..],
@@ -85,7 +85,7 @@ fn operations_round_trip_through_the_worker() {
     let data = pattern(3000, 7);
     let id = engine
         .signal_next()
-        .write(&data, 8192, Some(0xfeed))
+        .try_write(&data, 8192, Some(0xfeed))
         .unwrap();
     let imm = server.recv().unwrap();
     assert_eq!((imm.imm, imm.len), (Some(0xfeed), 3000));
@@ -96,7 +96,7 @@ fn operations_round_trip_through_the_worker() {
 
     let published = pattern(2048, 31);
     server.target_mut().copy_from(0, &published).unwrap();
-    let id = engine.read(0, 2048).unwrap();
+    let id = engine.try_read(0, 2048).unwrap();
     match engine.wait().unwrap() {
         EngineEvent::ReadCompleted { id: done, data } => {
             assert_eq!(done, id);
@@ -107,11 +107,11 @@ fn operations_round_trip_through_the_worker() {
 
     // Bad input is refused before it reaches the worker.
     assert!(matches!(
-        engine.write(&[0; 8], server.target().len() as u64, None),
+        engine.try_write(&[0; 8], server.target().len() as u64, None),
         Err(Error::OutOfRegion { .. })
     ));
     assert!(matches!(
-        engine.send(&vec![0; 4097]),
+        engine.try_send(&vec![0; 4097]),
         Err(Error::TooLarge {
             len: 4097,
             limit: 4096
@@ -131,7 +131,7 @@ fn a_full_queue_is_backpressure_and_shutdown_drains_everything() {
     let mut submitted = 0u64;
     let mut full = 0;
     for i in 0..5000u64 {
-        match engine.write(&data, (i % 64) * 512, None) {
+        match engine.try_write(&data, (i % 64) * 512, None) {
             Ok(_) => submitted += 1,
             Err(Error::Full { .. }) => {
                 full += 1;
@@ -182,7 +182,7 @@ fn engine_ids_follow_the_connection_whatever_the_spawn_config_says() {
     let n = u64::from(cfg.qp.max_recv_wr) + 1 + 24;
     let mut submitted = Vec::new();
     for _ in 0..n {
-        submitted.push(engine.signal_next().send(&data).unwrap());
+        submitted.push(engine.signal_next().try_send(&data).unwrap());
     }
     // Only now does the server take messages (and repost).
     std::thread::sleep(Duration::from_millis(200));
@@ -257,11 +257,11 @@ fn a_failure_reports_each_undelivered_operation_once_and_no_delivered_one() {
 
     // As many SENDs as the server has receives: delivered, unsignaled.
     let delivered: Vec<u64> = (0..cfg.qp.max_recv_wr)
-        .map(|_| engine.send(&[1u8; 32]).unwrap())
+        .map(|_| engine.try_send(&[1u8; 32]).unwrap())
         .collect();
     // One SEND more stalls in RNR, and 150 WRITEs queue behind it.
-    let mut stalled = vec![engine.send(&[2u8; 32]).unwrap()];
-    stalled.extend((0..150u64).map(|i| engine.write(&[7u8; 8], i * 8, None).unwrap()));
+    let mut stalled = vec![engine.try_send(&[2u8; 32]).unwrap()];
+    stalled.extend((0..150u64).map(|i| engine.try_write(&[7u8; 8], i * 8, None).unwrap()));
     std::thread::sleep(SETTLE);
     server.try_send(&pattern(6000, 1)).unwrap();
 

@@ -27,7 +27,7 @@ fn batches_beyond_the_send_queue_meet_backpressure_not_overflow() {
             }
             match batch.write(&payloads[(i % 4) as usize], (i % 16) * 256, None) {
                 Ok(_) => pushed += 1,
-                Err(Error::Full { .. }) => {
+                Err(Error::Full { .. } | Error::BatchFull { .. }) => {
                     full += 1;
                     break;
                 }
@@ -75,7 +75,7 @@ fn batches_beyond_the_send_queue_meet_backpressure_not_overflow() {
     }
     assert!(matches!(
         batch.write(&payloads[0], 0, None),
-        Err(Error::Full { what: "the batch" })
+        Err(Error::BatchFull { capacity: 8 })
     ));
     drop(batch);
     assert_eq!(client.outstanding(), 0, "a dropped batch rolls back");

@@ -431,7 +431,7 @@ fn sends_from_slots(client: &mut Connection, n: u64) {
                 };
                 match batch.send_from(payload(sent).len(), fill) {
                     Ok(_) => sent += 1,
-                    Err(Error::Full { .. }) => {
+                    Err(Error::Full { .. } | Error::BatchFull { .. }) => {
                         full = true;
                         break;
                     }
@@ -557,12 +557,12 @@ fn engine(e: &mut Engine, kind: Kind, n: u64) {
         }
         let data = payload(i);
         match op {
-            Kind::Send => tally.submit(e, |e| e.send(data)),
-            Kind::Write => tally.submit(e, |e| e.write(data, cell(i), None)),
-            Kind::WriteImm => tally.submit(e, |e| e.write(data, cell(i), Some(i as u32))),
+            Kind::Send => tally.submit(e, |e| e.try_send(data)),
+            Kind::Write => tally.submit(e, |e| e.try_write(data, cell(i), None)),
+            Kind::WriteImm => tally.submit(e, |e| e.try_write(data, cell(i), Some(i as u32))),
             Kind::Read => {
                 reads_posted += 1;
-                tally.submit(e, |e| e.read(cell(i), READ_LEN))
+                tally.submit(e, |e| e.try_read(cell(i), READ_LEN))
             }
             other => unreachable!("{other:?} is not an engine-mode operation"),
         };
@@ -583,7 +583,7 @@ fn engine_waiting_reads(e: &mut Engine, n: u64) {
         if c + 1 == CELLS {
             e.signal_next();
         }
-        last = tally.submit(e, |e| e.write(&pattern, cell(c), None));
+        last = tally.submit(e, |e| e.try_write(&pattern, cell(c), None));
     }
     loop {
         match e.wait().unwrap() {
@@ -592,7 +592,7 @@ fn engine_waiting_reads(e: &mut Engine, n: u64) {
         }
     }
     for i in 0..n {
-        let id = tally.submit(e, |e| e.read(cell(i), READ_LEN));
+        let id = tally.submit(e, |e| e.try_read(cell(i), READ_LEN));
         loop {
             match e.wait().unwrap() {
                 EngineEvent::ReadCompleted { id: done, data } if done == id => {

@@ -505,7 +505,7 @@ impl DirectClient {
             *primed += u64::from(fill && r.is_ok());
             match r {
                 Ok(_) => k += 1,
-                Err(Error::Full { .. }) => break,
+                Err(Error::Full { .. } | Error::BatchFull { .. }) => break,
                 Err(e) => return Err(e),
             }
         }
@@ -570,13 +570,13 @@ impl EngineClient {
             }
             let size = self.plan.size;
             let r = match self.plan.kind {
-                Kind::WriteLat | Kind::WriteBw => self.engine.write(&self.buf, 0, None),
+                Kind::WriteLat | Kind::WriteBw => self.engine.try_write(&self.buf, 0, None),
                 Kind::WriteImmBw => {
                     let imm = (self.next_id & 0xffff_ffff) as u32;
-                    self.engine.write(&self.buf, 0, Some(imm))
+                    self.engine.try_write(&self.buf, 0, Some(imm))
                 }
-                Kind::SendLat | Kind::SendBw => self.engine.send(&self.buf),
-                Kind::ReadLat | Kind::ReadBw => self.engine.read(0, size),
+                Kind::SendLat | Kind::SendBw => self.engine.try_send(&self.buf),
+                Kind::ReadLat | Kind::ReadBw => self.engine.try_read(0, size),
             };
             match r {
                 Ok(id) => {
@@ -742,7 +742,7 @@ impl Driver for EngineClient {
         self.drain()?;
         let mut spin = Spin::new(self.timeout, "room in the engine's queues");
         let id = loop {
-            match self.engine.signal_next().write(&[], 0, None) {
+            match self.engine.signal_next().try_write(&[], 0, None) {
                 Ok(id) => break id,
                 Err(Error::Full { .. }) => {
                     if self.drain()? == 0 {
@@ -766,7 +766,7 @@ impl EngineClient {
     fn submit_counting(&mut self, reads_done: &mut u64) -> Result<u64> {
         let mut spin = Spin::new(self.timeout, "room in the engine's queues");
         loop {
-            match self.engine.read(0, self.plan.size) {
+            match self.engine.try_read(0, self.plan.size) {
                 Ok(id) => return Ok(id),
                 Err(Error::Full { .. }) => {
                     let mut any = false;

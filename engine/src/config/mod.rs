@@ -86,7 +86,8 @@ impl QpConfig {
                 Ok(())
             } else {
                 Err(Error::Config(format!(
-                    "{name} = {value} is out of range {lo}..={hi}"
+                    "{} = {value} is out of range {lo}..={hi}",
+                    setting(name)
                 )))
             }
         }
@@ -196,8 +197,39 @@ pub const MIN_HANDOFF_DEPTH: u32 = 128;
 
 pub(crate) fn out_of_range(key: &str, value: impl std::fmt::Display, allowed: &str) -> Error {
     Error::Config(format!(
-        "{key} = {value} is out of range: allowed {allowed}"
+        "{} = {value} is out of range: allowed {allowed}",
+        setting(key)
     ))
+}
+
+/// A profile's key and the field of [`EngineConfig`] it sets, where the
+/// two names differ.
+const KEY_AND_FIELD: &[(&str, &str)] = &[
+    ("send_queue_depth", "qp.max_send_wr"),
+    ("recv_queue_depth", "qp.max_recv_wr"),
+    ("cq_depth", "qp.cq_depth"),
+    ("qp_timeout", "qp.timeout"),
+    ("retry_count", "qp.retry_count"),
+    ("rnr_retry", "qp.rnr_retry"),
+    ("min_rnr_timer", "qp.min_rnr_timer"),
+    ("max_rd_atomic", "qp.max_rd_atomic"),
+    ("connect_timeout_ms", "qp.connect_timeout"),
+    ("completion_timeout_ms", "completion_timeout"),
+    ("heartbeat_interval_ms", "heartbeat_interval"),
+    ("hugepages", "pages"),
+];
+
+/// How an error names a setting, given its profile key or its field (a
+/// `QpConfig` field alone, as `QpConfig::validate` knows it): both names
+/// where they differ, so a profile's author and a program's both find it.
+pub(crate) fn setting(name: &str) -> String {
+    let row = KEY_AND_FIELD.iter().find(|(key, field)| {
+        *key == name || *field == name || field.strip_prefix("qp.") == Some(name)
+    });
+    match row {
+        Some((key, field)) => format!("{key} (field {field})"),
+        None => name.to_owned(),
+    }
 }
 
 impl EngineConfig {
@@ -335,6 +367,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_setting_is_named_by_its_profile_key_and_its_field() {
+        assert_eq!(setting("max_send_wr"), "send_queue_depth (field qp.max_send_wr)");
+        assert_eq!(setting("send_queue_depth"), "send_queue_depth (field qp.max_send_wr)");
+        assert_eq!(setting("timeout"), "qp_timeout (field qp.timeout)");
+        assert_eq!(
+            setting("completion_timeout_ms"),
+            "completion_timeout_ms (field completion_timeout)"
+        );
+        assert_eq!(setting("slot_count"), "slot_count", "one name for both");
+        let err = QpConfig {
+            max_recv_wr: 0,
+            ..QpConfig::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("recv_queue_depth (field qp.max_recv_wr) = 0"), "{err}");
+    }
+
+    #[test]
     fn engine_defaults_validate() {
         EngineConfig::default().validate().unwrap();
     }
@@ -351,13 +403,13 @@ mod tests {
         type Mutation = fn(&mut QpConfig);
         let cases: [(Mutation, &str); 5] = [
             (|c| c.timeout = 0, "timeout = 0 disables retransmission"),
-            (|c| c.timeout = 32, "timeout = 32 is out of range 1..=31"),
+            (|c| c.timeout = 32, "qp_timeout (field qp.timeout) = 32 is out of range 1..=31"),
             (|c| c.rnr_retry = 7, "rnr_retry = 7 means retry forever"),
             (
                 |c| c.retry_count = 8,
-                "retry_count = 8 is out of range 0..=7",
+                "retry_count (field qp.retry_count) = 8 is out of range 0..=7",
             ),
-            (|c| c.max_send_wr = 0, "max_send_wr = 0 is out of range"),
+            (|c| c.max_send_wr = 0, "send_queue_depth (field qp.max_send_wr) = 0 is out of range"),
         ];
         for (mutate, expected) in cases {
             let mut cfg = QpConfig::default();

@@ -14,7 +14,7 @@ use super::{out_of_range, EngineConfig, IdlePolicy};
 use crate::error::{Error, Result};
 
 /// The built-in profiles: name and TOML text.
-pub const BUILTIN: [(&str, &str); 3] = [
+pub const BUILTIN: &[(&str, &str)] = &[
     ("latency", include_str!("../../profiles/latency.toml")),
     ("throughput", include_str!("../../profiles/throughput.toml")),
     ("softroce", include_str!("../../profiles/softroce.toml")),
@@ -87,12 +87,25 @@ pub fn locate(name_or_path: &str) -> Result<ProfileSource> {
     )))
 }
 
+/// The 1-based line and column of byte `at` of `text`.
+fn line_and_column(text: &str, at: usize) -> (usize, usize) {
+    let before = &text.as_bytes()[..at.min(text.len())];
+    let line = before.iter().filter(|b| **b == b'\n').count() + 1;
+    let column = before.iter().rev().take_while(|b| **b != b'\n').count() + 1;
+    (line, column)
+}
+
 impl EngineConfig {
     /// Parses a profile; every key is optional and defaults as in
     /// [`EngineConfig::default`].
     pub fn from_toml(text: &str) -> Result<EngineConfig> {
-        let file: ProfileFile =
-            toml::from_str(text).map_err(|e| Error::Config(e.message().to_owned()))?;
+        let file: ProfileFile = toml::from_str(text).map_err(|e| {
+            let at = e.span().map(|span| line_and_column(text, span.start));
+            Error::Config(match at {
+                Some((line, column)) => format!("line {line}, column {column}: {}", e.message()),
+                None => e.message().to_owned(),
+            })
+        })?;
         let cfg = file.into_config()?;
         cfg.validate()?;
         Ok(cfg)
@@ -328,7 +341,7 @@ mod tests {
             ),
             (
                 "completion_timeout_ms = 0",
-                "completion_timeout_ms = 0 is out of range",
+                "completion_timeout_ms (field completion_timeout) = 0 is out of range",
             ),
             (
                 "slot_count = 16",
@@ -346,6 +359,15 @@ mod tests {
                 "{text:?}: {err:?} should contain {expected:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_toml_error_says_where_it_is() {
+        let text = "slot_count = 64\n\nslot_size = \"big\"\n";
+        let err = EngineConfig::from_toml(text).unwrap_err().to_string();
+        assert!(err.contains("line 3, column 13"), "{err}");
+        assert_eq!(line_and_column("ab\ncd", 4), (2, 2));
+        assert_eq!(line_and_column("x", 99), (1, 2), "past the end: clamped");
     }
 
     #[test]

@@ -6,7 +6,6 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 
-use rand::Rng;
 
 use super::record::ConnectionRecord;
 use crate::config::QpConfig;
@@ -51,7 +50,7 @@ impl Prepared {
             })
         };
         endpoint.qp().enter_init(port, remote_access)?;
-        let psn = rand::thread_rng().gen::<u32>() & 0xff_ffff;
+        let psn = initial_psn();
         Ok(Prepared {
             endpoint,
             gid,
@@ -146,5 +145,27 @@ fn timeout_or(op: &'static str, source: std::io::Error) -> Error {
             waited: std::time::Duration::ZERO,
         },
         _ => Error::Exchange { op, source },
+    }
+}
+
+/// A 24-bit initial packet sequence number that differs between
+/// connections and processes: std's hasher keys come from the OS's random
+/// source once per process, and the count makes each call's input new.
+/// (A PSN only has to be hard to guess off-path; it is no secret.)
+fn initial_psn() -> u32 {
+    use std::hash::BuildHasher;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let n = CALLS.fetch_add(1, Ordering::Relaxed);
+    (std::collections::hash_map::RandomState::new().hash_one(n) & 0xff_ffff) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn initial_psns_are_24_bits_and_spread() {
+        let psns: std::collections::BTreeSet<u32> = (0..64).map(|_| super::initial_psn()).collect();
+        assert!(psns.iter().all(|p| *p < 1 << 24), "{psns:?}");
+        assert!(psns.len() > 60, "64 connections, {} distinct PSNs", psns.len());
     }
 }

@@ -122,6 +122,8 @@ impl Connection {
         if self.closing {
             return Ok(());
         }
+        let span = self.span.clone();
+        let _in = span.enter();
         // A leaked batch's requests never went: nothing waits for them.
         self.sq.forget_leaked_batch();
         let undelivered_before = self.stats.undelivered;

@@ -126,6 +126,8 @@ impl Connection {
     #[cold]
     #[inline(never)]
     pub(super) fn completion_error(&mut self, wc: WcError) -> Error {
+        let span = self.span.clone();
+        let _in = span.enter();
         if wc.status == WcStatus::WR_FLUSH_ERR {
             // A device that went away, or a peer that left, is why the QP
             // flushes — also when a post failed meanwhile because of it.

@@ -67,6 +67,9 @@ pub struct Connection {
     end_awaited: bool,
     heartbeat: Heartbeat,
     stats: Stats,
+    /// Names the connection (device, queue pair) in what the engine logs
+    /// about it; entered on the slow paths and by the worker.
+    span: tracing::Span,
 }
 
 /// A connection's target ring, writable: [`copy_from`](TargetMut::copy_from)
@@ -110,6 +113,11 @@ impl Connection {
         cfg: &EngineConfig,
     ) -> Connection {
         let Rings { sq, rq, target } = rings;
+        let span = tracing::info_span!(
+            "connection",
+            device = ep.device_name(),
+            qp = ep.qp_num()
+        );
         Connection {
             ep,
             sq,
@@ -123,7 +131,14 @@ impl Connection {
             end_awaited: false,
             heartbeat: Heartbeat::new(cfg),
             stats: Stats::default(),
+            span,
         }
+    }
+
+    /// The span that names this connection in the engine's logs, to enter
+    /// around an application's own events about it.
+    pub fn span(&self) -> &tracing::Span {
+        &self.span
     }
 
     /// The connection's queue pair, for queries (device, state, why it ended).

@@ -145,6 +145,7 @@ impl SlotWriter {
     /// Copies `data` into the next free slot and publishes it. `false`
     /// when every slot is in use (back-pressure) or `data` is too large.
     #[inline]
+    #[must_use = "false: the ring is full or the data too large, and nothing was handed over"]
     pub fn push(&mut self, data: &[u8]) -> bool {
         self.push_with(data.len(), |slot| slot.copy_from_slice(data))
     }
@@ -152,6 +153,7 @@ impl SlotWriter {
     /// Lets `fill` write `len` bytes into the next free slot, then
     /// publishes it. `false` when full or `len` exceeds the slot size.
     #[inline]
+    #[must_use = "false: the ring is full or `len` too large, and nothing was handed over"]
     pub fn push_with(&mut self, len: usize, fill: impl FnOnce(&mut [u8])) -> bool {
         let layout = self.shared.slots.layout();
         if len > layout.size() {

@@ -561,7 +561,9 @@ impl<'d> SendBatch<'_, 'd> {
     #[inline(always)]
     fn admit(&mut self, kind: RequestKind, must_signal: bool) -> Result<Admitted> {
         if self.is_full() {
-            return Err(full("the batch"));
+            return Err(Error::BatchFull {
+                capacity: self.sq.chain.capacity(),
+            });
         }
         self.sq.admit(kind, must_signal)
     }

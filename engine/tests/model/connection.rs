@@ -41,6 +41,7 @@ enum Resolved {
 fn refusal(e: &Error) -> Option<Refusal> {
     match e {
         Error::Full { what } => Some(Refusal::Full(what)),
+        Error::BatchFull { .. } => Some(Refusal::BatchFull),
         Error::TooLarge { .. } => Some(Refusal::TooLarge),
         Error::OutOfRegion { .. } => Some(Refusal::OutOfRegion),
         _ => None,

@@ -423,6 +423,8 @@ struct Entry {
 pub enum Refusal {
     /// `Error::Full` naming this.
     Full(&'static str),
+    /// `Error::BatchFull`: the batch carries all it can.
+    BatchFull,
     TooLarge,
     /// Outside the peer's ring (`Error::OutOfRegion`, checked first).
     OutOfRegion,
@@ -541,7 +543,7 @@ impl Ledger {
             _ => {}
         }
         if in_batch && self.batch.is_some_and(|(_, n)| n == s.batch) {
-            return Err(Refusal::Full("the batch"));
+            return Err(Refusal::BatchFull);
         }
         if self.outstanding() >= s.depth {
             return Err(Refusal::Full("the send queue"));
