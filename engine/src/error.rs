@@ -297,7 +297,9 @@ mod tests {
 
     #[test]
     fn each_error_names_its_remedy_and_only_waiting_or_polling_is_a_retry() {
-        let full = Error::Full { what: "the send queue" };
+        let full = Error::Full {
+            what: "the send queue",
+        };
         assert_eq!(full.kind(), ErrorKind::Full);
         assert!(full.is_retryable());
         let batch = Error::BatchFull { capacity: 16 };

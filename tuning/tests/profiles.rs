@@ -212,7 +212,7 @@ fn profile_check_rejects_bad_profiles_in_one_line_naming_key_and_range() {
         (
             "timeout.toml",
             "qp_timeout = 40\n",
-            "timeout = 40 is out of range 1..=31",
+            "qp_timeout (field qp.timeout) = 40 is out of range 1..=31",
         ),
         (
             "type.toml",

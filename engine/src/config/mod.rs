@@ -368,8 +368,14 @@ mod tests {
 
     #[test]
     fn a_setting_is_named_by_its_profile_key_and_its_field() {
-        assert_eq!(setting("max_send_wr"), "send_queue_depth (field qp.max_send_wr)");
-        assert_eq!(setting("send_queue_depth"), "send_queue_depth (field qp.max_send_wr)");
+        assert_eq!(
+            setting("max_send_wr"),
+            "send_queue_depth (field qp.max_send_wr)"
+        );
+        assert_eq!(
+            setting("send_queue_depth"),
+            "send_queue_depth (field qp.max_send_wr)"
+        );
         assert_eq!(setting("timeout"), "qp_timeout (field qp.timeout)");
         assert_eq!(
             setting("completion_timeout_ms"),
@@ -383,7 +389,10 @@ mod tests {
         .validate()
         .unwrap_err()
         .to_string();
-        assert!(err.contains("recv_queue_depth (field qp.max_recv_wr) = 0"), "{err}");
+        assert!(
+            err.contains("recv_queue_depth (field qp.max_recv_wr) = 0"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -403,13 +412,19 @@ mod tests {
         type Mutation = fn(&mut QpConfig);
         let cases: [(Mutation, &str); 5] = [
             (|c| c.timeout = 0, "timeout = 0 disables retransmission"),
-            (|c| c.timeout = 32, "qp_timeout (field qp.timeout) = 32 is out of range 1..=31"),
+            (
+                |c| c.timeout = 32,
+                "qp_timeout (field qp.timeout) = 32 is out of range 1..=31",
+            ),
             (|c| c.rnr_retry = 7, "rnr_retry = 7 means retry forever"),
             (
                 |c| c.retry_count = 8,
                 "retry_count (field qp.retry_count) = 8 is out of range 0..=7",
             ),
-            (|c| c.max_send_wr = 0, "send_queue_depth (field qp.max_send_wr) = 0 is out of range"),
+            (
+                |c| c.max_send_wr = 0,
+                "send_queue_depth (field qp.max_send_wr) = 0 is out of range",
+            ),
         ];
         for (mutate, expected) in cases {
             let mut cfg = QpConfig::default();

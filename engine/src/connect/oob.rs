@@ -6,7 +6,6 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 
-
 use super::record::ConnectionRecord;
 use crate::config::QpConfig;
 use crate::endpoint::Endpoint;
@@ -166,6 +165,10 @@ mod tests {
     fn initial_psns_are_24_bits_and_spread() {
         let psns: std::collections::BTreeSet<u32> = (0..64).map(|_| super::initial_psn()).collect();
         assert!(psns.iter().all(|p| *p < 1 << 24), "{psns:?}");
-        assert!(psns.len() > 60, "64 connections, {} distinct PSNs", psns.len());
+        assert!(
+            psns.len() > 60,
+            "64 connections, {} distinct PSNs",
+            psns.len()
+        );
     }
 }

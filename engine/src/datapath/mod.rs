@@ -113,11 +113,7 @@ impl Connection {
         cfg: &EngineConfig,
     ) -> Connection {
         let Rings { sq, rq, target } = rings;
-        let span = tracing::info_span!(
-            "connection",
-            device = ep.device_name(),
-            qp = ep.qp_num()
-        );
+        let span = tracing::info_span!("connection", device = ep.device_name(), qp = ep.qp_num());
         Connection {
             ep,
             sq,
