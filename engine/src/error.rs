@@ -18,6 +18,7 @@ functional testing without a NIC, SoftRoCE on a kernel with rdma_rxe: \
 what the system sees";
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     #[error("no RDMA device found; {HOW_TO_GET_A_DEVICE}")]
     NoDevice,

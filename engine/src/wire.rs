@@ -63,6 +63,7 @@ impl fmt::Display for Len {
 
 /// Why bytes are not a valid message of a format.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum WireError {
     #[error("{format}: {got} bytes, {expected}")]
     Length {

@@ -80,6 +80,7 @@ enum Relayed {
 /// [`Event`], its data borrowed from the engine until the next call to
 /// [`Engine::poll`] or [`Engine::wait`].
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum EngineEvent<'a> {
     /// A SEND from the peer.
     Received { data: &'a [u8] },

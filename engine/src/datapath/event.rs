@@ -34,6 +34,7 @@ pub struct Stats {
 
 /// Something that happened on the connection, lent to a callback.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Event<'a> {
     /// A SEND arrived; `data` lives in the receive ring until the callback returns.
     Received { data: &'a [u8] },

@@ -57,6 +57,7 @@ pub(crate) struct PeerPath {
 
 /// QP states, as `enum ibv_qp_state`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum QpState {
     Reset,
     Init,
