@@ -115,7 +115,9 @@ pub enum Error {
     #[error("{what} is full; poll completions (Connection::poll / reap) and retry")]
     Full { what: &'static str },
     /// The batch carries as many requests as one doorbell can: post it,
-    /// then start another. Nothing is wrong with the connection.
+    /// then start another (and call `signal_next` again if the refused
+    /// request was to be signaled: the refusal took the request).
+    /// Nothing is wrong with the connection.
     #[error("the batch holds its {capacity} requests (batch_size); post it and start another")]
     BatchFull { capacity: usize },
     #[error("{range} is outside the memory region of {len} bytes")]
@@ -198,7 +200,8 @@ pub enum ErrorKind {
     Full,
     /// The batch is full ([`Error::BatchFull`]): post it, then go on.
     BatchFull,
-    /// A bounded wait ran out; what it waited for may still come.
+    /// A bounded wait ran out; what it waited for may still come: wait
+    /// again (or give up), never post the same request again.
     Timeout,
     /// Setting the connection up failed (address, route, the peer's
     /// answer, the out-of-band exchange): connect again later.
@@ -266,11 +269,16 @@ impl Error {
         }
     }
 
-    /// Whether the same call may succeed if made again unchanged: after
-    /// polling ([`ErrorKind::Full`]), or waiting longer
-    /// ([`ErrorKind::Timeout`]). Everything else needs a change first.
+    /// Whether the call posted nothing and may succeed if made again once
+    /// completions were polled ([`ErrorKind::Full`]: reap, then call
+    /// again — inside a [`Batch`](crate::Batch) post the batch first, and
+    /// for lent regions [`reclaim`](crate::Connection::reclaim)).
+    ///
+    /// A [`ErrorKind::Timeout`] is not: the wait ended, not the request,
+    /// which may still complete — wait again, never post it again.
+    /// Everything else needs a change first.
     pub fn is_retryable(&self) -> bool {
-        matches!(self.kind(), ErrorKind::Full | ErrorKind::Timeout)
+        self.kind() == ErrorKind::Full
     }
 
     /// The work completion behind this error, if it is one.
@@ -297,7 +305,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_error_names_its_remedy_and_only_waiting_or_polling_is_a_retry() {
+    fn each_error_names_its_remedy_and_only_a_full_queue_is_a_retry() {
         let full = Error::Full {
             what: "the send queue",
         };
@@ -311,7 +319,7 @@ mod tests {
             what: "a completion",
             waited: Duration::from_secs(1),
         };
-        assert!(timeout.is_retryable());
+        assert!(!timeout.is_retryable(), "the request may still complete");
         assert_eq!(Error::NoDevice.kind(), ErrorKind::NoDevice);
         let lost = Error::Disconnected;
         assert_eq!(lost.kind(), ErrorKind::ConnectionLost);

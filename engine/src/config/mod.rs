@@ -97,23 +97,28 @@ impl QpConfig {
         range("max_inline_data", self.max_inline_data.into(), 0, 4096)?;
         range("cq_depth", self.cq_depth.into(), 1, 1 << 20)?;
         if self.timeout == 0 {
-            return Err(Error::Config(
-                "timeout = 0 disables retransmission (a lost packet then hangs the QP forever); use 1..=31, e.g. 14".into(),
-            ));
+            return Err(Error::Config(format!(
+                "{} = 0 disables retransmission (a lost packet then hangs the QP forever); use 1..=31, e.g. 14",
+                setting("timeout")
+            )));
         }
         range("timeout", self.timeout.into(), 1, 31)?;
         range("retry_count", self.retry_count.into(), 0, 7)?;
         if self.rnr_retry == 7 {
-            return Err(Error::Config(
-                "rnr_retry = 7 means retry forever (a stopped receiver then hangs the sender); use 0..=6".into(),
-            ));
+            return Err(Error::Config(format!(
+                "{} = 7 means retry forever (a stopped receiver then hangs the sender); use 0..=6",
+                setting("rnr_retry")
+            )));
         }
         range("rnr_retry", self.rnr_retry.into(), 0, 6)?;
         range("min_rnr_timer", self.min_rnr_timer.into(), 0, 31)?;
         range("max_rd_atomic", self.max_rd_atomic.into(), 1, 16)?;
         range("port", self.port.into(), 1, 255)?;
         if self.connect_timeout.is_zero() {
-            return Err(Error::Config("connect_timeout must be positive".into()));
+            return Err(Error::Config(format!(
+                "{} = 0: the connection set-up needs a positive timeout",
+                setting("connect_timeout")
+            )));
         }
         Ok(())
     }
@@ -217,6 +222,8 @@ const KEY_AND_FIELD: &[(&str, &str)] = &[
     ("completion_timeout_ms", "completion_timeout"),
     ("heartbeat_interval_ms", "heartbeat_interval"),
     ("hugepages", "pages"),
+    ("inline_threshold", "qp.max_inline_data"),
+    ("gid_index", "qp.gid_index"),
 ];
 
 /// How an error names a setting, given its profile key or its field (a
@@ -411,12 +418,18 @@ mod tests {
     fn bad_values_name_the_field_and_range() {
         type Mutation = fn(&mut QpConfig);
         let cases: [(Mutation, &str); 5] = [
-            (|c| c.timeout = 0, "timeout = 0 disables retransmission"),
+            (
+                |c| c.timeout = 0,
+                "qp_timeout (field qp.timeout) = 0 disables retransmission",
+            ),
             (
                 |c| c.timeout = 32,
                 "qp_timeout (field qp.timeout) = 32 is out of range 1..=31",
             ),
-            (|c| c.rnr_retry = 7, "rnr_retry = 7 means retry forever"),
+            (
+                |c| c.rnr_retry = 7,
+                "rnr_retry (field qp.rnr_retry) = 7 means retry forever",
+            ),
             (
                 |c| c.retry_count = 8,
                 "retry_count (field qp.retry_count) = 8 is out of range 0..=7",

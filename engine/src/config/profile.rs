@@ -333,7 +333,11 @@ mod tests {
                 "idle = \"nap\"",
                 "idle = \"nap\" is not one of \"spin\", \"backoff\"",
             ),
-            ("qp_timeout = 0", "timeout = 0 disables retransmission"),
+            ("qp_timeout = 0", "qp_timeout (field qp.timeout) = 0 disables retransmission"),
+            (
+                "inline_threshold = 5000",
+                "inline_threshold (field qp.max_inline_data) = 5000 is out of range 0..=4096",
+            ),
             ("core = 4096", "core = 4096 does not exist"),
             (
                 "batch_size = \"big\"",

@@ -149,14 +149,20 @@ fn timeout_or(op: &'static str, source: std::io::Error) -> Error {
 
 /// A 24-bit initial packet sequence number that differs between
 /// connections and processes: std's hasher keys come from the OS's random
-/// source once per process, and the count makes each call's input new.
-/// (A PSN only has to be hard to guess off-path; it is no secret.)
+/// source once per process, the count makes each call's input new, and
+/// the process id and the clock part a forked child (which inherits the
+/// keys and the count) from its parent. (A PSN only has to be hard to
+/// guess off-path; it is no secret.)
 fn initial_psn() -> u32 {
     use std::hash::BuildHasher;
     use std::sync::atomic::{AtomicU64, Ordering};
     static CALLS: AtomicU64 = AtomicU64::new(0);
     let n = CALLS.fetch_add(1, Ordering::Relaxed);
-    (std::collections::hash_map::RandomState::new().hash_one(n) & 0xff_ffff) as u32
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let input = (n, std::process::id(), now);
+    (std::collections::hash_map::RandomState::new().hash_one(input) & 0xff_ffff) as u32
 }
 
 #[cfg(test)]

@@ -113,7 +113,10 @@ impl Connection {
         cfg: &EngineConfig,
     ) -> Connection {
         let Rings { sq, rq, target } = rings;
-        let span = tracing::info_span!("connection", device = ep.device_name(), qp = ep.qp_num());
+        // At error level so that it is on whenever the engine's warnings
+        // are: an info span is filtered out under a `warn` filter, and the
+        // warnings would lose the connection's name.
+        let span = tracing::error_span!("connection", device = ep.device_name(), qp = ep.qp_num());
         Connection {
             ep,
             sq,
