@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::PageSize;
 use crate::config::QpConfig;
-use crate::error::{Error, Result};
+use crate::error::{Error, Misuse, Result};
 use crate::status::{WcOpcode, WcStatus};
 use crate::sys::cm::CmId;
 use crate::sys::cq::{CompletionQueue, CqPoller, WorkCompletion};
@@ -348,7 +348,7 @@ impl Endpoint {
     ) -> std::result::Result<Completed, CompleteError> {
         if !posted.is_on(&self.qp) {
             return Err(CompleteError::Pending {
-                error: Error::Config("the request was posted on another endpoint".into()),
+                error: Misuse::OtherEndpoint.into(),
                 posted,
             });
         }
@@ -624,7 +624,7 @@ fn waiting_for(receive: bool) -> &'static str {
 
 #[cold]
 fn pollers_taken() -> Error {
-    Error::Config("this endpoint's completions belong to its Connection".into())
+    Misuse::CompletionsTaken.into()
 }
 
 impl Drop for Endpoint {

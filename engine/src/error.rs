@@ -112,8 +112,10 @@ pub enum Error {
     PollCq(#[source] io::Error),
     #[error(transparent)]
     Completion(#[from] WcError),
-    #[error("{what} is full; poll completions (Connection::poll / reap) and retry")]
-    Full { what: &'static str },
+    /// A queue or ring has no room; nothing was posted. `remedy` says
+    /// what makes room.
+    #[error("{what} is full; {remedy}")]
+    Full { what: &'static str, remedy: Remedy },
     /// The batch carries as many requests as one doorbell can: post it,
     /// then start another (and call `signal_next` again if the refused
     /// request was to be signaled: the refusal took the request).
@@ -170,10 +172,133 @@ pub enum Error {
     Exchange { op: &'static str, source: io::Error },
     #[error("bad connection record from the peer: {0}")]
     BadRecord(String),
-    #[error("invalid configuration: {0}")]
-    Config(String),
+    /// A setting has a value it cannot take; nothing was set up.
+    /// `key` is its name in a profile, `field` its path in
+    /// [`EngineConfig`](crate::EngineConfig) (the same where they agree).
+    #[error("{} = {value} {problem}", setting_name(key, field))]
+    Setting {
+        key: &'static str,
+        field: &'static str,
+        value: String,
+        problem: String,
+    },
+    /// No profile has this name.
+    #[error("no profile named {name:?}: the built-in ones are {builtin}{}; or give a path to a .toml file",
+        dir.as_deref().map(|d| format!(", and none is in $PINPOLL_PROFILE_DIR ({})", d.display())).unwrap_or_default())]
+    UnknownProfile {
+        name: String,
+        builtin: String,
+        dir: Option<std::path::PathBuf>,
+    },
+    /// A profile file that cannot be read.
+    #[error("cannot read profile {}", path.display())]
+    ReadProfile {
+        path: std::path::PathBuf,
+        source: io::Error,
+    },
+    /// A profile's text is not valid TOML, or names a key no profile has,
+    /// or gives a key a value of the wrong type.
+    #[error("{}{message}", at.map(|(line, column)| format!("line {line}, column {column}: ")).unwrap_or_default())]
+    ProfileSyntax {
+        /// 1-based line and column, where the parser knows them.
+        at: Option<(usize, usize)>,
+        message: String,
+    },
+    /// An error in profile `profile` (a built-in's name or a path); the
+    /// source says what.
+    #[error("profile {profile}")]
+    InProfile { profile: String, source: Box<Error> },
+    /// A call that is wrong for the object it was made on; nothing was
+    /// done and the object is unharmed.
+    #[error(transparent)]
+    Misuse(#[from] Misuse),
+    /// An allocation the set-up needs failed.
+    #[error("no memory for {what}")]
+    OutOfMemory { what: String },
+    /// The CPUs this thread may run on could not be read.
+    #[error("sched_getaffinity failed")]
+    Affinity(#[source] io::Error),
     #[error("{what} is not a valid socket address: {detail}")]
     Address { what: String, detail: String },
+}
+
+/// How an error names a setting: both names where they differ, so a
+/// profile's author and a program's both find it.
+fn setting_name(key: &str, field: &str) -> String {
+    if key == field {
+        key.to_owned()
+    } else {
+        format!("{key} (field {field})")
+    }
+}
+
+/// A call wrong for the object it was made on ([`Error::Misuse`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Misuse {
+    /// A request completed on an endpoint other than the one it was
+    /// posted on.
+    #[error("the request was posted on another endpoint")]
+    OtherEndpoint,
+    /// The endpoint belongs to a `Connection`, which takes its
+    /// completions.
+    #[error("this endpoint's completions belong to its Connection")]
+    CompletionsTaken,
+    /// The NIC writes into this region (a READ's data, a receive), so it
+    /// must be registered with `Access::LOCAL_WRITE`.
+    #[error("{written_by} writes into the region: register it with LOCAL_WRITE")]
+    NeedsLocalWrite { written_by: &'static str },
+    /// Memory a peer may write is a `SharedRegion`, never a
+    /// `MemoryRegion` (which safe code borrows).
+    #[error(
+        "memory a peer may write is a SharedRegion (Endpoint::register_shared), not a MemoryRegion"
+    )]
+    PeerWritableRegion,
+    /// A raw work request id uses the two top bits pinpoll reserves.
+    #[error("raw work request id {id:#x} uses the top two bits, which pinpoll reserves; use ids below 2^62")]
+    ReservedId { id: u64 },
+    /// More handshake data than fits the connection request.
+    #[error("{len} bytes of handshake data; at most {max} fit {beside}")]
+    HandshakeDataTooLong {
+        len: usize,
+        max: usize,
+        beside: &'static str,
+    },
+    /// Handshake data travel in rdma_cm's private data, which a TCP
+    /// set-up has no place for.
+    #[error("handshake data travel in rdma_cm's private data: not over TCP")]
+    HandshakeDataOverTcp,
+}
+
+/// What makes room again after [`Error::Full`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Remedy {
+    /// Take completions (`Connection::poll` or `reap`, `Engine::poll` or
+    /// `wait`), then make the call again.
+    Poll,
+    /// The refusal came inside a [`Batch`](crate::Batch), which holds the
+    /// connection, so nothing can retire while it lives: post the batch
+    /// (or drop it), take completions, then start another.
+    PostBatch,
+    /// Regions lent to requests come back only through
+    /// [`Connection::reclaim`](crate::Connection::reclaim), once their
+    /// requests retired: take completions, reclaim, then call again.
+    Reclaim,
+}
+
+impl std::fmt::Display for Remedy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Remedy::Poll => "take completions (poll or reap) and call again",
+            Remedy::PostBatch => {
+                "post the batch (nothing retires while a batch holds the connection), take completions, then start another"
+            }
+            Remedy::Reclaim => {
+                "take completions and give lent regions back with Connection::reclaim, then call again"
+            }
+        })
+    }
 }
 
 /// What a program can do about an [`Error`]: its remedy, whatever verb
@@ -195,10 +320,11 @@ pub enum ErrorKind {
     /// large, completions taken out of order, the wrong device, a caller's
     /// fill closure failed); the connection is unharmed.
     Misuse,
-    /// A queue or ring had no room ([`Error::Full`]): poll completions,
-    /// then retry.
+    /// A queue or ring had no room ([`Error::Full`]): its
+    /// [`Remedy`] says what makes room.
     Full,
-    /// The batch is full ([`Error::BatchFull`]): post it, then go on.
+    /// The batch is full ([`Error::BatchFull`]), or a queue filled while
+    /// a batch held the connection: post it, then go on.
     BatchFull,
     /// A bounded wait ran out; what it waited for may still come: wait
     /// again (or give up), never post the same request again.
@@ -236,31 +362,52 @@ impl Error {
             | E::AllocPd(_)
             | E::CreateCq { .. }
             | E::CreateQp { .. }
-            | E::ModifyQp { .. }
             | E::RegMr { .. }
             | E::Memlock { .. }
             | E::Map { .. }
-            | E::PollCq(_)
             | E::Pin { .. }
+            | E::OutOfMemory { .. }
+            | E::Affinity(_)
             | E::WorkerSpawn { .. } => ErrorKind::Resources,
-            E::Config(_) => ErrorKind::Config,
-            E::OutOfRegion { .. }
+            E::Setting { .. }
+            | E::UnknownProfile { .. }
+            | E::ReadProfile { .. }
+            | E::ProfileSyntax { .. } => ErrorKind::Config,
+            E::InProfile { source, .. } => source.kind(),
+            E::Misuse(_)
+            | E::OutOfRegion { .. }
             | E::TooLarge { .. }
             | E::SlotFill { .. }
             | E::UnexpectedCompletion { .. }
             | E::ForeignCompletion { .. }
             | E::WrongDevice { .. }
             | E::Address { .. } => ErrorKind::Misuse,
+            E::Full {
+                remedy: Remedy::PostBatch,
+                ..
+            }
+            | E::BatchFull { .. } => ErrorKind::BatchFull,
             E::Full { .. } => ErrorKind::Full,
-            E::BatchFull { .. } => ErrorKind::BatchFull,
             E::Timeout { .. } => ErrorKind::Timeout,
-            E::Cm { .. } | E::CmEvent { .. } | E::Exchange { .. } => ErrorKind::Connect,
+            // A transition refused at set-up mostly comes from the
+            // peer's record or the path to it.
+            E::ModifyQp { .. } | E::Cm { .. } | E::CmEvent { .. } | E::Exchange { .. } => {
+                ErrorKind::Connect
+            }
+            // A provider refuses a post with ENOMEM when its queue is full
+            // (the raw `Endpoint` posts beside no ledger of its own).
+            E::PostSend { source, .. } | E::PostRecv { source, .. }
+                if source.raw_os_error() == Some(libc::ENOMEM) =>
+            {
+                ErrorKind::Full
+            }
             E::Rejected { .. } => ErrorKind::Rejected,
             E::BadRecord(_) => ErrorKind::Protocol,
             E::PostSend { .. }
             | E::PostRecv { .. }
             | E::PostIndeterminate { .. }
             | E::Completion(_)
+            | E::PollCq(_)
             | E::Disconnected
             | E::PeerLeft(_)
             | E::DeviceEvent { .. }
@@ -269,16 +416,21 @@ impl Error {
         }
     }
 
-    /// Whether the call posted nothing and may succeed if made again once
-    /// completions were polled ([`ErrorKind::Full`]: reap, then call
-    /// again — inside a [`Batch`](crate::Batch) post the batch first, and
-    /// for lent regions [`reclaim`](crate::Connection::reclaim)).
+    /// Whether the call posted nothing and will succeed if made again
+    /// once completions were taken: [`Error::Full`] with
+    /// [`Remedy::Poll`]. Not inside a [`Batch`](crate::Batch), where
+    /// nothing retires until it is posted ([`Remedy::PostBatch`]), nor
+    /// for lent regions ([`Remedy::Reclaim`]).
     ///
     /// A [`ErrorKind::Timeout`] is not: the wait ended, not the request,
     /// which may still complete — wait again, never post it again.
     /// Everything else needs a change first.
     pub fn is_retryable(&self) -> bool {
-        self.kind() == ErrorKind::Full
+        match self {
+            Error::Full { remedy, .. } => *remedy == Remedy::Poll,
+            Error::PostSend { .. } | Error::PostRecv { .. } => self.kind() == ErrorKind::Full,
+            _ => false,
+        }
     }
 
     /// The work completion behind this error, if it is one.
@@ -308,9 +460,28 @@ mod tests {
     fn each_error_names_its_remedy_and_only_a_full_queue_is_a_retry() {
         let full = Error::Full {
             what: "the send queue",
+            remedy: Remedy::Poll,
         };
         assert_eq!(full.kind(), ErrorKind::Full);
         assert!(full.is_retryable());
+        // Inside a batch nothing retires: retrying there spins forever.
+        let in_batch = Error::Full {
+            what: "the send queue",
+            remedy: Remedy::PostBatch,
+        };
+        assert_eq!(in_batch.kind(), ErrorKind::BatchFull);
+        assert!(!in_batch.is_retryable());
+        assert!(
+            in_batch.to_string().contains("post the batch"),
+            "{in_batch}"
+        );
+        let lent = Error::Full {
+            what: "the lent regions",
+            remedy: Remedy::Reclaim,
+        };
+        assert_eq!(lent.kind(), ErrorKind::Full);
+        assert!(!lent.is_retryable(), "polling alone frees no lent region");
+        assert!(lent.to_string().contains("reclaim"), "{lent}");
         let batch = Error::BatchFull { capacity: 16 };
         assert_eq!(batch.kind(), ErrorKind::BatchFull);
         assert!(!batch.is_retryable(), "post the batch first");
@@ -324,9 +495,41 @@ mod tests {
         let lost = Error::Disconnected;
         assert_eq!(lost.kind(), ErrorKind::ConnectionLost);
         assert!(!lost.is_retryable());
-        let config = Error::Config("cq_depth = 0".into());
+        let config = Error::Setting {
+            key: "cq_depth",
+            field: "qp.cq_depth",
+            value: "0".into(),
+            problem: "is out of range 1..=1048576".into(),
+        };
         assert_eq!(config.kind(), ErrorKind::Config);
         assert!(!config.is_retryable());
+        assert_eq!(
+            config.to_string(),
+            "cq_depth (field qp.cq_depth) = 0 is out of range 1..=1048576"
+        );
+        let in_profile = Error::InProfile {
+            profile: "built-in latency".into(),
+            source: Box::new(config),
+        };
+        assert_eq!(in_profile.kind(), ErrorKind::Config, "the source's kind");
+        assert!(std::error::Error::source(&in_profile).is_some());
+        let misuse = Error::from(Misuse::OtherEndpoint);
+        assert_eq!(misuse.kind(), ErrorKind::Misuse);
+        // A full provider queue under the raw Endpoint is back-pressure;
+        // any other refused post ends the connection.
+        let full = Error::PostSend {
+            wr_id: 3,
+            posted: 0,
+            source: io::Error::from_raw_os_error(libc::ENOMEM),
+        };
+        assert_eq!(full.kind(), ErrorKind::Full);
+        assert!(full.is_retryable());
+        let refused = Error::PostSend {
+            wr_id: 3,
+            posted: 0,
+            source: io::Error::from_raw_os_error(libc::EINVAL),
+        };
+        assert_eq!(refused.kind(), ErrorKind::ConnectionLost);
     }
 
     #[test]

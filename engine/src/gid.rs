@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::config::bad_setting;
 use crate::error::{Error, Result};
 use crate::sys::device::Context;
 
@@ -81,14 +82,18 @@ pub fn select(table: &[GidEntry], wanted: Option<u32>, port: u8) -> Result<GidEn
             .find(|e| e.index == index)
             .cloned()
             .ok_or_else(|| {
-                Error::Config(format!(
-                    "gid_index = {index} is not a populated GID on port {port} (populated: {})",
-                    table
-                        .iter()
-                        .map(|e| e.index.to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ))
+                bad_setting(
+                    "gid_index",
+                    index,
+                    format!(
+                        "is not a populated GID on port {port} (populated: {})",
+                        table
+                            .iter()
+                            .map(|e| e.index.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
             });
     }
     table
@@ -133,7 +138,7 @@ mod tests {
         let table = [entry(0, 1, "RoCE v2")];
         let err = select(&table, Some(5), 1).unwrap_err().to_string();
         assert!(
-            err.contains("gid_index = 5 is not a populated GID on port 1 (populated: 0)"),
+            err.contains("gid_index (field qp.gid_index) = 5 is not a populated GID on port 1 (populated: 0)"),
             "{err}"
         );
         assert!(matches!(

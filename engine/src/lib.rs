@@ -91,7 +91,7 @@ pub mod alloc {
 pub use config::{EngineConfig, IdlePolicy, QpConfig};
 pub use datapath::{Batch, Connection, ConnectionBuilder, Event, Incoming, Stats, TargetMut};
 pub use endpoint::{Completed, Endpoint, WorkDone};
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, Misuse, Remedy, Result};
 pub use memory::{
     Access, CompleteError, MemoryRegion, PageSize, Posted, RegionOp, RegionRefused, RemoteSlice,
     SharedRegion,

@@ -13,7 +13,7 @@ use rtrb::{Consumer, Producer, RingBuffer};
 
 use crate::config::{EngineConfig, IdlePolicy};
 use crate::datapath::{Connection, Event, Stats};
-use crate::error::{Error, Result};
+use crate::error::{Error, Remedy, Result};
 use crate::status::{WcError, WcOpcode};
 use crate::sys::cpu::current_affinity;
 use crate::sys::handoff::{handoff_ring, SlotReader, SlotWriter};
@@ -239,11 +239,32 @@ impl Engine {
             }
         }
         if self.ops.is_full() {
-            return Err(Error::Full {
-                what: "the engine's operation queue",
-            });
+            return Err(self.full("the engine's operation queue"));
         }
         Ok(())
+    }
+
+    /// A full hand-off queue: back-pressure while the worker runs; once it
+    /// stopped nothing will ever drain it, and retrying would spin forever.
+    #[cold]
+    #[inline(never)]
+    fn full(&self, what: &'static str) -> Error {
+        if self.is_running() {
+            Error::Full {
+                what,
+                remedy: Remedy::Poll,
+            }
+        } else {
+            Error::WorkerStopped
+        }
+    }
+
+    /// Whether the worker still runs. Once it stopped (its connection
+    /// failed, or it was shut down) [`poll`](Engine::poll) finds nothing
+    /// more and submitting returns [`Error::WorkerStopped`];
+    /// [`shutdown`](Engine::shutdown) gives its error.
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
 
     fn enqueue(&mut self, kind: OpKind) -> u64 {
@@ -267,9 +288,7 @@ impl Engine {
         };
         self.check(data.len(), remote)?;
         if !self.tx.push(data) {
-            return Err(Error::Full {
-                what: "the engine's payload ring",
-            });
+            return Err(self.full("the engine's payload ring"));
         }
         Ok(self.enqueue(kind))
     }
@@ -341,7 +360,7 @@ impl Engine {
         }
         let mut wait = BoundedWait::new(self.timeout, "a completion from the worker");
         while self.notes.is_empty() {
-            if wait.tick()?.is_some() && self.thread.as_ref().is_some_and(|t| t.is_finished()) {
+            if wait.tick()?.is_some() && !self.is_running() {
                 return Err(Error::WorkerStopped);
             }
         }

@@ -311,3 +311,42 @@ fn a_failure_reports_each_undelivered_operation_once_and_no_delivered_one() {
         report.stats
     );
 }
+
+/// A worker that stopped (here: its peer left) is reported as stopped,
+/// never as a full queue forever: a retry loop on `Full` would spin.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_stopped_worker_says_so_instead_of_full_forever() {
+    let cfg = engine_config();
+    let (client, server) = cm_pair(&cfg);
+    let mut engine = Engine::spawn(client, &cfg).unwrap();
+    drop(server);
+    // The worker notices the disconnect and ends with the error.
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker never noticed its peer left"
+        );
+        match engine.wait() {
+            Err(Error::WorkerStopped) => break,
+            Err(Error::Timeout { .. }) | Ok(_) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    // Nothing drains the hand-off queue now: once it is full, the refusal
+    // names the stopped worker.
+    let data = pattern(64, 5);
+    let mut accepted = 0u32;
+    let refusal = loop {
+        match engine.try_send(&data) {
+            Ok(_) => accepted += 1,
+            Err(e) => break e,
+        }
+        assert!(accepted <= 2 * cfg.handoff_depth, "the queue never filled");
+    };
+    assert!(matches!(refusal, Error::WorkerStopped), "{refusal}");
+    assert!(!refusal.is_retryable());
+    let end = engine.shutdown().unwrap_err();
+    assert_eq!(end.kind(), pinpoll::ErrorKind::ConnectionLost, "{end}");
+}

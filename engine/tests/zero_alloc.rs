@@ -340,7 +340,7 @@ fn writes_from_slots(client: &mut Connection, n: u64) {
         loop {
             match client.try_write_from(payload(i).len(), cell(i), None, fill) {
                 Ok(_) => break,
-                Err(Error::Full { what }) => {
+                Err(Error::Full { what, .. }) => {
                     assert!(
                         client.outstanding() > 0,
                         "{what} full with nothing in flight"

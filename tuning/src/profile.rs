@@ -47,13 +47,10 @@ pub fn check(name_or_path: &str) -> Result<Checked, String> {
     })
 }
 
-/// A profile error as one line: the engine's message without its
-/// "invalid configuration" prefix (the message names file, key and range).
+/// A profile error as one line, its causes after it: the profile, then
+/// the key and the allowed range.
 pub fn load_error(err: &pinpoll::Error) -> String {
-    match err {
-        pinpoll::Error::Config(msg) => msg.clone(),
-        other => error_chain(other),
-    }
+    error_chain(err)
 }
 
 /// Every profile key with its effective value, in file order.

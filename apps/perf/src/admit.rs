@@ -51,7 +51,7 @@ pub fn pinned_bytes(cfg: &EngineConfig) -> u64 {
 /// The most `profile` pins for `kind` at any message size (rings
 /// shrink in slots as messages grow, so it is the largest size's, but
 /// every power of two is asked).
-pub fn profile_limit(profile: &EngineConfig, kind: Kind) -> pinpoll::Result<u64> {
+pub fn profile_limit(profile: &EngineConfig, kind: Kind) -> anyhow::Result<u64> {
     let mut most = 0;
     let mut size = 1;
     while size <= MAX_SIZE {

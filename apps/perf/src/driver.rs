@@ -5,8 +5,9 @@
 
 use std::time::Duration;
 
+use anyhow::{anyhow, Result};
 use pinpoll::datapath::Stats;
-use pinpoll::{Connection, Engine, EngineConfig, EngineEvent, Error, Event, Result};
+use pinpoll::{Connection, Engine, EngineConfig, EngineEvent, Error, Event};
 
 use crate::clock;
 use crate::plan::{Kind, Mode, Plan};
@@ -54,7 +55,8 @@ impl Spin {
             return Err(Error::Timeout {
                 what: self.what,
                 waited,
-            });
+            }
+            .into());
         }
         Ok(true)
     }
@@ -119,13 +121,13 @@ fn ping_value(counter: u64) -> u8 {
 
 /// A latency test asked to stream, or a bandwidth test to ping-pong.
 #[cold]
-fn wrong_kind(kind: Kind) -> Error {
+fn wrong_kind(kind: Kind) -> anyhow::Error {
     let (is, not) = if kind.is_latency() {
         ("latency", "bandwidth")
     } else {
         ("bandwidth", "latency")
     };
-    Error::Config(format!("{} is a {is} test, not a {not} test", kind.name()))
+    anyhow!("{} is a {is} test, not a {not} test", kind.name())
 }
 
 /// The client side of a measurement.
@@ -209,7 +211,7 @@ impl DirectClient {
         })?;
         self.acked = acked;
         match failed {
-            Some(e) => Err(Error::Completion(e)),
+            Some(e) => Err(Error::Completion(e).into()),
             None => Ok(n),
         }
     }
@@ -231,7 +233,7 @@ fn post_one(
     conn: &mut Connection,
     timeout: Duration,
     turns: &mut u64,
-    mut op: impl FnMut(&mut Connection) -> Result<u64>,
+    mut op: impl FnMut(&mut Connection) -> pinpoll::Result<u64>,
 ) -> Result<u64> {
     let mut spin = Spin::new(timeout, "send-queue room");
     loop {
@@ -242,7 +244,7 @@ fn post_one(
                     spin.tick()?;
                 }
             }
-            done => return done,
+            done => return Ok(done?),
         }
     }
 }
@@ -360,9 +362,9 @@ impl Driver for DirectClient {
                     self.conn.recv()?.data.len()
                 };
                 if len != size {
-                    return Err(Error::Config(format!(
+                    return Err(anyhow!(
                         "send-lat: the server answered {len} bytes, expected {size}"
-                    )));
+                    ));
                 }
                 Ok(())
             }
@@ -429,7 +431,7 @@ impl Driver for DirectClient {
         }
         self.conn.wait_idle(|_| {})?;
         if let Some(e) = self.conn.failure() {
-            return Err(Error::Completion(*e));
+            return Err(Error::Completion(*e).into());
         }
         Ok(())
     }
@@ -443,7 +445,7 @@ impl Driver for DirectClient {
     }
 
     fn quiesce(&mut self) -> Result<()> {
-        self.conn.wait_idle(|_| {})
+        Ok(self.conn.wait_idle(|_| {})?)
     }
 
     fn finish(mut self: Box<Self>) -> Result<Stats> {
@@ -506,7 +508,7 @@ impl DirectClient {
             match r {
                 Ok(_) => k += 1,
                 Err(Error::Full { .. } | Error::BatchFull { .. }) => break,
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         }
         Ok(b.post()? as u64)
@@ -517,7 +519,7 @@ impl DirectClient {
         if credits {
             self.poll_credits()
         } else {
-            self.conn.reap()
+            Ok(self.conn.reap()?)
         }
     }
 }
@@ -588,7 +590,7 @@ impl EngineClient {
                         spin.tick()?;
                     }
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -606,11 +608,11 @@ impl EngineClient {
                         acked = acked.max(count);
                     }
                 }
-                EngineEvent::Failed(e) => return Err(Error::Completion(e)),
+                EngineEvent::Failed(e) => return Err(Error::Completion(e).into()),
                 EngineEvent::Refused { id } => {
-                    return Err(Error::Config(format!(
+                    return Err(anyhow!(
                         "the worker refused operation {id}: the connection had failed"
-                    )))
+                    ))
                 }
                 _ => {}
             }
@@ -627,11 +629,11 @@ impl EngineClient {
         let mut spin = Spin::new(self.timeout, "a completion from the worker");
         loop {
             match self.engine.poll() {
-                Some(EngineEvent::Failed(e)) => return Err(Error::Completion(e)),
+                Some(EngineEvent::Failed(e)) => return Err(Error::Completion(e).into()),
                 Some(EngineEvent::Refused { id }) => {
-                    return Err(Error::Config(format!(
+                    return Err(anyhow!(
                         "the worker refused operation {id}: the connection had failed"
-                    )))
+                    ))
                 }
                 Some(ref c) if want(c) => return Ok(()),
                 Some(_) => {}
@@ -695,7 +697,7 @@ impl Driver for EngineClient {
                 while let Some(c) = self.engine.poll() {
                     match c {
                         EngineEvent::ReadCompleted { .. } => done += 1,
-                        EngineEvent::Failed(e) => return Err(Error::Completion(e)),
+                        EngineEvent::Failed(e) => return Err(Error::Completion(e).into()),
                         _ => {}
                     }
                 }
@@ -715,7 +717,7 @@ impl Driver for EngineClient {
             while reads_done < n {
                 match self.engine.poll() {
                     Some(EngineEvent::ReadCompleted { .. }) => reads_done += 1,
-                    Some(EngineEvent::Failed(e)) => return Err(Error::Completion(e)),
+                    Some(EngineEvent::Failed(e)) => return Err(Error::Completion(e).into()),
                     Some(_) => {}
                     None => {
                         spin.tick()?;
@@ -749,7 +751,7 @@ impl Driver for EngineClient {
                         spin.tick()?;
                     }
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         };
         self.wait_for(|c| matches!(c, EngineEvent::Completed { id: done, .. } if *done == id))
@@ -774,7 +776,7 @@ impl EngineClient {
                         any = true;
                         match c {
                             EngineEvent::ReadCompleted { .. } => *reads_done += 1,
-                            EngineEvent::Failed(e) => return Err(Error::Completion(e)),
+                            EngineEvent::Failed(e) => return Err(Error::Completion(e).into()),
                             _ => {}
                         }
                     }
@@ -782,7 +784,7 @@ impl EngineClient {
                         spin.tick()?;
                     }
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -931,7 +933,7 @@ fn serve_passively(conn: &mut Connection, stop: &mut dyn FnMut() -> Result<bool>
         }
         conn.reap()?;
         if conn.peer_gone()? {
-            return Err(Error::Disconnected);
+            return Err(Error::Disconnected.into());
         }
         std::thread::sleep(PASSIVE_NAP);
     }
@@ -956,7 +958,7 @@ fn serve_stream(
             _ => {}
         })?;
         if let Some(e) = failed {
-            return Err(Error::Completion(e));
+            return Err(Error::Completion(e).into());
         }
         if got > 0 {
             served += got;

@@ -191,7 +191,7 @@ impl WireConfig {
 
     /// The engine configuration these settings describe, on top of `base`
     /// (which supplies what does not travel: the core, connect timeout...).
-    pub fn apply(&self, base: &EngineConfig) -> pinpoll::Result<EngineConfig> {
+    pub fn apply(&self, base: &EngineConfig) -> anyhow::Result<EngineConfig> {
         let mut c = base.clone();
         c.qp.max_send_wr = self.send_depth;
         c.qp.max_recv_wr = self.recv_depth;
@@ -219,12 +219,12 @@ impl WireConfig {
     /// Checks every field on its own, as it arrives: the ranges
     /// [`EngineConfig::validate`] enforces, and a completion timeout of at
     /// most [`MAX_TIMEOUT_MS`].
-    pub fn check(&self) -> pinpoll::Result<()> {
+    pub fn check(&self) -> anyhow::Result<()> {
         if self.completion_timeout_ms > MAX_TIMEOUT_MS {
-            return Err(pinpoll::Error::Config(format!(
+            anyhow::bail!(
                 "completion_timeout_ms = {} is out of range 1..={MAX_TIMEOUT_MS}",
                 self.completion_timeout_ms
-            )));
+            );
         }
         self.apply(&EngineConfig::default()).map(drop)
     }
@@ -250,8 +250,8 @@ impl Params {
     /// Checks every field against the ranges the client's command line
     /// allows, and that a message fits a slot: a server serves nothing
     /// else.
-    pub fn check(&self) -> pinpoll::Result<()> {
-        let bad = |what: String| Err(pinpoll::Error::Config(what));
+    pub fn check(&self) -> anyhow::Result<()> {
+        let bad = |what: String| Err(anyhow::Error::msg(what));
         if self.size == 0 || self.size > MAX_SIZE {
             return bad(format!(
                 "message size {} is out of range 1..={MAX_SIZE}",
@@ -277,7 +277,7 @@ impl Params {
             self.mode,
             self.config.signal_interval,
         )
-        .map_err(pinpoll::Error::Config)?;
+        .map_err(anyhow::Error::msg)?;
         if self.size > self.config.slot_size as usize {
             return bad(format!(
                 "message size {} does not fit a slot of {} bytes",
@@ -403,11 +403,9 @@ pub fn data_config(
     kind: Kind,
     size: usize,
     o: &Overrides,
-) -> pinpoll::Result<EngineConfig> {
+) -> anyhow::Result<EngineConfig> {
     if size == 0 || size > MAX_SIZE {
-        return Err(pinpoll::Error::Config(format!(
-            "message size {size} is out of range 1..={MAX_SIZE}"
-        )));
+        anyhow::bail!("message size {size} is out of range 1..={MAX_SIZE}");
     }
     let mut c = base.clone();
     if let Some(t) = o.tx_depth {

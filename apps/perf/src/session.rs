@@ -188,7 +188,7 @@ pub fn measure(
     size: usize,
     iters: u64,
     warmup: u64,
-) -> pinpoll::Result<Figures> {
+) -> anyhow::Result<Figures> {
     // The clock's scale is measured before anything is timed.
     clock::ns_per_tick();
     if kind.is_latency() {
@@ -234,12 +234,12 @@ fn round_trips(
     driver: &mut dyn Driver,
     iters: u64,
     batch: u64,
-) -> pinpoll::Result<(Samples, Vec<u64>)> {
+) -> anyhow::Result<(Samples, Vec<u64>)> {
     let batch = iters.min(batch);
     let mut deltas: Vec<u64> = Vec::new();
     deltas
         .try_reserve_exact(batch as usize)
-        .map_err(|e| pinpoll::Error::Config(format!("room for {batch} latency samples: {e}")))?;
+        .map_err(|e| anyhow!("room for {batch} latency samples: {e}"))?;
     let mut samples = Samples::new();
     let mut left = iters;
     while left > 0 {
@@ -706,11 +706,9 @@ fn serve_one_size(
                 stopped = true;
                 Ok(true)
             }
-            Ok(Some(other)) => Err(pinpoll::Error::Config(format!(
-                "the client sent {other:?} during the measurement"
-            ))),
+            Ok(Some(other)) => Err(anyhow!("the client sent {other:?} during the measurement")),
             Ok(None) => Ok(false),
-            Err(e) => Err(pinpoll::Error::Config(format!("{e:#}"))),
+            Err(e) => Err(e),
         }
     })
     .with_context(|| format!("serving {} at {} bytes", params.kind.name(), params.size))?;
@@ -732,15 +730,15 @@ mod tests {
     }
 
     impl Driver for Countdown {
-        fn round_trip(&mut self) -> pinpoll::Result<()> {
+        fn round_trip(&mut self) -> anyhow::Result<()> {
             if self.left == 0 {
-                return Err(pinpoll::Error::Disconnected);
+                return Err(pinpoll::Error::Disconnected.into());
             }
             self.left -= 1;
             self.done += 1;
             Ok(())
         }
-        fn stream(&mut self, _: u64) -> pinpoll::Result<()> {
+        fn stream(&mut self, _: u64) -> anyhow::Result<()> {
             unreachable!("a latency test")
         }
         fn stats(&self) -> Option<pinpoll::datapath::Stats> {
@@ -749,10 +747,10 @@ mod tests {
         fn inline_threshold(&self) -> usize {
             0
         }
-        fn quiesce(&mut self) -> pinpoll::Result<()> {
+        fn quiesce(&mut self) -> anyhow::Result<()> {
             Ok(())
         }
-        fn finish(self: Box<Self>) -> pinpoll::Result<pinpoll::datapath::Stats> {
+        fn finish(self: Box<Self>) -> anyhow::Result<pinpoll::datapath::Stats> {
             Ok(pinpoll::datapath::Stats::default())
         }
     }
@@ -769,7 +767,10 @@ mod tests {
         let err = measure(&mut driver, Kind::SendLat, 8, 1 << 40, 0)
             .err()
             .expect("the peer left");
-        assert!(matches!(err, pinpoll::Error::Disconnected), "{err}");
+        assert!(
+            matches!(err.downcast_ref(), Some(pinpoll::Error::Disconnected)),
+            "{err}"
+        );
         assert_eq!(driver.done, 1000);
     }
 

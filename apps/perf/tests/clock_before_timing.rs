@@ -16,12 +16,12 @@ struct Probe {
 }
 
 impl Driver for Probe {
-    fn round_trip(&mut self) -> pinpoll::Result<()> {
+    fn round_trip(&mut self) -> anyhow::Result<()> {
         self.calibrated_at_each_call.push(clock::is_calibrated());
         Ok(())
     }
 
-    fn stream(&mut self, _n: u64) -> pinpoll::Result<()> {
+    fn stream(&mut self, _n: u64) -> anyhow::Result<()> {
         self.calibrated_at_each_call.push(clock::is_calibrated());
         Ok(())
     }
@@ -34,11 +34,11 @@ impl Driver for Probe {
         0
     }
 
-    fn quiesce(&mut self) -> pinpoll::Result<()> {
+    fn quiesce(&mut self) -> anyhow::Result<()> {
         Ok(())
     }
 
-    fn finish(self: Box<Self>) -> pinpoll::Result<Stats> {
+    fn finish(self: Box<Self>) -> anyhow::Result<Stats> {
         Ok(Stats::default())
     }
 }

@@ -81,14 +81,15 @@ impl QpConfig {
     /// Checks every field against what the verbs accept, naming the field
     /// and its range on failure.
     pub fn validate(&self) -> Result<()> {
-        fn range(name: &str, value: u64, lo: u64, hi: u64) -> Result<()> {
+        fn range(name: &'static str, value: u64, lo: u64, hi: u64) -> Result<()> {
             if (lo..=hi).contains(&value) {
                 Ok(())
             } else {
-                Err(Error::Config(format!(
-                    "{} = {value} is out of range {lo}..={hi}",
-                    setting(name)
-                )))
+                Err(bad_setting(
+                    name,
+                    value,
+                    format!("is out of range {lo}..={hi}"),
+                ))
             }
         }
         range("max_send_wr", self.max_send_wr.into(), 1, 1 << 16)?;
@@ -97,28 +98,31 @@ impl QpConfig {
         range("max_inline_data", self.max_inline_data.into(), 0, 4096)?;
         range("cq_depth", self.cq_depth.into(), 1, 1 << 20)?;
         if self.timeout == 0 {
-            return Err(Error::Config(format!(
-                "{} = 0 disables retransmission (a lost packet then hangs the QP forever); use 1..=31, e.g. 14",
-                setting("timeout")
-            )));
+            return Err(bad_setting(
+                "timeout",
+                0,
+                "disables retransmission (a lost packet then hangs the QP forever); use 1..=31, e.g. 14",
+            ));
         }
         range("timeout", self.timeout.into(), 1, 31)?;
         range("retry_count", self.retry_count.into(), 0, 7)?;
         if self.rnr_retry == 7 {
-            return Err(Error::Config(format!(
-                "{} = 7 means retry forever (a stopped receiver then hangs the sender); use 0..=6",
-                setting("rnr_retry")
-            )));
+            return Err(bad_setting(
+                "rnr_retry",
+                7,
+                "means retry forever (a stopped receiver then hangs the sender); use 0..=6",
+            ));
         }
         range("rnr_retry", self.rnr_retry.into(), 0, 6)?;
         range("min_rnr_timer", self.min_rnr_timer.into(), 0, 31)?;
         range("max_rd_atomic", self.max_rd_atomic.into(), 1, 16)?;
         range("port", self.port.into(), 1, 255)?;
         if self.connect_timeout.is_zero() {
-            return Err(Error::Config(format!(
-                "{} = 0: the connection set-up needs a positive timeout",
-                setting("connect_timeout")
-            )));
+            return Err(bad_setting(
+                "connect_timeout",
+                0,
+                "is not allowed: the connection set-up needs a positive timeout",
+            ));
         }
         Ok(())
     }
@@ -200,11 +204,28 @@ impl Default for EngineConfig {
 /// queue depth plus one poll's receives, whichever is more).
 pub const MIN_HANDOFF_DEPTH: u32 = 128;
 
-pub(crate) fn out_of_range(key: &str, value: impl std::fmt::Display, allowed: &str) -> Error {
-    Error::Config(format!(
-        "{} = {value} is out of range: allowed {allowed}",
-        setting(key)
-    ))
+pub(crate) fn out_of_range(
+    key: &'static str,
+    value: impl std::fmt::Display,
+    allowed: &str,
+) -> Error {
+    bad_setting(key, value, format!("is out of range: allowed {allowed}"))
+}
+
+/// [`Error::Setting`] for the setting `name` (its profile key or its
+/// field) with `value`, and what is wrong with it.
+pub(crate) fn bad_setting(
+    name: &'static str,
+    value: impl std::fmt::Display,
+    problem: impl Into<String>,
+) -> Error {
+    let (key, field) = key_and_field(name);
+    Error::Setting {
+        key,
+        field,
+        value: value.to_string(),
+        problem: problem.into(),
+    }
 }
 
 /// A profile's key and the field of [`EngineConfig`] it sets, where the
@@ -226,17 +247,16 @@ const KEY_AND_FIELD: &[(&str, &str)] = &[
     ("gid_index", "qp.gid_index"),
 ];
 
-/// How an error names a setting, given its profile key or its field (a
-/// `QpConfig` field alone, as `QpConfig::validate` knows it): both names
-/// where they differ, so a profile's author and a program's both find it.
-pub(crate) fn setting(name: &str) -> String {
-    let row = KEY_AND_FIELD.iter().find(|(key, field)| {
-        *key == name || *field == name || field.strip_prefix("qp.") == Some(name)
-    });
-    match row {
-        Some((key, field)) => format!("{key} (field {field})"),
-        None => name.to_owned(),
-    }
+/// A setting's profile key and field, given either (or a `QpConfig`
+/// field alone, as `QpConfig::validate` knows it).
+fn key_and_field(name: &'static str) -> (&'static str, &'static str) {
+    KEY_AND_FIELD
+        .iter()
+        .copied()
+        .find(|(key, field)| {
+            *key == name || *field == name || field.strip_prefix("qp.") == Some(name)
+        })
+        .unwrap_or((name, name))
 }
 
 impl EngineConfig {
@@ -345,10 +365,14 @@ impl EngineConfig {
         if let Some(core) = self.core {
             let cores = core_affinity::get_core_ids().map(|c| c.len()).unwrap_or(0);
             if core >= cores {
-                return Err(Error::Config(format!(
-                    "core = {core} does not exist: this machine has cores 0..={} available to this process",
-                    cores.saturating_sub(1)
-                )));
+                return Err(bad_setting(
+                    "core",
+                    core,
+                    format!(
+                        "does not exist: this machine has cores 0..={} available to this process",
+                        cores.saturating_sub(1)
+                    ),
+                ));
             }
         }
         Ok(())
@@ -375,20 +399,23 @@ mod tests {
 
     #[test]
     fn a_setting_is_named_by_its_profile_key_and_its_field() {
+        let named = |name| {
+            let Error::Setting { key, field, .. } = bad_setting(name, 0, "") else {
+                unreachable!()
+            };
+            (key, field)
+        };
+        assert_eq!(named("max_send_wr"), ("send_queue_depth", "qp.max_send_wr"));
         assert_eq!(
-            setting("max_send_wr"),
-            "send_queue_depth (field qp.max_send_wr)"
+            named("send_queue_depth"),
+            ("send_queue_depth", "qp.max_send_wr")
         );
+        assert_eq!(named("timeout"), ("qp_timeout", "qp.timeout"));
         assert_eq!(
-            setting("send_queue_depth"),
-            "send_queue_depth (field qp.max_send_wr)"
+            named("completion_timeout_ms"),
+            ("completion_timeout_ms", "completion_timeout")
         );
-        assert_eq!(setting("timeout"), "qp_timeout (field qp.timeout)");
-        assert_eq!(
-            setting("completion_timeout_ms"),
-            "completion_timeout_ms (field completion_timeout)"
-        );
-        assert_eq!(setting("slot_count"), "slot_count", "one name for both");
+        assert_eq!(named("slot_count"), ("slot_count", "slot_count"));
         let err = QpConfig {
             max_recv_wr: 0,
             ..QpConfig::default()

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::PageSize;
-use super::{out_of_range, EngineConfig, IdlePolicy};
+use super::{bad_setting, out_of_range, EngineConfig, IdlePolicy};
 use crate::error::{Error, Result};
 
 /// The built-in profiles: name and TOML text.
@@ -37,15 +37,17 @@ impl ProfileSource {
                 .iter()
                 .find(|(n, _)| n == name)
                 .map(|(_, text)| (*text).to_owned())
-                .ok_or_else(|| {
-                    let names: Vec<&str> = BUILTIN.iter().map(|(n, _)| *n).collect();
-                    Error::Config(format!(
-                        "no built-in profile is named {name:?} (built-in: {})",
-                        names.join(", ")
-                    ))
+                .ok_or_else(|| Error::UnknownProfile {
+                    name: (*name).to_owned(),
+                    builtin: builtin_names(),
+                    dir: None,
                 }),
-            ProfileSource::File(path) => std::fs::read_to_string(path)
-                .map_err(|e| Error::Config(format!("cannot read profile {}: {e}", path.display()))),
+            ProfileSource::File(path) => {
+                std::fs::read_to_string(path).map_err(|source| Error::ReadProfile {
+                    path: path.clone(),
+                    source,
+                })
+            }
         }
     }
 }
@@ -77,14 +79,16 @@ pub fn locate(name_or_path: &str) -> Result<ProfileSource> {
     if let Some((name, _)) = BUILTIN.iter().find(|(n, _)| *n == name_or_path) {
         return Ok(ProfileSource::Builtin(name));
     }
+    Err(Error::UnknownProfile {
+        name: name_or_path.to_owned(),
+        builtin: builtin_names(),
+        dir,
+    })
+}
+
+fn builtin_names() -> String {
     let names: Vec<&str> = BUILTIN.iter().map(|(n, _)| *n).collect();
-    Err(Error::Config(format!(
-        "no profile named {name_or_path:?}: the built-in ones are {}{}; or give a path to a .toml file",
-        names.join(", "),
-        dir.as_deref()
-            .map(|d| format!(", and none is in $PINPOLL_PROFILE_DIR ({})", d.display()))
-            .unwrap_or_default()
-    )))
+    names.join(", ")
 }
 
 /// The 1-based line and column of byte `at` of `text`.
@@ -101,10 +105,10 @@ impl EngineConfig {
     pub fn from_toml(text: &str) -> Result<EngineConfig> {
         let file: ProfileFile = toml::from_str(text).map_err(|e| {
             let at = e.span().map(|span| line_and_column(text, span.start));
-            Error::Config(match at {
-                Some((line, column)) => format!("line {line}, column {column}: {}", e.message()),
-                None => e.message().to_owned(),
-            })
+            Error::ProfileSyntax {
+                at,
+                message: e.message().to_owned(),
+            }
         })?;
         let cfg = file.into_config()?;
         cfg.validate()?;
@@ -114,9 +118,9 @@ impl EngineConfig {
     /// Loads `name_or_path` (see [`locate`]): `EngineConfig::load("latency")`.
     pub fn load(name_or_path: &str) -> Result<EngineConfig> {
         let source = locate(name_or_path)?;
-        Self::from_toml(&source.text()?).map_err(|e| match e {
-            Error::Config(msg) => Error::Config(format!("profile {source}: {msg}")),
-            other => other,
+        Self::from_toml(&source.text()?).map_err(|e| Error::InProfile {
+            profile: source.to_string(),
+            source: Box::new(e),
         })
     }
 }
@@ -177,9 +181,11 @@ impl ProfileFile {
                 "2M" | "2MiB" => PageSize::Huge2M,
                 "1G" | "1GiB" => PageSize::Huge1G,
                 other => {
-                    return Err(Error::Config(format!(
-                        "hugepages = {other:?} is not one of \"none\", \"2M\", \"1G\""
-                    )))
+                    return Err(bad_setting(
+                        "hugepages",
+                        format!("{other:?}"),
+                        "is not one of \"none\", \"2M\", \"1G\"",
+                    ))
                 }
             };
         }
@@ -196,9 +202,11 @@ impl ProfileFile {
                 "spin" => IdlePolicy::Spin,
                 "backoff" => IdlePolicy::Backoff { spins },
                 other => {
-                    return Err(Error::Config(format!(
-                        "idle = {other:?} is not one of \"spin\", \"backoff\""
-                    )))
+                    return Err(bad_setting(
+                        "idle",
+                        format!("{other:?}"),
+                        "is not one of \"spin\", \"backoff\"",
+                    ))
                 }
             };
         } else if self.backoff_spins.is_some() {
@@ -238,7 +246,7 @@ mod tests {
         // Builtin is public: a caller may name any &'static str.
         let err = ProfileSource::Builtin("lowlatency").text().unwrap_err();
         let text = err.to_string();
-        assert!(matches!(err, Error::Config(_)), "{err:?}");
+        assert!(matches!(err, Error::UnknownProfile { .. }), "{err:?}");
         for (name, _) in BUILTIN {
             assert!(text.contains(name), "{text}");
         }
@@ -328,7 +336,7 @@ mod tests {
                 "slot_size = 100",
                 "slot_size = 100 is out of range: allowed 64..=1073741824, a multiple of 64",
             ),
-            ("hugepages = \"4K\"", "hugepages = \"4K\" is not one of"),
+            ("hugepages = \"4K\"", "hugepages (field pages) = \"4K\" is not one of"),
             (
                 "idle = \"nap\"",
                 "idle = \"nap\" is not one of \"spin\", \"backoff\"",

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::QpConfig;
 use crate::endpoint::Endpoint;
-use crate::error::{Error, Result};
+use crate::error::{Error, Misuse, Result};
 use crate::sys::cm::{event, CmEvent, CmId, ConnParam, EventChannel};
 
 /// Waits for event `expected` on `id`'s channel; anything else is an error
@@ -252,10 +252,12 @@ impl Connector {
 
     fn request(&self, private_data: &[u8]) -> Result<()> {
         if private_data.len() > 56 {
-            return Err(Error::Config(format!(
-                "{} bytes of private data; an RC connect request carries at most 56",
-                private_data.len()
-            )));
+            return Err(Misuse::HandshakeDataTooLong {
+                len: private_data.len(),
+                max: 56,
+                beside: "an RC connect request",
+            }
+            .into());
         }
         self.id.set_ack_timeout(self.cfg.timeout)?;
         let depth = self.cfg.max_rd_atomic;

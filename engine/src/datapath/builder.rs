@@ -16,7 +16,7 @@ use crate::connect::cm::{Connector, Listener, Request};
 use crate::connect::oob::Prepared;
 use crate::connect::RegionDescriptor;
 use crate::endpoint::Endpoint;
-use crate::error::{Error, Result};
+use crate::error::{Error, Misuse, Result};
 use crate::sys::layout::SlotLayout;
 use crate::sys::mr::{Access, RemoteSlice};
 use crate::sys::recv_queue::RecvQueue;
@@ -188,10 +188,12 @@ impl ConnectionBuilder<'_> {
 
     fn checks(&self, ep: &Endpoint) -> Result<()> {
         if self.private_data.len() > MAX_PRIVATE_DATA {
-            return Err(Error::Config(format!(
-                "{} bytes of handshake data; at most {MAX_PRIVATE_DATA} fit beside the ring descriptor",
-                self.private_data.len()
-            )));
+            return Err(Misuse::HandshakeDataTooLong {
+                len: self.private_data.len(),
+                max: MAX_PRIVATE_DATA,
+                beside: "beside the ring descriptor",
+            }
+            .into());
         }
         match &self.device {
             Some(wanted) if ep.device_name() != wanted => Err(Error::WrongDevice {
@@ -241,9 +243,7 @@ impl ConnectionBuilder<'_> {
     pub fn over_tcp(self, stream: &mut TcpStream) -> Result<Connection> {
         self.cfg.validate()?;
         if !self.private_data.is_empty() {
-            return Err(Error::Config(
-                "handshake data travels in rdma_cm's private data: not over TCP".into(),
-            ));
+            return Err(Misuse::HandshakeDataOverTcp.into());
         }
         let mut prepared = Prepared::new(self.device.as_deref(), &self.cfg.qp, self.remote_access)?;
         let rings = Rings::prepare(prepared.endpoint(), self.cfg, self.remote_access)?;

@@ -3,7 +3,7 @@
 //! waiting ones reap completions around them until there is room.
 
 use super::Connection;
-use crate::error::{Error, Result};
+use crate::error::{Error, Remedy, Result};
 use crate::sys::send_queue::{Outbound, ReadTicket};
 use crate::wait::BoundedWait;
 
@@ -114,6 +114,7 @@ impl Connection {
         self.wait_retired(ticket.seq)?;
         self.sq.read_data(ticket).ok_or(Error::Full {
             what: "the read ring (the READ's slot was taken again)",
+            remedy: Remedy::Poll,
         })
     }
 

@@ -11,10 +11,7 @@ pub fn current_affinity() -> Result<Vec<usize>> {
     let rc =
         unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
     if rc != 0 {
-        return Err(Error::Config(format!(
-            "sched_getaffinity failed: {}",
-            std::io::Error::last_os_error()
-        )));
+        return Err(Error::Affinity(std::io::Error::last_os_error()));
     }
     // SAFETY: CPU_ISSET reads the set filled above; i < CPU_SETSIZE.
     Ok((0..libc::CPU_SETSIZE as usize)

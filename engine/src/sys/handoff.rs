@@ -79,7 +79,9 @@ fn ring_from(size: usize, count: usize, start: u64) -> Result<(SlotWriter, SlotR
     let slots = SlotStorage::new(layout)?;
     let mut lens = Vec::new();
     lens.try_reserve_exact(count)
-        .map_err(|_| Error::Config(format!("no memory for the lengths of {count} slots")))?;
+        .map_err(|_| Error::OutOfMemory {
+            what: format!("the lengths of {count} slots"),
+        })?;
     lens.extend((0..count).map(|_| AtomicU64::new(0)));
     let shared = Arc::new(Shared {
         slots,

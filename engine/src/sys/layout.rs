@@ -8,7 +8,8 @@
 
 use std::ops::Range;
 
-use crate::error::{Error, Result};
+use crate::config::bad_setting;
+use crate::error::Result;
 
 /// The geometry of a ring: `count` slots (a power of two) of `size` bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,9 +24,11 @@ impl SlotLayout {
     /// bytes in all (what one allocation may span).
     pub(crate) fn new(size: usize, count: usize) -> Result<SlotLayout> {
         let refuse = |why: &str| {
-            Err(Error::Config(format!(
-                "a ring of {count} slots of {size} bytes: {why}"
-            )))
+            Err(bad_setting(
+                "slot_count",
+                count,
+                format!("(of {size}-byte slots) is refused: {why}"),
+            ))
         };
         if !count.is_power_of_two() {
             return refuse("the slot count must be a power of two");

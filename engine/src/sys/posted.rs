@@ -20,7 +20,7 @@ use super::qp::QueuePair;
 use super::region::{MemoryRegion, RegionOp, RegionRefused};
 use super::wr::{self, Indeterminate, Payload, PostFailed, SendOpcode, SendRequest};
 use super::wr_id;
-use crate::error::Error;
+use crate::error::{Error, Misuse};
 
 static NEXT_OWNED_ID: AtomicU64 = AtomicU64::new(0);
 
@@ -179,9 +179,10 @@ fn send_request(
         RegionOp::Read { remote } => (SendOpcode::Read, remote.sub(0, len)?),
     };
     if opcode == SendOpcode::Read && !region.access().contains(Access::LOCAL_WRITE) {
-        return Err(Error::Config(
-            "an RDMA READ lands in the region: register it with LOCAL_WRITE".into(),
-        ));
+        return Err(Misuse::NeedsLocalWrite {
+            written_by: "an RDMA READ",
+        }
+        .into());
     }
     Ok(SendRequest {
         wr_id: owned_id(),
@@ -201,9 +202,10 @@ pub(crate) fn post_region_recv(
     region: Option<MemoryRegion>,
 ) -> Result<Queued, RegionRefused<Option<MemoryRegion>>> {
     let buffer = match &region {
-        Some(r) if !r.access().contains(Access::LOCAL_WRITE) => Err(Error::Config(
-            "a receive buffer is written by the NIC: register it with LOCAL_WRITE".into(),
-        )),
+        Some(r) if !r.access().contains(Access::LOCAL_WRITE) => Err(Misuse::NeedsLocalWrite {
+            written_by: "a receive",
+        }
+        .into()),
         Some(r) => r.local_slice(0..r.len()).map(Some),
         None => Ok(None),
     };

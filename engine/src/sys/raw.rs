@@ -6,7 +6,7 @@ use super::qp::QueuePair;
 use super::region::RegionOp;
 use super::wr::{self, Payload, PostFailed, SendOpcode, SendRequest};
 use super::wr_id;
-use crate::error::{Error, Result};
+use crate::error::{Error, Misuse, Result};
 
 /// Raw posting for experts, on a queue pair whose completions the caller
 /// polls itself (`Endpoint::wait_send`, `Endpoint::wait_recv`): requests
@@ -99,9 +99,5 @@ fn posting_error(qp: &mut QueuePair, failed: PostFailed) -> Error {
 
 /// `id` with the raw tag, or the error for an id that uses the tags' bits.
 fn tagged(id: u64) -> Result<u64> {
-    wr_id::raw(id).ok_or_else(|| {
-        Error::Config(format!(
-            "raw work request id {id:#x} uses the top two bits, which pinpoll reserves; use ids below 2^62"
-        ))
-    })
+    wr_id::raw(id).ok_or_else(|| Misuse::ReservedId { id }.into())
 }

@@ -17,7 +17,7 @@
 use std::ops::Range;
 
 use super::mr::{Access, LocalSlice, Registration, RemoteSlice};
-use crate::error::{Error, Result};
+use crate::error::{Error, Misuse, Result};
 
 /// Registered memory reached only by this process's own work requests.
 #[derive(Debug)]
@@ -34,10 +34,7 @@ impl MemoryRegion {
     }
 
     pub(crate) fn shared_access_error() -> Error {
-        Error::Config(
-            "memory a peer may write is a SharedRegion (Endpoint::register_shared), not a MemoryRegion"
-                .into(),
-        )
+        Misuse::PeerWritableRegion.into()
     }
 
     pub fn len(&self) -> usize {

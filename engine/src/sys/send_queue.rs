@@ -21,7 +21,7 @@ use super::mr::{LocalSlice, Registration, RemoteSlice};
 use super::qp::QueuePair;
 use super::region::{MemoryRegion, RegionRefused};
 use super::wr::{Indeterminate, Payload, PostFailed, SendChain, SendOpcode, SendRequest};
-use crate::error::{Error, Result};
+use crate::error::{Error, Remedy, Result};
 use crate::status::WcStatus;
 
 /// Completions taken from the CQ per poll.
@@ -89,6 +89,19 @@ pub(crate) struct SendQueue {
     /// request of it counts as posted, the QP is in ERR, and the ledger
     /// admits no more (but the markers that retire what is left).
     broken: Option<Indeterminate>,
+    /// The first failed completion a walk retired without handing it on
+    /// (the caller's callback panicked first): handed on at the start of
+    /// the next poll, so the failure is never lost to a later flush.
+    unjudged: Option<Unjudged>,
+}
+
+/// A failed completion retired without a verdict.
+#[derive(Debug, Clone, Copy)]
+struct Unjudged {
+    seq: u64,
+    request: Request,
+    status: WcStatus,
+    vendor_err: u32,
 }
 
 impl std::fmt::Debug for SendQueue {
@@ -130,6 +143,7 @@ impl SendQueue {
             // as many again may wait, rolled back, to be reclaimed.
             lent: LentRegions::new((depth as usize).saturating_mul(2)),
             broken: None,
+            unjudged: None,
         }
     }
 
@@ -425,6 +439,24 @@ impl SendQueue {
         Some(unsafe { std::slice::from_raw_parts(self.read_ring.at(range.start), range.len()) })
     }
 
+    /// Hands on the failure a panicking callback kept from its verdict.
+    /// The requests retired silently with it stay uncounted: whether they
+    /// were delivered is what the lost verdict would have said.
+    #[cold]
+    #[inline(never)]
+    fn judge_unjudged(&mut self, on: &mut impl FnMut(Retired<'_>)) {
+        if let Some(u) = self.unjudged.take() {
+            on(Retired {
+                seq: u.seq,
+                request: u.request,
+                named: true,
+                status: u.status,
+                vendor_err: u.vendor_err,
+                read: None,
+            });
+        }
+    }
+
     /// Starts a batch: up to the chain's capacity of requests, one doorbell.
     #[inline]
     pub(crate) fn batch<'q, 'd>(&'q mut self, qp: &'q mut QueuePair) -> SendBatch<'q, 'd> {
@@ -450,16 +482,22 @@ impl SendQueue {
     /// unaccounted, and no request stays retired with its slots held.
     #[inline]
     pub(crate) fn poll(&mut self, mut on: impl FnMut(Retired<'_>)) -> Result<usize> {
+        if self.unjudged.is_some() {
+            self.judge_unjudged(&mut on);
+        }
         let n = self.poller.poll(&mut self.wcs)?;
         let wcs = &self.wcs[..n];
         let mut walk = SendWalk {
             ledger: &mut self.ledger,
+            unjudged: &mut self.unjudged,
             rest: wcs,
+            current: None,
             range: 0..0,
         };
         let mut foreign = None;
         while let Some((wc, rest)) = walk.rest.split_first() {
             walk.rest = rest;
+            walk.current = Some(wc);
             match walk.ledger.retire_through(wc.wr_id()) {
                 Ok(range) => walk.range = range,
                 Err(e) => {
@@ -508,21 +546,40 @@ impl SendQueue {
 /// retires and releases them all, so the ledger never lags the NIC.
 struct SendWalk<'a> {
     ledger: &'a mut Ledger,
+    unjudged: &'a mut Option<Unjudged>,
     rest: &'a [WorkCompletion],
+    /// The completion whose requests `range` still holds.
+    current: Option<&'a WorkCompletion>,
     range: std::ops::Range<u64>,
+}
+
+impl SendWalk<'_> {
+    /// Releases `range`, keeping the request `wc` names if it failed and
+    /// no earlier failure was kept.
+    fn release(&mut self, range: std::ops::Range<u64>, wc: &WorkCompletion) {
+        for seq in range {
+            let released = self.ledger.release(seq);
+            if seq == wc.wr_id() && wc.status() != WcStatus::SUCCESS && self.unjudged.is_none() {
+                *self.unjudged = Some(Unjudged {
+                    seq,
+                    request: released.request,
+                    status: wc.status(),
+                    vendor_err: wc.vendor_err(),
+                });
+            }
+        }
+    }
 }
 
 impl Drop for SendWalk<'_> {
     #[cold]
     fn drop(&mut self) {
-        for seq in self.range.clone() {
-            self.ledger.release(seq);
+        if let Some(wc) = self.current {
+            self.release(self.range.clone(), wc);
         }
         for wc in self.rest {
             if let Ok(range) = self.ledger.retire_through(wc.wr_id()) {
-                for seq in range {
-                    self.ledger.release(seq);
-                }
+                self.release(range, wc);
             }
         }
     }
@@ -565,7 +622,10 @@ impl<'d> SendBatch<'_, 'd> {
                 capacity: self.sq.chain.capacity(),
             });
         }
-        self.sq.admit(kind, must_signal)
+        match self.sq.admit(kind, must_signal) {
+            Ok(a) => Ok(a),
+            Err(e) => Err(in_batch(e)),
+        }
     }
 
     /// Patches admitted request `a` into the next chain entry.
@@ -604,7 +664,7 @@ impl<'d> SendBatch<'_, 'd> {
         let a = self.admit(kind, must_signal)?;
         match self.sq.stage_bytes(a.seq, data) {
             Ok(payload) => Ok(self.add(a, opcode, payload, remote)),
-            Err(e) => Err(self.sq.give_back(a.seq, e)),
+            Err(e) => Err(self.sq.give_back(a.seq, in_batch(e))),
         }
     }
 
@@ -622,7 +682,7 @@ impl<'d> SendBatch<'_, 'd> {
         let a = self.admit(kind, must_signal)?;
         match self.sq.stage_filled(a.seq, len, fill) {
             Ok(payload) => Ok(self.add(a, opcode, payload, remote)),
-            Err(e) => Err(self.sq.give_back(a.seq, e)),
+            Err(e) => Err(self.sq.give_back(a.seq, in_batch(e))),
         }
     }
 
@@ -649,7 +709,13 @@ impl<'d> SendBatch<'_, 'd> {
             Err(error) => return Err(RegionRefused { error, region }),
         };
         if let Err(region) = self.sq.lent.push(a.seq, region) {
-            let error = self.sq.give_back(a.seq, full("the lent regions"));
+            let error = self.sq.give_back(
+                a.seq,
+                Error::Full {
+                    what: "the lent regions",
+                    remedy: Remedy::Reclaim,
+                },
+            );
             return Err(RegionRefused { error, region });
         }
         Ok(self.add(a, opcode, Payload::Registered(local), remote))
@@ -661,7 +727,7 @@ impl<'d> SendBatch<'_, 'd> {
         let a = self.admit(RequestKind::Read, true)?;
         match self.sq.stage_read(a.seq, len) {
             Ok((payload, _)) => Ok(self.add(a, SendOpcode::Read, payload, remote)),
-            Err(e) => Err(self.sq.give_back(a.seq, e)),
+            Err(e) => Err(self.sq.give_back(a.seq, in_batch(e))),
         }
     }
 
@@ -720,7 +786,27 @@ impl Drop for ForgetOnUnwind<'_> {
 #[cold]
 #[inline(never)]
 fn full(what: &'static str) -> Error {
-    Error::Full { what }
+    Error::Full {
+        what,
+        remedy: Remedy::Poll,
+    }
+}
+
+/// A refusal inside a batch: the batch holds the connection, so polling
+/// cannot make room until it is posted.
+#[cold]
+#[inline(never)]
+fn in_batch(error: Error) -> Error {
+    match error {
+        Error::Full {
+            what,
+            remedy: Remedy::Poll,
+        } => Error::Full {
+            what,
+            remedy: Remedy::PostBatch,
+        },
+        other => other,
+    }
 }
 
 #[cold]

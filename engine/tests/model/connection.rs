@@ -40,7 +40,7 @@ enum Resolved {
 /// What a refused push or post returned, as the model names it.
 fn refusal(e: &Error) -> Option<Refusal> {
     match e {
-        Error::Full { what } => Some(Refusal::Full(what)),
+        Error::Full { what, remedy } => Some(Refusal::Full(what, *remedy)),
         Error::BatchFull { .. } => Some(Refusal::BatchFull),
         Error::TooLarge { .. } => Some(Refusal::TooLarge),
         Error::OutOfRegion { .. } => Some(Refusal::OutOfRegion),

@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use pinpoll::WcOpcode;
+use pinpoll::{Remedy, WcOpcode};
 
 /// Where a region is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -421,8 +421,8 @@ struct Entry {
 /// Why a push or a single post is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
-    /// `Error::Full` naming this.
-    Full(&'static str),
+    /// `Error::Full` naming this, and what makes room.
+    Full(&'static str, Remedy),
     /// `Error::BatchFull`: the batch carries all it can.
     BatchFull,
     TooLarge,
@@ -545,8 +545,14 @@ impl Ledger {
         if in_batch && self.batch.is_some_and(|(_, n)| n == s.batch) {
             return Err(Refusal::BatchFull);
         }
+        // Inside a batch nothing retires before it is posted.
+        let remedy = if in_batch {
+            Remedy::PostBatch
+        } else {
+            Remedy::Poll
+        };
         if self.outstanding() >= s.depth {
-            return Err(Refusal::Full("the send queue"));
+            return Err(Refusal::Full("the send queue", remedy));
         }
         match push {
             Push::Bytes { len, .. } if len <= s.inline => {}
@@ -558,13 +564,13 @@ impl Ledger {
             Push::Bytes { .. } | Push::Filled { .. }
                 if self.slots(|e| e.send_slot) == s.slot_count =>
             {
-                return Err(Refusal::Full("the send ring"))
+                return Err(Refusal::Full("the send ring", remedy))
             }
             Push::Read { .. } if self.slots(|e| e.read_slot) == s.slot_count => {
-                return Err(Refusal::Full("the read ring"))
+                return Err(Refusal::Full("the read ring", remedy))
             }
             Push::Region { .. } if self.lent.len() == self.lent_capacity() => {
-                return Err(Refusal::Full("the lent regions"))
+                return Err(Refusal::Full("the lent regions", Remedy::Reclaim))
             }
             _ => {}
         }
