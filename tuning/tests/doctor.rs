@@ -293,7 +293,10 @@ fn gid_types_decide_the_gid_check() {
     let report = doctor(&fx, &inventory(vec![dev]), &config("gid_index = 3"), &[2]);
     let f = one(&report, "port.gid", None);
     assert_eq!(f.status, Status::Fail);
-    assert_contains(&f.finding, "gid_index = 3 is not a populated GID");
+    assert_contains(
+        &f.finding,
+        "gid_index (field qp.gid_index) = 3 is not a populated GID",
+    );
     assert_contains(f.fix.as_deref().unwrap(), "to one of 1");
 }
 
