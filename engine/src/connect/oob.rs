@@ -58,6 +58,8 @@ impl Prepared {
         })
     }
 
+    /// The endpoint, to register memory and post receives on before the
+    /// handshake.
     pub fn endpoint(&mut self) -> &mut Endpoint {
         &mut self.endpoint
     }
