@@ -83,24 +83,49 @@ enum Relayed {
 #[non_exhaustive]
 pub enum EngineEvent<'a> {
     /// A SEND from the peer.
-    Received { data: &'a [u8] },
+    Received {
+        /// The message's bytes, copied into the engine's hand-off ring.
+        data: &'a [u8],
+    },
     /// A WRITE_WITH_IMM from the peer landed `len` bytes in the target ring.
-    WriteImm { imm: u32, len: u32 },
+    WriteImm {
+        /// The immediate value, in host order.
+        imm: u32,
+        /// Bytes the peer's WRITE put into this side's target ring.
+        len: u32,
+    },
     /// Operation `id` (submitted signaled, or every K-th) completed, and
     /// every operation before it.
-    Completed { id: u64, opcode: WcOpcode },
+    Completed {
+        /// The operation's id, as `try_send` or `try_write` returned it.
+        id: u64,
+        /// What it was: `SEND` or `RDMA_WRITE` (a READ reports
+        /// [`EngineEvent::ReadCompleted`]).
+        opcode: WcOpcode,
+    },
     /// READ `id` completed with `data`.
-    ReadCompleted { id: u64, data: &'a [u8] },
+    ReadCompleted {
+        /// The READ's id, as [`Engine::try_read`] returned it.
+        id: u64,
+        /// The bytes read, copied into the engine's hand-off ring.
+        data: &'a [u8],
+    },
     /// The connection's first error; `wr_id` is the operation's id for a
     /// send-side request, the receive's ring position for a receive
     /// (`opcode` `RECV`), or [`WcError::INTERNAL`] for the engine's own.
     Failed(WcError),
     /// Operation `id` was flushed after the failure.
-    Flushed { id: u64 },
+    Flushed {
+        /// The flushed operation's id.
+        id: u64,
+    },
     /// A posted receive was flushed after the failure.
     RecvFlushed,
     /// Operation `id` was refused: the connection had already failed.
-    Refused { id: u64 },
+    Refused {
+        /// The refused operation's id; it was never posted.
+        id: u64,
+    },
     /// The peer stopped answering heartbeats; the worker has stopped.
     PeerLost,
 }
@@ -108,6 +133,7 @@ pub enum EngineEvent<'a> {
 /// What the worker did, returned when it is joined.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerReport {
+    /// The connection's counters when the worker stopped.
     pub stats: Stats,
     /// The CPUs the worker was allowed to run on, read inside it.
     pub affinity: Vec<usize>,
