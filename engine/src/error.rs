@@ -81,8 +81,8 @@ pub enum Error {
         /// `ARMED`, ...).
         state: &'static str,
     },
-    /// `ibv_query_gid` failed ([`Device::query_gid`](crate::device::Device::query_gid);
-    /// a GID table read skips the entries that fail).
+    /// `ibv_query_gid` failed (`Device::query_gid`; a GID table read
+    /// skips the entries that fail).
     #[error("ibv_query_gid(port {port}, index {index}) failed")]
     QueryGid {
         /// The port queried (1-based).
