@@ -21,9 +21,8 @@ functional testing without a NIC, SoftRoCE on a kernel with rdma_rxe: \
 what the system sees";
 
 /// Everything that can go wrong in the engine. [`Error::kind`] sorts the
-/// variants by what a program can do about them; the message of each
-/// names the failing call, its arguments where they matter, and the usual
-/// remedy.
+/// variants by what a program can do about them; each message names what
+/// failed and, where the cause is usually the same, what to do.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -257,10 +256,10 @@ pub enum Error {
     /// `ibv_poll_cq` returned an error.
     #[error("ibv_poll_cq failed")]
     PollCq(#[source] io::Error),
-    /// A work request completed with an error status: the connection's
-    /// first failure, after which its queue pair is in ERR; a connection
-    /// refuses new work with it. When the failure is known to be the
-    /// connection's end, that end is reported instead
+    /// A work request completed with an error status. The first such
+    /// failure puts a reliable-connected queue pair in ERR, and a
+    /// connection refuses new work with it from then on. When the failure
+    /// is known to be the connection's end, that end is reported instead
     /// ([`Error::PeerLeft`], [`Error::Disconnected`], [`Error::DeviceEvent`]).
     #[error(transparent)]
     Completion(#[from] WcError),
