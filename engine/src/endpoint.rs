@@ -29,9 +29,21 @@ use crate::wait::BoundedWait;
 /// A successful work completion, copied out of the CQ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkDone {
+    /// The request's id: the one a raw post was given (from
+    /// [`Endpoint::wait_send`] and [`Endpoint::wait_recv`]), or
+    /// [`Posted::wr_id`] for a region's request (from
+    /// [`Endpoint::complete`]).
     pub wr_id: u64,
+    /// What completed, as the completion says (`SEND`, `RDMA_WRITE`,
+    /// `RDMA_READ`, `RECV`, `RECV_RDMA_WITH_IMM`).
     pub opcode: WcOpcode,
+    /// Bytes the completion reports transferred (`byte_len`): for a
+    /// receive, the length of the message that arrived (for
+    /// `RECV_RDMA_WITH_IMM`, of the data the peer wrote). Rely on it for
+    /// receives only: not every device fills it in for send-queue requests.
     pub byte_len: u32,
+    /// The immediate value, in host order, when the completion carries one
+    /// (a receive consumed by a WRITE_WITH_IMM or a SEND with immediate).
     pub imm: Option<u32>,
 }
 
@@ -40,6 +52,7 @@ pub struct WorkDone {
 pub struct Completed {
     /// The region the request used (`None` for a receive posted without one).
     pub region: Option<MemoryRegion>,
+    /// The request's successful completion.
     pub done: WorkDone,
 }
 
@@ -205,14 +218,20 @@ impl Endpoint {
         }
     }
 
+    /// The name of the RDMA device the queue pair is on (e.g. `mlx5_0`,
+    /// `rxe0`).
     pub fn device_name(&self) -> &str {
         self.pd.context().name()
     }
 
+    /// The device port the queue pair uses (1-based): the one rdma_cm
+    /// bound, or else [`QpConfig::port`].
     pub fn port(&self) -> u8 {
         self.port
     }
 
+    /// What `ibv_query_port` said about that port when the endpoint was
+    /// created; not refreshed since.
     pub fn port_attr(&self) -> &PortAttr {
         &self.port_attr
     }
@@ -222,6 +241,7 @@ impl Endpoint {
         self.qp.max_inline()
     }
 
+    /// The queue pair's number (24 bits), by which the peer addresses it.
     pub fn qp_num(&self) -> u32 {
         self.qp.qp_num()
     }

@@ -7,6 +7,9 @@ use std::time::Duration;
 
 use crate::status::WcError;
 
+/// The engine's result type: [`Error`] unless a call says otherwise (a
+/// post that gives its region back on refusal returns
+/// [`RegionRefused`](crate::RegionRefused) instead).
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// How to get an RDMA device on a machine that has none: commands of the
@@ -17,141 +20,366 @@ functional testing without a NIC, SoftRoCE on a kernel with rdma_rxe: \
 `modprobe rdma_rxe && rdma link add rxe0 type rxe netdev <netdev>`; `ibv_devices` lists \
 what the system sees";
 
+/// Everything that can go wrong in the engine. [`Error::kind`] sorts the
+/// variants by what a program can do about them; each message names what
+/// failed and, where the cause is usually the same, what to do.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// There is no RDMA device at all: the device list is empty, the
+    /// kernel has no uverbs (ENOSYS), or rdma_cm finds no device when
+    /// creating its event channel. The message says how to get one.
     #[error("no RDMA device found; {HOW_TO_GET_A_DEVICE}")]
     NoDevice,
+    /// No device has the name that was asked for.
     #[error("RDMA device {name:?} not found (available: {available})")]
-    DeviceNotFound { name: String, available: String },
-    #[error("no RDMA device has an active port; check `ibv_devinfo` and the link of the netdev under the device")]
+    DeviceNotFound {
+        /// The device name asked for.
+        name: String,
+        /// The names of the devices there are, comma-separated.
+        available: String,
+    },
+    /// No device was named, and no device's port 1 is active (the first
+    /// device whose port 1 is active is the one opened).
+    #[error("no RDMA device has port 1 active; check `ibv_devinfo` and the link of the netdev under the device")]
     NoActivePort,
+    /// `ibv_get_device_list` failed, for another reason than a kernel
+    /// without uverbs (which is [`Error::NoDevice`]).
     #[error("ibv_get_device_list failed; is the ib_uverbs module loaded? {HOW_TO_GET_A_DEVICE}")]
     GetDeviceList(#[source] io::Error),
+    /// `ibv_open_device` failed.
     #[error("ibv_open_device({device}) failed")]
-    OpenDevice { device: String, source: io::Error },
+    OpenDevice {
+        /// The device's name.
+        device: String,
+        /// The OS error the call set.
+        source: io::Error,
+    },
+    /// `ibv_query_device` failed; also how a failure to read the device's
+    /// asynchronous events (polling their descriptor, or
+    /// `ibv_get_async_event`) is reported.
     #[error("ibv_query_device failed")]
     QueryDevice(#[source] io::Error),
+    /// `ibv_query_port` failed.
     #[error("ibv_query_port(port {port}) failed")]
-    QueryPort { port: u8, source: io::Error },
+    QueryPort {
+        /// The port queried (1-based).
+        port: u8,
+        /// The error number the call returned.
+        source: io::Error,
+    },
+    /// The port an endpoint would use (the configured one, or the one
+    /// rdma_cm bound) is not ACTIVE: its link is down or not yet up.
     #[error("port {port} of {device} is {state}, not ACTIVE; check the link of its netdev (`ip link`) and `ibv_devinfo`")]
     PortNotActive {
+        /// The device's name.
         device: String,
+        /// The port (1-based).
         port: u8,
+        /// The state it is in, by its verbs name (`DOWN`, `INIT`,
+        /// `ARMED`, ...).
         state: &'static str,
     },
+    /// `ibv_query_gid` failed (`Device::query_gid`; a GID table read
+    /// skips the entries that fail).
     #[error("ibv_query_gid(port {port}, index {index}) failed")]
     QueryGid {
+        /// The port queried (1-based).
         port: u8,
+        /// The GID table index queried.
         index: u32,
+        /// The OS error the call set.
         source: io::Error,
     },
+    /// The port's GID table has no non-zero entry, so a RoCE queue pair
+    /// has no address to route by.
     #[error("no usable GID on port {port}; give the netdev an address (e.g. an IPv6 link-local one) so the RoCE GID table fills")]
-    NoGid { port: u8 },
+    NoGid {
+        /// The port (1-based).
+        port: u8,
+    },
+    /// `ibv_alloc_pd` failed.
     #[error("ibv_alloc_pd failed")]
     AllocPd(#[source] io::Error),
+    /// `ibv_create_cq` failed, usually for more entries than the device
+    /// allows (`max_cqe`).
     #[error("ibv_create_cq({depth} entries) failed")]
-    CreateCq { depth: u32, source: io::Error },
+    CreateCq {
+        /// The entries asked for (`cq_depth`).
+        depth: u32,
+        /// The OS error the call set.
+        source: io::Error,
+    },
+    /// Creating the queue pair failed (`ibv_create_qp`, or `rdma_create_qp`
+    /// on an rdma_cm id), usually because the device grants fewer work
+    /// requests or less inline data than asked for.
     #[error("creating the queue pair failed (send {max_send_wr} WRs, recv {max_recv_wr} WRs, inline {max_inline} B); the device may not support that many work requests or that much inline data")]
     CreateQp {
+        /// Send-queue depth asked for (`max_send_wr`).
         max_send_wr: u32,
+        /// Receive-queue depth asked for (`max_recv_wr`).
         max_recv_wr: u32,
+        /// Inline bytes asked for (`max_inline_data`).
         max_inline: u32,
+        /// The OS error the call set.
         source: io::Error,
     },
+    /// `ibv_modify_qp` refused a state transition. A failed `ibv_query_qp`
+    /// ([`Endpoint::state`](crate::Endpoint::state)) is reported as this
+    /// too, with `from` and `to` both `"query"`.
     #[error("ibv_modify_qp {from}->{to} failed (attribute mask {mask:#x}); {hint}")]
     ModifyQp {
+        /// The state the transition started from (`RESET`, `INIT`, `RTR`,
+        /// or `any` for the move to ERR), or `query`.
         from: &'static str,
+        /// The state it was to reach (`INIT`, `RTR`, `RTS`, `ERR`), or
+        /// `query`.
         to: &'static str,
+        /// The `ibv_qp_attr_mask` bits passed: which attributes the call
+        /// carried.
         mask: u32,
+        /// What usually makes this transition fail.
         hint: &'static str,
+        /// The error number the call returned.
         source: io::Error,
     },
+    /// `ibv_reg_mr` refused to register memory.
     #[error("ibv_reg_mr({len} bytes, access {access}) failed; {hint}")]
     RegMr {
+        /// Bytes registered (at least 1: verbs refuse empty regions).
         len: usize,
+        /// The access flags asked for, as text (`LOCAL_WRITE|REMOTE_WRITE`).
         access: String,
+        /// What to check, judged from the error number: the locked-memory
+        /// limit, the access flags, or the man page.
         hint: String,
+        /// The OS error the call set.
         source: io::Error,
     },
+    /// Registering would exceed the locked-memory limit
+    /// (`RLIMIT_MEMLOCK`), counting what the process has pinned already.
+    /// Checked before registering, because the kernel refuses with a bare
+    /// ENOMEM; a process with CAP_IPC_LOCK is never refused.
     #[error("{need} more bytes must be locked for registration ({locked} already locked by this process) but the locked-memory limit (ulimit -l, RLIMIT_MEMLOCK) is {limit} bytes; raise it with `ulimit -l unlimited` (or a memlock line in /etc/security/limits.conf, or LimitMEMLOCK= for a systemd service)")]
-    Memlock { need: u64, locked: u64, limit: u64 },
+    Memlock {
+        /// Bytes the registration (or a connection's rings, all of them)
+        /// would lock.
+        need: u64,
+        /// Bytes this process has pinned already (`VmPin` in
+        /// `/proc/self/status`).
+        locked: u64,
+        /// The soft limit, in bytes.
+        limit: u64,
+    },
+    /// Mapping memory for registration failed (`mmap`, or
+    /// `madvise(MADV_DONTFORK)` on the new mapping), or the length asked
+    /// for is more than one mapping can span.
     #[error("mapping {len} bytes of memory failed; {hint}")]
     Map {
+        /// Bytes of the mapping (whole pages), or the length asked for
+        /// when even that cannot be rounded up to pages.
         len: usize,
+        /// Why, as far as the engine can tell: huge pages not reserved
+        /// (and how to reserve them), memory or address space exhausted.
         hint: String,
+        /// The OS error (ENOMEM for a length too large).
         source: io::Error,
     },
+    /// `ibv_post_send` refused a request and said which: the requests
+    /// before it in the same call were posted, it and those after it were
+    /// not.
     #[error("ibv_post_send refused work request {wr_id} ({posted} before it in the same call were posted); the send queue may be full or the queue pair not in RTS")]
     PostSend {
+        /// The refused request's `wr_id` as posted: a connection's
+        /// sequence number, or for an [`Endpoint`](crate::Endpoint)'s
+        /// posts an id with pinpoll's tag in its top bits.
         wr_id: u64,
+        /// Requests of the same call before it, which were posted.
         posted: usize,
+        /// The error number the call returned.
         source: io::Error,
     },
+    /// `ibv_post_recv` refused a receive and said which: the receives
+    /// before it in the same call were posted, it and those after it were
+    /// not.
     #[error("ibv_post_recv refused receive {wr_id} ({posted} before it in the same call were posted); the receive queue may be full")]
     PostRecv {
+        /// The refused receive's `wr_id` as posted: a connection's receive
+        /// ring position, or for an [`Endpoint`](crate::Endpoint)'s posts
+        /// an id with pinpoll's tag in its top bits.
         wr_id: u64,
+        /// Receives of the same call before it, which were posted.
         posted: usize,
+        /// The error number the call returned.
         source: io::Error,
     },
+    /// A post failed without naming the request it refused (rdma-core's
+    /// rxe does when its doorbell fails after queueing), so every request
+    /// of the call may be queued: the queue pair was moved to ERR so that
+    /// each completes, flushed, before its memory is used again. The
+    /// connection is over.
     #[error("{call} failed without naming the request it refused, so all {requests} request(s) of the call are taken as posted: the queue pair was moved to ERR so that each completes (flushed) before its memory is used again; the connection is over")]
     PostIndeterminate {
+        /// `ibv_post_send` or `ibv_post_recv`.
         call: &'static str,
+        /// Requests in the call, all taken as posted.
         requests: usize,
+        /// The error number the call returned.
         source: io::Error,
     },
+    /// A completion on a connection's queue named a work request that the
+    /// queue did not post or has retired already — another poster's, e.g.
+    /// a raw request posted on the endpoint before the connection was
+    /// built on it. It was passed over, after the completions polled with
+    /// it were handled.
     #[error("a completion names work request {wr_id}, which this queue never posted or already retired (outstanding: {retired}..{posted}); was the connection's queue pair posted to by other code?")]
     ForeignCompletion {
+        /// The `wr_id` the completion named.
         wr_id: u64,
+        /// The queue's first outstanding id (every id below it is done).
         retired: u64,
+        /// One past the queue's last posted id.
         posted: u64,
     },
+    /// [`Endpoint::complete`](crate::Endpoint::complete): the next
+    /// completion on the request's queue is another request's. That one
+    /// is kept for its own request, and this request comes back in
+    /// [`CompleteError::Pending`](crate::CompleteError::Pending).
     #[error("the next completion is for work request {got}, not {expected}: requests on one queue complete in order, so complete them in the order they were posted (that completion is kept for its own request)")]
-    UnexpectedCompletion { expected: u64, got: u64 },
+    UnexpectedCompletion {
+        /// The `wr_id` of the request being completed
+        /// ([`Posted::wr_id`](crate::Posted::wr_id)).
+        expected: u64,
+        /// The `wr_id` the completion named.
+        got: u64,
+    },
+    /// `ibv_poll_cq` returned an error.
     #[error("ibv_poll_cq failed")]
     PollCq(#[source] io::Error),
+    /// A work request completed with an error status. The first such
+    /// failure puts a reliable-connected queue pair in ERR, and a
+    /// connection refuses new work with it from then on. When the failure
+    /// is known to be the connection's end, that end is reported instead
+    /// ([`Error::PeerLeft`], [`Error::Disconnected`], [`Error::DeviceEvent`]).
     #[error(transparent)]
     Completion(#[from] WcError),
     /// A queue or ring has no room; nothing was posted. `remedy` says
     /// what makes room.
     #[error("{what} is full; {remedy}")]
-    Full { what: &'static str, remedy: Remedy },
+    Full {
+        /// What is full: `the send queue`, `the send ring`, `the read
+        /// ring`, `the lent regions`, or one of the engine's hand-off
+        /// queues.
+        what: &'static str,
+        /// What makes room ([`Error::is_retryable`] when it is polling).
+        remedy: Remedy,
+    },
     /// The batch carries as many requests as one doorbell can: post it,
     /// then start another (and call `signal_next` again if the refused
     /// request was to be signaled: the refusal took the request).
     /// Nothing is wrong with the connection.
     #[error("the batch holds its {capacity} requests (batch_size); post it and start another")]
-    BatchFull { capacity: usize },
+    BatchFull {
+        /// Requests one batch carries (the connection's `batch_size`).
+        capacity: usize,
+    },
+    /// A byte range outside the memory it addresses: a local region, or a
+    /// remote range beyond what the peer advertised (its target ring, or a
+    /// [`RemoteSlice`](crate::RemoteSlice)). A local range of more than
+    /// `u32::MAX` bytes (one scatter/gather entry's most) is refused so too.
     #[error("{range} is outside the memory region of {len} bytes")]
-    OutOfRegion { range: String, len: usize },
+    OutOfRegion {
+        /// The range asked for, as text (`start..end`).
+        range: String,
+        /// Bytes of the region (of a remote one, as the peer advertised).
+        len: usize,
+    },
+    /// A payload larger than one ring slot: the most a single operation
+    /// of a [`Connection`](crate::Connection) or an
+    /// [`Engine`](crate::Engine) moves.
     #[error("{len} bytes do not fit a slot of {limit} bytes (slot_size)")]
-    TooLarge { len: usize, limit: usize },
+    TooLarge {
+        /// Bytes asked for.
+        len: usize,
+        /// The slot size in bytes (`slot_size`).
+        limit: usize,
+    },
+    /// The caller's closure that fills a send-ring slot (`send_from`,
+    /// `write_from`, `try_write_from`) returned an error: nothing was
+    /// posted.
     #[error("filling a send-ring slot failed")]
-    SlotFill { source: io::Error },
+    SlotFill {
+        /// The closure's error.
+        source: io::Error,
+    },
+    /// [`ConnectionBuilder::device`](crate::ConnectionBuilder::device)
+    /// named a device, and the connection came up on another (rdma_cm
+    /// picks the device by the address).
     #[error("the connection is on RDMA device {got}, not {wanted}")]
-    WrongDevice { wanted: String, got: String },
+    WrongDevice {
+        /// The device asked for.
+        wanted: String,
+        /// The device the connection is on.
+        got: String,
+    },
+    /// The worker thread could not be pinned to the configured core.
     #[error("cannot pin the worker thread to core {core}; check the CPU set this process may use (taskset -p, cgroup cpuset)")]
-    Pin { core: usize },
+    Pin {
+        /// The core asked for (`core`).
+        core: usize,
+    },
+    /// The OS refused to start the worker thread.
     #[error("cannot start the worker thread")]
-    WorkerSpawn { source: io::Error },
+    WorkerSpawn {
+        /// The error of `std::thread::Builder::spawn`.
+        source: io::Error,
+    },
+    /// The engine's worker thread has ended: it stopped on an error
+    /// (which [`Engine::shutdown`](crate::Engine::shutdown) returns), or
+    /// ended before it began to serve, or was joined already.
     #[error("the worker thread has stopped (see its error from Engine::shutdown)")]
     WorkerStopped,
+    /// The worker thread panicked; joining it found out.
     #[error("the worker thread panicked")]
     WorkerPanicked,
+    /// A librdmacm call failed.
     #[error("rdma_cm: {op} failed")]
-    Cm { op: &'static str, source: io::Error },
+    Cm {
+        /// The call or step that failed (`rdma_resolve_addr`,
+        /// `rdma_connect`, `poll on the event channel`, ...).
+        op: &'static str,
+        /// The OS error it reported.
+        source: io::Error,
+    },
+    /// An rdma_cm step received another event than the one it waits for:
+    /// an address or route error, an unreachable peer, a failed connect.
     #[error(
         "rdma_cm: {op} failed: got event {got} (status {status}) instead of {expected}; {hint}"
     )]
     CmEvent {
+        /// The step that waited (`rdma_resolve_addr`,
+        /// `rdma_resolve_route`, `rdma_connect`, `rdma_accept`).
         op: &'static str,
+        /// The event it waited for, by librdmacm's name.
         expected: &'static str,
+        /// The event that came instead, by librdmacm's name.
         got: String,
+        /// That event's status, as librdmacm gave it (often a negative
+        /// error number).
         status: i32,
+        /// What that event usually means.
         hint: &'static str,
     },
+    /// The peer refused the connection (rdma_cm's REJECTED event).
     #[error("connection rejected by the peer{}", reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default())]
-    Rejected { reason: Option<String> },
+    Rejected {
+        /// The peer's reason: the reject's private data up to its first
+        /// NUL, when that is non-empty UTF-8 text; otherwise the event's
+        /// status and a guess (is anyone listening?).
+        reason: Option<String>,
+    },
+    /// The connection ended: the peer disconnected (or this side did
+    /// first), and the requests flushed by that end report it.
     #[error("the peer disconnected")]
     Disconnected,
     /// A request failed as the peer went away: a process that dies has its
@@ -159,17 +387,48 @@ pub enum Error {
     /// is on the way, so what is in flight fails at its end first.
     #[error("the peer disconnected; a request in flight failed with it: {0}")]
     PeerLeft(WcError),
+    /// The device reported an event that ends the connection (a port
+    /// error, a fatal device error, or an error of this queue pair or a
+    /// CQ), or rdma_cm reported the device's removal. The queue pair was
+    /// moved to ERR.
     #[error("{device} reported {event}: the port or device failed (check `ibv_devinfo` and the netdev's link); the connection is closed")]
-    DeviceEvent { device: String, event: &'static str },
+    DeviceEvent {
+        /// The device's name.
+        device: String,
+        /// The event's name: the verbs one (`PORT_ERR`, `DEVICE_FATAL`,
+        /// `QP_FATAL`, ...) or librdmacm's for a device removal.
+        event: &'static str,
+    },
+    /// A heartbeat stayed unanswered for `heartbeat_interval ×
+    /// heartbeat_misses`; the connection was disconnected.
     #[error("the peer did not answer a heartbeat for {waited:?} (heartbeat_interval x heartbeat_misses); it is dead or unreachable, the connection is closed")]
-    PeerUnresponsive { waited: Duration },
-    #[error("timed out after {waited:?} waiting for {what}")]
-    Timeout {
-        what: &'static str,
+    PeerUnresponsive {
+        /// How long the heartbeat had been in flight.
         waited: Duration,
     },
+    /// A bounded wait ran out (the completion timeout, the connect
+    /// timeout, a drain); what it waited for may still come.
+    #[error("timed out after {waited:?} waiting for {what}")]
+    Timeout {
+        /// What the wait was for, e.g. `a message from the peer`.
+        what: &'static str,
+        /// How long it waited; zero when a socket's own timeout ended it
+        /// (the out-of-band exchange).
+        waited: Duration,
+    },
+    /// The TCP socket of the out-of-band exchange failed.
     #[error("out-of-band connection exchange: {op} failed")]
-    Exchange { op: &'static str, source: io::Error },
+    Exchange {
+        /// The step (`sending the connection record`, `waiting for the
+        /// peer to be ready`, ...).
+        op: &'static str,
+        /// The socket's error.
+        source: io::Error,
+    },
+    /// The peer's connection data are unusable: bytes that are not a valid
+    /// connection record or region descriptor (every
+    /// [`WireError`](crate::wire::WireError) converts to this), no target
+    /// ring, or a wrong ready byte. The text says what was wrong.
     #[error("bad connection record from the peer: {0}")]
     BadRecord(String),
     /// A setting has a value it cannot take; nothing was set up.
@@ -177,23 +436,32 @@ pub enum Error {
     /// [`EngineConfig`](crate::EngineConfig) (the same where they agree).
     #[error("{} = {value} {problem}", setting_name(key, field))]
     Setting {
+        /// The setting's profile key.
         key: &'static str,
+        /// The setting's field in `EngineConfig`.
         field: &'static str,
+        /// The value refused, as given.
         value: String,
+        /// What is wrong with it and what is allowed.
         problem: String,
     },
     /// No profile has this name.
     #[error("no profile named {name:?}: the built-in ones are {builtin}{}; or give a path to a .toml file",
         dir.as_deref().map(|d| format!(", and none is in $PINPOLL_PROFILE_DIR ({})", d.display())).unwrap_or_default())]
     UnknownProfile {
+        /// The name asked for.
         name: String,
+        /// The built-in profiles' names.
         builtin: String,
+        /// `$PINPOLL_PROFILE_DIR`, where it is set.
         dir: Option<std::path::PathBuf>,
     },
     /// A profile file that cannot be read.
     #[error("cannot read profile {}", path.display())]
     ReadProfile {
+        /// The profile's path.
         path: std::path::PathBuf,
+        /// Why reading it failed.
         source: io::Error,
     },
     /// A profile's text is not valid TOML, or names a key no profile has,
@@ -202,24 +470,40 @@ pub enum Error {
     ProfileSyntax {
         /// 1-based line and column, where the parser knows them.
         at: Option<(usize, usize)>,
+        /// The parser's message.
         message: String,
     },
     /// An error in profile `profile` (a built-in's name or a path); the
     /// source says what.
     #[error("profile {profile}")]
-    InProfile { profile: String, source: Box<Error> },
+    InProfile {
+        /// `built-in NAME` or the file's path.
+        profile: String,
+        /// What is wrong in it.
+        source: Box<Error>,
+    },
     /// A call that is wrong for the object it was made on; nothing was
     /// done and the object is unharmed.
     #[error(transparent)]
     Misuse(#[from] Misuse),
     /// An allocation the set-up needs failed.
     #[error("no memory for {what}")]
-    OutOfMemory { what: String },
+    OutOfMemory {
+        /// What the memory was for.
+        what: String,
+    },
     /// The CPUs this thread may run on could not be read.
     #[error("sched_getaffinity failed")]
     Affinity(#[source] io::Error),
+    /// A host that [`parse_socket_addr`](crate::connect::parse_socket_addr)
+    /// cannot use.
     #[error("{what} is not a valid socket address: {detail}")]
-    Address { what: String, detail: String },
+    Address {
+        /// The host text given.
+        what: String,
+        /// What is wrong with it.
+        detail: String,
+    },
 }
 
 /// How an error names a setting: both names where they differ, so a
@@ -247,7 +531,10 @@ pub enum Misuse {
     /// The NIC writes into this region (a READ's data, a receive), so it
     /// must be registered with `Access::LOCAL_WRITE`.
     #[error("{written_by} writes into the region: register it with LOCAL_WRITE")]
-    NeedsLocalWrite { written_by: &'static str },
+    NeedsLocalWrite {
+        /// What the NIC writes there: a READ's data or a receive.
+        written_by: &'static str,
+    },
     /// Memory a peer may write is a `SharedRegion`, never a
     /// `MemoryRegion` (which safe code borrows).
     #[error(
@@ -256,12 +543,18 @@ pub enum Misuse {
     PeerWritableRegion,
     /// A raw work request id uses the two top bits pinpoll reserves.
     #[error("raw work request id {id:#x} uses the top two bits, which pinpoll reserves; use ids below 2^62")]
-    ReservedId { id: u64 },
+    ReservedId {
+        /// The id given.
+        id: u64,
+    },
     /// More handshake data than fits the connection request.
     #[error("{len} bytes of handshake data; at most {max} fit {beside}")]
     HandshakeDataTooLong {
+        /// Bytes given.
         len: usize,
+        /// Bytes that fit.
         max: usize,
+        /// What they share the request with.
         beside: &'static str,
     },
     /// Handshake data travel in rdma_cm's private data, which a TCP

@@ -13,17 +13,25 @@ use crate::sys::device::Context;
 /// A GID entry and the type the kernel gave it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GidEntry {
+    /// The entry's index in the port's GID table: what
+    /// [`QpConfig::gid_index`](crate::QpConfig::gid_index) names.
     pub index: u32,
+    /// The GID, 16 bytes in network order (on RoCE one of the netdev's
+    /// IPv6 addresses, or an IPv4 one mapped into IPv6).
     pub gid: [u8; 16],
     /// "RoCE v2", "IB/RoCE v1", or empty when the kernel says nothing (IB).
     pub kind: String,
 }
 
 impl GidEntry {
+    /// Whether the kernel typed it RoCE v2 (routable, over UDP/IP): the
+    /// type [`select`] prefers.
     pub fn is_roce_v2(&self) -> bool {
         self.kind.trim() == "RoCE v2"
     }
 
+    /// Whether the GID is all zeros: an unpopulated entry, which
+    /// [`gid_table`] leaves out.
     pub fn is_zero(&self) -> bool {
         self.gid.iter().all(|b| *b == 0)
     }

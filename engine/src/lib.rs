@@ -66,6 +66,7 @@
 //! rdma_cm. `engine/examples/first_message.rs` runs both modes end to end.
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations)]
+#![deny(missing_docs)]
 
 pub mod config;
 pub mod connect;

@@ -37,14 +37,38 @@ const STATUS: &[(&str, &str)] = &[
 pub struct WcStatus(pub u32);
 
 impl WcStatus {
+    /// The request completed as asked: the only status that is not an
+    /// error.
     pub const SUCCESS: WcStatus = WcStatus(0);
+    /// Local length error: most often a receive buffer shorter than the
+    /// message the peer sent into it.
     pub const LOC_LEN_ERR: WcStatus = WcStatus(1);
+    /// Local protection error: the local buffer is not inside the memory
+    /// region its lkey names, or that region was deregistered.
     pub const LOC_PROT_ERR: WcStatus = WcStatus(4);
+    /// Flushed: the queue pair was already in ERR (an earlier failure, a
+    /// disconnect, a close), so the request was not carried out. A
+    /// consequence, never the cause: the engine reports the cause instead
+    /// where it knows it.
     pub const WR_FLUSH_ERR: WcStatus = WcStatus(5);
+    /// Remote invalid request: the peer's NIC refused the request, e.g. a
+    /// message longer than its receive buffer or an opcode it does not
+    /// allow.
     pub const REM_INV_REQ_ERR: WcStatus = WcStatus(9);
+    /// Remote access error: the peer's memory region does not allow the
+    /// access, the rkey is wrong or stale, or the range lies outside it.
     pub const REM_ACCESS_ERR: WcStatus = WcStatus(10);
+    /// Remote operation error: the peer could not carry out the request
+    /// (its receive queue or queue pair failed).
     pub const REM_OP_ERR: WcStatus = WcStatus(11);
+    /// Transport retries exceeded: the peer acknowledged neither the
+    /// request nor any of its `retry_count` retransmissions within the ACK
+    /// timeout ([`QpConfig`](crate::QpConfig)): it is gone, or the path is
+    /// down.
     pub const RETRY_EXC_ERR: WcStatus = WcStatus(12);
+    /// Receiver-not-ready retries exceeded: the peer still had no receive
+    /// posted for a SEND after `rnr_retry` retries
+    /// ([`QpConfig`](crate::QpConfig)).
     pub const RNR_RETRY_EXC_ERR: WcStatus = WcStatus(13);
 
     /// The verbs name, e.g. `REM_ACCESS_ERR`.
@@ -78,6 +102,9 @@ impl WcStatus {
         }
     }
 
+    /// Whether this is [`SUCCESS`](WcStatus::SUCCESS). Any other status is
+    /// a failed (or flushed) request, after which a reliable-connected
+    /// queue pair is in ERR.
     pub fn is_success(self) -> bool {
         self.0 == 0
     }
@@ -100,12 +127,23 @@ impl fmt::Display for WcStatus {
 pub struct WcOpcode(pub u32);
 
 impl WcOpcode {
+    /// A SEND this side posted completed.
     pub const SEND: WcOpcode = WcOpcode(0);
+    /// An RDMA WRITE this side posted (with or without an immediate)
+    /// completed.
     pub const RDMA_WRITE: WcOpcode = WcOpcode(1);
+    /// An RDMA READ this side posted completed: its data are in local
+    /// memory.
     pub const RDMA_READ: WcOpcode = WcOpcode(2);
+    /// A posted receive took a SEND from the peer. Also the opcode the
+    /// engine reports for a failed receive, whose own opcode is undefined.
     pub const RECV: WcOpcode = WcOpcode(128);
+    /// A posted receive was consumed by the peer's RDMA WRITE_WITH_IMM: it
+    /// carries the immediate, the data went to the memory written.
     pub const RECV_RDMA_WITH_IMM: WcOpcode = WcOpcode(129);
 
+    /// The verbs name, e.g. `RDMA_WRITE`; `UNKNOWN` for a value outside
+    /// `enum ibv_wc_opcode`.
     pub fn name(self) -> &'static str {
         match self.0 {
             0 => "SEND",
@@ -145,8 +183,15 @@ impl fmt::Display for WcOpcode {
 pub struct WcError {
     /// The failed request's id, or [`WcError::INTERNAL`].
     pub wr_id: u64,
+    /// What the failed request was, as the engine posted it (`RECV` for a
+    /// receive); `None` where the engine does not know, as for the
+    /// completions [`Endpoint`](crate::Endpoint) hands back.
     pub opcode: Option<WcOpcode>,
+    /// Why it failed; [`WcStatus::hint`] says what usually causes it.
     pub status: WcStatus,
+    /// The device's own error syndrome for the failure (the completion's
+    /// `vendor_err`), for the NIC vendor's documentation; its meaning is
+    /// the driver's.
     pub vendor_err: u32,
 }
 

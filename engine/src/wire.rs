@@ -31,12 +31,15 @@ pub struct Header {
     /// What the bytes are, for messages ("pinpoll region descriptor").
     pub name: &'static str,
     magic: &'static str,
+    /// The version byte (byte 4) this side writes and the only one it
+    /// accepts; `None` for a format without one.
     pub version: Option<u8>,
 }
 
 /// The lengths a format accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Len {
+    /// Exactly this many bytes, no more.
     Exactly(usize),
     /// A header of this many bytes, and maybe more after it (rdma_cm pads
     /// private data with zeros; messages with a body check the rest).
@@ -65,35 +68,57 @@ impl fmt::Display for Len {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum WireError {
+    /// The bytes are not of a length the format accepts.
     #[error("{format}: {got} bytes, {expected}")]
     Length {
+        /// The format's name ([`Header::name`]).
         format: &'static str,
+        /// Bytes received.
         got: usize,
+        /// What the format accepts.
         expected: Len,
     },
     /// Nothing but zeros (rdma_cm's padding): the peer sent no header.
+    /// An empty input is reported as this too.
     #[error("not a {format}: no {magic} header (the bytes are all zeros)")]
     Absent {
+        /// The format's name ([`Header::name`]).
         format: &'static str,
+        /// The magic that was looked for.
         magic: &'static str,
     },
+    /// Bytes 0..4 are not the format's magic: another format, or noise.
     #[error("not a {format}: wrong magic {got:?}, expected {expected:?}")]
     Magic {
+        /// The format's name ([`Header::name`]).
         format: &'static str,
+        /// The 4 bytes found, as text (invalid UTF-8 replaced).
         got: String,
+        /// The format's magic.
         expected: &'static str,
     },
+    /// The magic is right, the version byte is not the one this side
+    /// speaks (no other is accepted).
     #[error("{format}: version {got} (this side speaks {speaks})")]
     Version {
+        /// The format's name ([`Header::name`]).
         format: &'static str,
+        /// The version the bytes carry.
         got: u8,
+        /// The version this side speaks.
         speaks: u8,
     },
+    /// A field holds a value its format does not allow (made by
+    /// [`Checked::field_error`]).
     #[error("{format}: {field} {value} is out of range: allowed {allowed}")]
     Field {
+        /// The format's name ([`Header::name`]).
         format: &'static str,
+        /// The field's name, e.g. `PSN`.
         field: &'static str,
+        /// The value found, as text.
         value: String,
+        /// What the field may hold, e.g. `0..=0xffffff (24 bits)`.
         allowed: &'static str,
     },
 }
@@ -113,6 +138,7 @@ impl Header {
         }
     }
 
+    /// The 4 magic bytes, as they stand at bytes 0..4 of a message.
     pub fn magic(&self) -> [u8; 4] {
         let m = self.magic.as_bytes();
         [m[0], m[1], m[2], m[3]]
@@ -198,26 +224,34 @@ impl<'a> Checked<'a> {
         self.bytes
     }
 
+    /// Bytes `range` of the message. Like every reader of the view, it
+    /// panics past the end of the bytes: the offsets are the format's own,
+    /// inside the length [`Header::check`] accepted.
     pub fn slice(&self, range: Range<usize>) -> &'a [u8] {
         &self.bytes[range]
     }
 
+    /// The byte at offset `at`.
     pub fn u8(&self, at: usize) -> u8 {
         self.bytes[at]
     }
 
+    /// The big-endian `u16` at bytes `at..at + 2`.
     pub fn u16(&self, at: usize) -> u16 {
         u16::from_be_bytes(self.array(at))
     }
 
+    /// The big-endian `u32` at bytes `at..at + 4`.
     pub fn u32(&self, at: usize) -> u32 {
         u32::from_be_bytes(self.array(at))
     }
 
+    /// The big-endian `u64` at bytes `at..at + 8`.
     pub fn u64(&self, at: usize) -> u64 {
         u64::from_be_bytes(self.array(at))
     }
 
+    /// A copy of the `N` bytes at `at..at + N` (a GID, a fixed-size name).
     pub fn array<const N: usize>(&self, at: usize) -> [u8; N] {
         let mut out = [0u8; N];
         out.copy_from_slice(&self.bytes[at..at + N]);
@@ -246,23 +280,29 @@ impl<'a> Checked<'a> {
 pub struct Emit<'a>(pub &'a mut [u8]);
 
 impl Emit<'_> {
+    /// Writes `v` at offset `at`. Like every writer here, it panics when
+    /// the bytes do not fit the buffer, and returns `self` for chaining.
     pub fn u8(&mut self, at: usize, v: u8) -> &mut Self {
         self.0[at] = v;
         self
     }
 
+    /// Writes `v` big-endian at bytes `at..at + 2`.
     pub fn u16(&mut self, at: usize, v: u16) -> &mut Self {
         self.bytes(at, &v.to_be_bytes())
     }
 
+    /// Writes `v` big-endian at bytes `at..at + 4`.
     pub fn u32(&mut self, at: usize, v: u32) -> &mut Self {
         self.bytes(at, &v.to_be_bytes())
     }
 
+    /// Writes `v` big-endian at bytes `at..at + 8`.
     pub fn u64(&mut self, at: usize, v: u64) -> &mut Self {
         self.bytes(at, &v.to_be_bytes())
     }
 
+    /// Copies `v` to bytes `at..at + v.len()`.
     pub fn bytes(&mut self, at: usize, v: &[u8]) -> &mut Self {
         self.0[at..at + v.len()].copy_from_slice(v);
         self

@@ -72,7 +72,8 @@ enum Relayed {
     Refused {
         id: u64,
     },
-    /// Heartbeats went unanswered: the worker closed the connection.
+    /// The peer left or stopped answering heartbeats: the worker closed
+    /// the connection.
     PeerLost,
 }
 
@@ -83,31 +84,59 @@ enum Relayed {
 #[non_exhaustive]
 pub enum EngineEvent<'a> {
     /// A SEND from the peer.
-    Received { data: &'a [u8] },
+    Received {
+        /// The message's bytes, copied into the engine's hand-off ring.
+        data: &'a [u8],
+    },
     /// A WRITE_WITH_IMM from the peer landed `len` bytes in the target ring.
-    WriteImm { imm: u32, len: u32 },
+    WriteImm {
+        /// The immediate value, in host order.
+        imm: u32,
+        /// Bytes the peer's WRITE put into this side's target ring.
+        len: u32,
+    },
     /// Operation `id` (submitted signaled, or every K-th) completed, and
     /// every operation before it.
-    Completed { id: u64, opcode: WcOpcode },
+    Completed {
+        /// The operation's id, as `try_send` or `try_write` returned it.
+        id: u64,
+        /// What it was: `SEND` or `RDMA_WRITE` (a READ reports
+        /// [`EngineEvent::ReadCompleted`]).
+        opcode: WcOpcode,
+    },
     /// READ `id` completed with `data`.
-    ReadCompleted { id: u64, data: &'a [u8] },
+    ReadCompleted {
+        /// The READ's id, as [`Engine::try_read`] returned it.
+        id: u64,
+        /// The bytes read, copied into the engine's hand-off ring.
+        data: &'a [u8],
+    },
     /// The connection's first error; `wr_id` is the operation's id for a
     /// send-side request, the receive's ring position for a receive
     /// (`opcode` `RECV`), or [`WcError::INTERNAL`] for the engine's own.
     Failed(WcError),
     /// Operation `id` was flushed after the failure.
-    Flushed { id: u64 },
+    Flushed {
+        /// The flushed operation's id.
+        id: u64,
+    },
     /// A posted receive was flushed after the failure.
     RecvFlushed,
     /// Operation `id` was refused: the connection had already failed.
-    Refused { id: u64 },
-    /// The peer stopped answering heartbeats; the worker has stopped.
+    Refused {
+        /// The refused operation's id; it was never posted.
+        id: u64,
+    },
+    /// The peer disconnected or stopped answering heartbeats; the worker
+    /// has stopped (after relaying what flushed), and operations still
+    /// queued are never answered.
     PeerLost,
 }
 
 /// What the worker did, returned when it is joined.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerReport {
+    /// The connection's counters when the worker stopped.
     pub stats: Stats,
     /// The CPUs the worker was allowed to run on, read inside it.
     pub affinity: Vec<usize>,
@@ -420,6 +449,7 @@ impl Worker {
         let _in = span.enter();
         let mut empty = 0u32;
         let mut stopping: Option<Instant> = None;
+        let mut peer_left = false;
         loop {
             let work = self.submit()? + self.collect()?;
             if work > 0 {
@@ -450,11 +480,21 @@ impl Worker {
             }
             empty = empty.saturating_add(1);
             if empty.is_multiple_of(PEER_CHECK_INTERVAL) || stopping.is_some() {
-                self.conn.peer_gone()?;
+                if self.conn.peer_gone()? {
+                    peer_left = true;
+                }
                 if let Err(e) = self.conn.keepalive() {
                     let _ = self.notes.push(Relayed::PeerLost);
                     return Err(e);
                 }
+            }
+            // The peer left and this side disconnected: what was in flight
+            // flushed and was relayed; operations still queued are never
+            // answered (submitting more says WorkerStopped once the queue
+            // is full).
+            if peer_left && self.conn.outstanding() == 0 {
+                let _ = self.notes.push(Relayed::PeerLost);
+                return Err(Error::Disconnected);
             }
             match self.idle {
                 // No PAUSE for a worker alone on its core (see `wait`).

@@ -918,9 +918,10 @@ fn a_leaked_batch_holds_nothing_up() {
 }
 
 /// A callback that panics on one completion loses no failure behind it:
-/// the failed WRITE taken in the same poll is reported by the next poll,
-/// and closing reports the loss. (It was retired with no verdict: no
-/// failure, nothing undelivered, and `close` said all was delivered.)
+/// the failed WRITE taken in the same poll is reported by the next poll
+/// and counted. (It was retired with no verdict: no failure, nothing
+/// undelivered, and the next post's flush would have been named the
+/// cause.)
 #[test]
 #[ignore = "needs an RDMA device"]
 fn a_panicking_callback_loses_no_failure_taken_in_the_same_poll() {
@@ -959,6 +960,8 @@ fn a_panicking_callback_loses_no_failure_taken_in_the_same_poll() {
     assert_eq!(client.failure().map(|f| f.wr_id), Some(failed));
     let stats = client.stats();
     assert_eq!((stats.failed, stats.undelivered), (1, 1), "{stats:?}");
-    let err = client.close().expect_err("a WRITE was lost");
-    assert!(err.to_string().contains("REM_ACCESS_ERR"), "{err}");
+    // Reported once, by poll: closing loses nothing more, and its stats
+    // keep the count.
+    let closed = client.close().unwrap();
+    assert_eq!((closed.failed, closed.undelivered), (1, 1), "{closed:?}");
 }

@@ -50,7 +50,8 @@ pub struct QpConfig {
     pub max_rd_atomic: u8,
     /// Port of the device to use (1-based).
     pub port: u8,
-    /// GID index to use on RoCE; `None` selects the first RoCE v2 entry.
+    /// GID index to use on RoCE; `None` selects the first RoCE v2 entry,
+    /// or the first non-zero one where the table says no types.
     pub gid_index: Option<u32>,
     /// Bound on rdma_cm address and route resolution, and on connection
     /// establishment.
@@ -135,7 +136,11 @@ pub enum IdlePolicy {
     Spin,
     /// Spin `spins` empty polls, then yield the CPU between polls
     /// (`sched_yield`) until work arrives; spinning resumes on the first hit.
-    Backoff { spins: u32 },
+    Backoff {
+        /// Consecutive empty polls to spin (each with a PAUSE hint) before
+        /// yielding; a profile's `backoff_spins`, 10 000 when it gives none.
+        spins: u32,
+    },
 }
 
 /// Every tunable of a connection's fast path and of its worker thread.
@@ -159,6 +164,8 @@ pub struct EngineConfig {
     pub pages: PageSize,
     /// Core the worker thread is pinned to (engine mode); `None` = unpinned.
     pub core: Option<usize>,
+    /// What the engine-mode worker does after polls that found nothing
+    /// (profile keys `idle` and `backoff_spins`); direct mode ignores it.
     pub idle: IdlePolicy,
     /// Depth of each engine-mode hand-off queue (operations in, events out).
     pub handoff_depth: u32,

@@ -81,6 +81,8 @@ impl Listener {
         Ok(Listener { id })
     }
 
+    /// The address it listens on, with the port bound (the one picked, when
+    /// it bound port 0); `None` when rdma_cm holds no IPv4 or IPv6 address.
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.id.local_addr()
     }
@@ -151,6 +153,8 @@ impl Request {
             .unwrap_or(&[])
     }
 
+    /// The client's address as rdma_cm reports it; `None` when it holds no
+    /// IPv4 or IPv6 address.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.id.peer_addr()
     }
@@ -160,6 +164,11 @@ impl Request {
         &mut self.endpoint
     }
 
+    /// Accepts the connection, sending `private_data` in the reply, and
+    /// waits up to `connect_timeout` until it is established; returns the
+    /// connected endpoint. The ACK timeout and retry counts are those of
+    /// the configuration [`Listener::next_request`] was given; the READ
+    /// depths are the lesser of its `max_rd_atomic` and the client's offer.
     pub fn accept(mut self, private_data: &[u8]) -> Result<Endpoint> {
         self.id.set_ack_timeout(self.cfg.timeout)?;
         let ours = self.cfg.max_rd_atomic;
@@ -198,6 +207,11 @@ pub struct Connector {
 }
 
 impl Connector {
+    /// Resolves the address and route to `dst` through rdma_cm, both
+    /// within `cfg.connect_timeout`, and builds the endpoint on the device
+    /// and port the route leaves from. Errs when `cfg` is invalid, when
+    /// rdma_cm fails or answers with an error event, and when that port is
+    /// not active.
     pub fn resolve(dst: SocketAddr, cfg: &QpConfig) -> Result<Connector> {
         cfg.validate()?;
         let deadline = Instant::now() + cfg.connect_timeout;

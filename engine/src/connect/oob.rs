@@ -25,7 +25,7 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// Opens `device` (or the first active one), creates the endpoint and
+    /// Opens `device` (or the first whose port 1 is active), creates the endpoint and
     /// moves its QP to INIT allowing the remote accesses in `remote_access`
     /// (e.g. `Access::REMOTE_WRITE` for a peer that writes into us).
     pub fn new(device: Option<&str>, cfg: &QpConfig, remote_access: Access) -> Result<Prepared> {
@@ -58,6 +58,8 @@ impl Prepared {
         })
     }
 
+    /// The endpoint, to register memory and post receives on before the
+    /// handshake.
     pub fn endpoint(&mut self) -> &mut Endpoint {
         &mut self.endpoint
     }

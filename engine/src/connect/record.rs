@@ -20,14 +20,24 @@ impl From<WireError> for Error {
 /// memory it may RDMA into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectionRecord {
+    /// The sender's queue pair number (24 bits, never 0): the peer's
+    /// destination QP.
     pub qpn: u32,
     /// First packet sequence number, random, 24 bits.
     pub psn: u32,
+    /// The sender's port LID (InfiniBand). 0 on RoCE, which has no LIDs: a
+    /// peer given 0 routes by GID.
     pub lid: u16,
+    /// The GID the sender routes from (all zeros on an InfiniBand port
+    /// without one): the peer's destination GID.
     pub gid: [u8; 16],
+    /// The index of that GID in the sender's own table, for information:
+    /// each side sends from its own index.
     pub gid_index: u8,
     /// `enum ibv_mtu` (1..=5).
     pub mtu: u8,
+    /// Memory the sender lets the peer RDMA into or from (a connection's
+    /// target ring), if any.
     pub region: Option<RemoteSlice>,
 }
 
@@ -57,8 +67,11 @@ fn emit_region(b: &mut [u8], at: usize, r: &RemoteSlice) {
 }
 
 impl ConnectionRecord {
+    /// Bytes of an encoded record.
     pub const LEN: usize = 64;
 
+    /// The record's wire bytes: magic `PPCR`, version 1, then every field
+    /// big-endian (the region's bytes zero when there is none).
     pub fn encode(&self) -> [u8; Self::LEN] {
         let mut b = [0u8; Self::LEN];
         RECORD.emit(&mut b);
@@ -76,6 +89,11 @@ impl ConnectionRecord {
         b
     }
 
+    /// Decodes a peer's record, checking its length (exactly
+    /// [`LEN`](Self::LEN)), magic and version, then each field: a QP number
+    /// of 1..=0xffffff, a 24-bit PSN, an MTU code of 1..=5, a region flag
+    /// of 0 or 1 and a region that does not wrap the address space. Any
+    /// failure is an [`Error::BadRecord`] naming the field.
     pub fn decode(b: &[u8]) -> Result<ConnectionRecord> {
         crate::wire::record("connection_record", b);
         Ok(Self::parse(&RECORD.check(b, Len::Exactly(Self::LEN))?)?)
@@ -115,8 +133,12 @@ impl ConnectionRecord {
 pub struct RegionDescriptor(pub RemoteSlice);
 
 impl RegionDescriptor {
+    /// Bytes of an encoded descriptor (the front of a connection's
+    /// private data).
     pub const LEN: usize = 28;
 
+    /// The descriptor's wire bytes: magic `PPRD`, version 1, then at
+    /// byte 8 the address, length and rkey, big-endian.
     pub fn encode(&self) -> [u8; Self::LEN] {
         let mut b = [0u8; Self::LEN];
         REGION.emit(&mut b);

@@ -41,10 +41,14 @@ impl Connection {
 }
 
 impl<'d> Batch<'_, 'd> {
+    /// Requests added so far: at most the connection's `batch_size`, past
+    /// which an add is [`Error::BatchFull`].
     pub fn len(&self) -> usize {
         self.inner.len()
     }
 
+    /// Whether no request was added: posting the batch then rings no
+    /// doorbell.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -37,17 +37,43 @@ pub struct Stats {
 #[non_exhaustive]
 pub enum Event<'a> {
     /// A SEND arrived; `data` lives in the receive ring until the callback returns.
-    Received { data: &'a [u8] },
+    Received {
+        /// The message's bytes, in its receive slot.
+        data: &'a [u8],
+    },
     /// A WRITE_WITH_IMM arrived: `len` bytes landed in the target ring.
-    WriteImm { imm: u32, len: u32 },
+    WriteImm {
+        /// The immediate value, in host order.
+        imm: u32,
+        /// Bytes the peer's WRITE put into this side's target ring.
+        len: u32,
+    },
     /// A signaled request completed (and every request before it).
-    Completed { seq: u64, opcode: WcOpcode },
+    Completed {
+        /// The request's sequence number, as its post returned it.
+        seq: u64,
+        /// What it was: `SEND`, or `RDMA_WRITE` (with or without an
+        /// immediate); a READ reports [`Event::ReadCompleted`] instead.
+        opcode: WcOpcode,
+    },
     /// A READ completed with `data`.
-    ReadCompleted { seq: u64, data: &'a [u8] },
+    ReadCompleted {
+        /// The READ's sequence number, as its post returned it.
+        seq: u64,
+        /// The bytes read, in the READ ring's slot, lent until the callback
+        /// returns.
+        data: &'a [u8],
+    },
     /// The first error on this connection; the QP is now in error.
     Failed(WcError),
     /// A send request flushed because of the earlier failure.
-    Flushed { seq: u64, opcode: Option<WcOpcode> },
+    Flushed {
+        /// The request's sequence number, as its post returned it.
+        seq: u64,
+        /// What the request was, as posted (`SEND`, `RDMA_WRITE`,
+        /// `RDMA_READ`).
+        opcode: Option<WcOpcode>,
+    },
     /// A posted receive flushed because of the earlier failure.
     RecvFlushed,
 }

@@ -67,8 +67,9 @@ impl Connection {
         Ok(())
     }
 
-    /// Asks rdma_cm (without blocking) whether the peer disconnected; if
-    /// so this side disconnects too and the QP flushes. Returns whether it did.
+    /// Asks rdma_cm and the device's asynchronous events (without
+    /// blocking) whether the peer disconnected or the port failed; if so
+    /// this side disconnects too and the QP flushes. Returns whether it did.
     pub fn peer_gone(&mut self) -> Result<bool> {
         self.ep.peer_gone()
     }

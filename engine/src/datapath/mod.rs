@@ -145,6 +145,7 @@ impl Connection {
         &self.ep
     }
 
+    /// A copy of the connection's counters so far.
     pub fn stats(&self) -> Stats {
         Stats {
             posted: self.sq.ledger().committed(),

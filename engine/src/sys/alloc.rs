@@ -15,6 +15,8 @@ pub struct CountingAllocator {
 }
 
 impl CountingAllocator {
+    /// An allocator with both counts at zero; `const`, for the `static`
+    /// that `#[global_allocator]` needs.
     pub const fn new() -> CountingAllocator {
         CountingAllocator {
             allocations: AtomicU64::new(0),

@@ -9,10 +9,13 @@ use std::sync::Arc;
 use super::ffi;
 use crate::error::{last_os_error, Error, Result};
 
-/// The name and kernel index of one RDMA device, as `ibv_devices` shows it.
+/// The name and node GUID of one RDMA device, as `ibv_devices` shows them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
+    /// The device's name (`mlx5_0`, `rxe0`): what the `device` arguments
+    /// and settings name.
     pub name: String,
+    /// The device's node GUID, in host byte order.
     pub guid: u64,
 }
 
@@ -108,8 +111,8 @@ impl fmt::Debug for Context {
 }
 
 impl Context {
-    /// Opens the device called `name`, or the first device with an active
-    /// port when `name` is `None`.
+    /// Opens the device called `name`, or the first device whose port 1 is
+    /// active when `name` is `None`.
     pub fn open(name: Option<&str>) -> Result<Arc<Context>> {
         let list = DeviceList::get()?;
         if list.len == 0 {
@@ -177,6 +180,7 @@ impl Context {
         })
     }
 
+    /// The device's name (`mlx5_0`, `rxe0`).
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -232,6 +236,7 @@ impl Context {
         self.ptr
     }
 
+    /// The device's limits and identity (`ibv_query_device`).
     pub fn query_device(&self) -> Result<DeviceAttr> {
         let mut attr = MaybeUninit::<ffi::ibv_device_attr>::zeroed();
         // SAFETY: ptr is a live context and attr a valid out-pointer.
@@ -254,6 +259,7 @@ impl Context {
         })
     }
 
+    /// What `ibv_query_port` says about `port` (1-based) now.
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
         let mut attr = MaybeUninit::<ffi::ibv_port_attr>::zeroed();
         // SAFETY: ptr is a live context and attr a valid out-pointer of the
@@ -278,6 +284,9 @@ impl Context {
         })
     }
 
+    /// Entry `index` of `port`'s GID table, 16 bytes in network order
+    /// (`ibv_query_gid`). An unpopulated entry reads as zeros or fails,
+    /// depending on the device.
     pub fn query_gid(&self, port: u8, index: u32) -> Result<[u8; 16]> {
         let mut gid = MaybeUninit::<ffi::ibv_gid>::zeroed();
         // SAFETY: ptr is a live context and gid a valid out-pointer.
@@ -403,43 +412,67 @@ impl AsyncEvent {
     }
 }
 
-/// The device limits pinpoll checks its configuration against.
+/// A device's limits, as `ibv_query_device` reports them (the doctor,
+/// `pinpoll-tune doctor`, checks profiles against them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceAttr {
+    /// The most work requests one queue of a queue pair may hold.
     pub max_qp_wr: u32,
+    /// The most scatter/gather entries one work request may carry.
     pub max_sge: u32,
+    /// The most entries one completion queue may hold.
     pub max_cqe: u32,
+    /// The largest memory region the device registers, in bytes.
     pub max_mr_size: u64,
+    /// The most RDMA READs (and atomics) a queue pair may serve for its
+    /// peer at once.
     pub max_qp_rd_atom: u32,
+    /// The most RDMA READs (and atomics) a queue pair may have outstanding
+    /// as their initiator.
     pub max_qp_init_rd_atom: u32,
+    /// Physical ports of the device, numbered from 1.
     pub phys_port_cnt: u8,
+    /// The vendor's IEEE organisation id (0x02c9 for Mellanox).
     pub vendor_id: u32,
+    /// The vendor's id for the device model.
     pub vendor_part_id: u32,
 }
 
 /// What `ibv_query_port` says about one port.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortAttr {
+    /// `enum ibv_port_state` (4 = ACTIVE); [`state_name`](PortAttr::state_name)
+    /// names it.
     pub state: u32,
     /// `enum ibv_mtu`: 1 = 256 B ... 5 = 4096 B.
     pub active_mtu: u32,
+    /// The largest MTU the port supports, as `enum ibv_mtu` ([`mtu_bytes`]
+    /// converts it).
     pub max_mtu: u32,
+    /// The port's LID on InfiniBand; 0 on RoCE, which has none.
     pub lid: u16,
+    /// Entries in the port's GID table, populated or not.
     pub gid_tbl_len: u32,
     /// 1 = InfiniBand, 2 = Ethernet (RoCE); 0 = unspecified (treated as IB).
     pub link_layer: u8,
+    /// The largest message the port carries, in bytes.
     pub max_msg_sz: u32,
 }
 
 impl PortAttr {
+    /// Whether the port is ACTIVE, as an endpoint's port must be.
     pub fn is_active(&self) -> bool {
         self.state == ffi::ibv_port_state::IBV_PORT_ACTIVE
     }
 
+    /// Whether the link layer is Ethernet (RoCE: queue pairs route by
+    /// GID); otherwise it is InfiniBand.
     pub fn is_ethernet(&self) -> bool {
         self.link_layer == LINK_LAYER_ETHERNET
     }
 
+    /// The state's verbs name (`DOWN`, `INIT`, `ARMED`, `ACTIVE`, ...);
+    /// `UNKNOWN` for a value outside the enum.
     pub fn state_name(&self) -> &'static str {
         match self.state {
             0 => "NOP",

@@ -246,11 +246,14 @@ pub struct Published<'a> {
 }
 
 impl<'a> Published<'a> {
+    /// Slots in the view: those published and not released when it was
+    /// made.
     pub fn len(&self) -> usize {
         // At most the slot count, which is a usize.
         self.published.wrapping_sub(self.tail) as usize
     }
 
+    /// Whether the view holds no slot.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -27,10 +27,14 @@ impl Access {
     /// The peer may RDMA READ from it.
     pub const REMOTE_READ: Access = Access(ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0);
 
+    /// The `ibv_access_flags` bits, as `ibv_reg_mr` and `ibv_modify_qp`
+    /// take them.
     pub fn bits(self) -> u32 {
         self.0
     }
 
+    /// Whether every flag of `other` is set here (always, for
+    /// [`LOCAL_READ`](Access::LOCAL_READ), which sets none).
     pub fn contains(self, other: Access) -> bool {
         self.0 & other.0 == other.0
     }
@@ -341,10 +345,12 @@ pub struct LocalSlice {
 }
 
 impl LocalSlice {
+    /// Bytes the entry names.
     pub fn len(&self) -> u32 {
         self.len
     }
 
+    /// Whether the entry names no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -355,8 +361,13 @@ impl LocalSlice {
 /// NIC does, and answers REM_ACCESS_ERR when it is wrong.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RemoteSlice {
+    /// The address of its first byte in the peer's address space, which
+    /// RDMA requests name.
     pub addr: u64,
+    /// Bytes from `addr` on that the peer advertised.
     pub len: u64,
+    /// The remote key of the peer's memory region, which the peer's NIC
+    /// checks every access against.
     pub rkey: u32,
 }
 

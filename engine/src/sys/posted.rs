@@ -98,12 +98,24 @@ pub enum CompleteError {
     /// complete again, or to drop (which parks the region until the
     /// queue pair is done with it).
     #[error("{error}")]
-    Pending { error: Error, posted: Posted },
+    Pending {
+        /// Why it is not done: a timeout, another request's completion
+        /// ([`Error::UnexpectedCompletion`]), a request of another
+        /// endpoint, or a failure while polling.
+        error: Error,
+        /// The request, still holding its region.
+        posted: Posted,
+    },
     /// The request completed with an error status: the NIC is done with
     /// the region, which is back (`None` for a receive without one).
     #[error("{error}")]
     Failed {
+        /// The failure: [`Error::Completion`] with its status, or what
+        /// ended the connection (a disconnect, a device event, a post that
+        /// failed without naming its request) when that end flushed it.
         error: Error,
+        /// The region, the CPU's again (`None` for a receive posted
+        /// without one).
         region: Option<MemoryRegion>,
     },
 }

@@ -59,13 +59,27 @@ pub(crate) struct PeerPath {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum QpState {
+    /// Created (or reset): it processes no work request.
     Reset,
+    /// Initialised: receives may be posted, but nothing is received or
+    /// sent yet.
     Init,
+    /// Ready to receive: the peer's packets are processed, nothing can be
+    /// sent yet.
     Rtr,
+    /// Ready to send: connected and working.
     Rts,
+    /// Send queue drained: sending paused (pinpoll never moves a queue
+    /// pair here).
     Sqd,
+    /// Send queue error, a state of unreliable queue pairs: a
+    /// reliable-connected one fails to `Err` instead.
     Sqe,
+    /// Error: every posted and every new work request completes, flushed.
+    /// A failed request, a disconnect, or the end of a connection puts a
+    /// queue pair here.
     Err,
+    /// A value of `enum ibv_qp_state` this version of pinpoll does not know.
     Unknown,
 }
 

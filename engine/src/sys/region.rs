@@ -37,18 +37,25 @@ impl MemoryRegion {
         Misuse::PeerWritableRegion.into()
     }
 
+    /// Bytes of the region, as many as were asked for at registration
+    /// (the mapping behind them is whole pages).
     pub fn len(&self) -> usize {
         self.reg.len()
     }
 
+    /// Whether the region is zero bytes long.
     pub fn is_empty(&self) -> bool {
         self.reg.len() == 0
     }
 
+    /// The access flags it was registered with (never REMOTE_WRITE).
     pub fn access(&self) -> Access {
         self.reg.access()
     }
 
+    /// Its bytes. While this borrow lives no request of this process can
+    /// write them (posting one moves the region away), and a peer may at
+    /// most RDMA READ them.
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: the mapping is live and zero-initialised by the kernel.
         // Only this process's own work requests reach a MemoryRegion (no
@@ -59,6 +66,7 @@ impl MemoryRegion {
         unsafe { std::slice::from_raw_parts(self.reg.at(0), self.reg.len()) }
     }
 
+    /// Its bytes, writable: e.g. to fill it before posting it.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as in as_slice, and &mut self makes this the only view.
         unsafe { std::slice::from_raw_parts_mut(self.reg.at(0), self.reg.len()) }
@@ -92,14 +100,19 @@ impl SharedRegion {
         SharedRegion { reg }
     }
 
+    /// Bytes of the region, as many as were asked for at registration
+    /// (the mapping behind them is whole pages).
     pub fn len(&self) -> usize {
         self.reg.len()
     }
 
+    /// Whether the region is zero bytes long.
     pub fn is_empty(&self) -> bool {
         self.reg.len() == 0
     }
 
+    /// The access flags it was registered with: LOCAL_WRITE and
+    /// REMOTE_WRITE, and REMOTE_READ when it was asked for.
     pub fn access(&self) -> Access {
         self.reg.access()
     }
@@ -158,8 +171,10 @@ impl SharedRegion {
 #[derive(Debug, thiserror::Error)]
 #[error("the region was not posted")]
 pub struct RegionRefused<R: std::fmt::Debug = MemoryRegion> {
+    /// Why the post was refused.
     #[source]
     pub error: Error,
+    /// The region, never posted: the caller's again, untouched.
     pub region: R,
 }
 
@@ -174,14 +189,22 @@ impl<R: std::fmt::Debug> From<RegionRefused<R>> for Error {
 /// bytes).
 #[derive(Debug, Clone, Copy)]
 pub enum RegionOp {
+    /// SEND the bytes; they land in a receive the peer posted.
     Send,
     /// RDMA WRITE, with an immediate (WRITE_WITH_IMM) if given.
     Write {
+        /// Where in the peer's memory to write. A region's post is refused
+        /// when its bytes do not fit; a raw post checks nothing.
         remote: RemoteSlice,
+        /// The immediate, in host order; it consumes a receive at the peer,
+        /// whose completion carries it.
         imm: Option<u32>,
     },
     /// RDMA READ into the region (registered with LOCAL_WRITE).
     Read {
+        /// Where in the peer's memory to read from (registered there with
+        /// REMOTE_READ). A region's post is refused when it holds fewer
+        /// bytes than asked for; a raw post checks nothing.
         remote: RemoteSlice,
     },
 }
