@@ -69,7 +69,14 @@ fn start_server() -> Result<(String, Child), Box<dyn std::error::Error>> {
         })?;
     let mut line = String::new();
     let stdout = child.stdout.take().ok_or("no stdout from echo_server")?;
-    BufReader::new(stdout).read_line(&mut line)?;
+    let mut lines = BufReader::new(stdout);
+    lines.read_line(&mut line)?;
+    // The rest of what it says is passed on: a closed pipe would end it.
+    std::thread::spawn(move || {
+        for said in lines.lines().map_while(Result::ok) {
+            println!("echo_server: {said}");
+        }
+    });
     let address = line
         .trim()
         .strip_prefix("listening on ")
