@@ -63,7 +63,23 @@
 //!
 //! The server side is [`Connection::accept`] on a
 //! [`connect::cm::Listener`]; [`Connection::over_tcp`] connects without
-//! rdma_cm. `engine/examples/first_message.rs` runs both modes end to end.
+//! rdma_cm. `engine/examples/first_message.rs` runs both modes end to end;
+//! `echo_server.rs` and `echo_client.rs` are two programs over the TCP
+//! set-up.
+//!
+//! # Errors
+//!
+//! [`Error::kind`] says what a program can do ([`ErrorKind`]);
+//! [`Error::is_retryable`] says whether the same call may simply be made
+//! again once completions were taken (a full queue, [`Remedy::Poll`]).
+//!
+//! # Features
+//!
+//! Both on by default; without them the crate is direct mode alone.
+//! - `profiles` — [`EngineConfig::load`] / [`EngineConfig::from_toml`] and
+//!   the built-in profiles (brings `serde` and `toml`).
+//! - `engine` — engine mode: [`Engine`], its pinned worker and the
+//!   `handoff` rings (brings `rtrb`, `crossbeam`, `core_affinity`).
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations)]
 #![deny(missing_docs)]
@@ -75,12 +91,14 @@ pub mod device;
 pub mod endpoint;
 pub mod error;
 pub mod gid;
+#[cfg(feature = "engine")]
 pub mod handoff;
 pub mod memory;
 pub mod status;
 mod sys;
 mod wait;
 pub mod wire;
+#[cfg(feature = "engine")]
 pub mod worker;
 
 /// A counting global allocator, for proving that a data path never
@@ -100,6 +118,7 @@ pub use memory::{
 pub use status::{WcError, WcOpcode, WcStatus};
 /// What [`Endpoint::state`] reports.
 pub use sys::qp::QpState;
+#[cfg(feature = "engine")]
 pub use worker::{Engine, EngineEvent, WorkerReport};
 
 #[cfg(test)]
@@ -108,6 +127,7 @@ mod tests {
     /// `Connection`; an application thread may own the `Engine`); the
     /// hand-off halves and the listener too.
     #[test]
+    #[cfg(feature = "engine")]
     fn handles_that_cross_threads_are_send() {
         fn send<T: Send>() {}
         send::<crate::Connection>();

@@ -2,6 +2,7 @@
 //! pair, CQ and transport) inside [`EngineConfig`] (rings, batching,
 //! signaling, worker, timeouts), loadable from TOML [`profile`]s.
 
+#[cfg(feature = "profiles")]
 pub mod profile;
 
 use std::time::Duration;
@@ -370,14 +371,15 @@ impl EngineConfig {
             return Err(out_of_range("completion_timeout_ms", 0, "1.. milliseconds"));
         }
         if let Some(core) = self.core {
-            let cores = core_affinity::get_core_ids().map(|c| c.len()).unwrap_or(0);
-            if core >= cores {
+            // The set this thread may run on, not a count: with a CPU set
+            // of {2, 3}, core 0 exists but pinning to it fails.
+            let allowed = crate::sys::cpu::current_affinity()?;
+            if !allowed.contains(&core) {
                 return Err(bad_setting(
                     "core",
                     core,
                     format!(
-                        "does not exist: this machine has cores 0..={} available to this process",
-                        cores.saturating_sub(1)
+                        "does not exist or is not in this process's CPU set (allowed: {allowed:?})"
                     ),
                 ));
             }

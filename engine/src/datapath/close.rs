@@ -189,6 +189,7 @@ impl Connection {
         })
     }
 
+    #[cfg(feature = "engine")]
     /// Ends the connection at once, in place: for the engine's worker,
     /// whose drain already gave up waiting (its drop then does nothing).
     pub(crate) fn abort_in_place(&mut self) -> Result<()> {

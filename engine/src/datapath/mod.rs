@@ -217,11 +217,13 @@ impl Connection {
         self.target.load_byte(offset)
     }
 
+    #[cfg(feature = "engine")]
     /// The most requests this connection has outstanding at once.
     pub(crate) fn send_queue_depth(&self) -> usize {
         self.sq.ledger().depth() as usize
     }
 
+    #[cfg(feature = "engine")]
     /// The most requests one of this connection's batches can carry.
     pub(crate) fn batch_capacity(&self) -> usize {
         self.sq.batch_capacity()

@@ -6,7 +6,7 @@ use super::{Connection, Event, Stats};
 use crate::error::Result;
 use crate::status::{WcError, WcStatus};
 use crate::sys::ledger::RequestKind;
-use crate::sys::send_queue::{Retired, POLL_BATCH};
+use crate::sys::send_queue::Retired;
 
 impl Connection {
     /// Polls the send CQ once for bookkeeping only (retire, free slots);
@@ -34,12 +34,13 @@ impl Connection {
         Ok(sent + received)
     }
 
+    #[cfg(feature = "engine")]
     /// The most events the next [`poll`](Connection::poll) can hand on:
     /// one per request retired (every outstanding one, at most) and one
     /// per receive completion.
     #[inline]
     pub(crate) fn events_per_poll(&self) -> usize {
-        self.outstanding() as usize + POLL_BATCH
+        self.outstanding() as usize + crate::sys::send_queue::POLL_BATCH
     }
 
     #[inline]

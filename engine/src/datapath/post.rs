@@ -54,6 +54,7 @@ impl Connection {
         Ok(self.read_one(remote_offset, len)?.seq)
     }
 
+    #[cfg(feature = "engine")]
     /// SEND, signaled whatever the interval says when `must_signal` (the
     /// engine's worker, for an op the application asked a completion of).
     #[inline]

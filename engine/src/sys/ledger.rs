@@ -258,6 +258,7 @@ impl Ledger {
         self.posted
     }
 
+    #[cfg(feature = "engine")]
     /// The most requests outstanding at once (the send queue's depth).
     pub(crate) fn depth(&self) -> u64 {
         self.depth

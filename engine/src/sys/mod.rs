@@ -37,6 +37,7 @@ pub(crate) mod cm;
 pub(crate) mod cpu;
 pub(crate) mod cq;
 pub(crate) mod device;
+#[cfg(feature = "engine")]
 pub(crate) mod handoff;
 pub(crate) mod layout;
 pub(crate) mod ledger;
@@ -51,6 +52,7 @@ pub(crate) mod raw;
 pub(crate) mod recv_queue;
 pub(crate) mod region;
 pub(crate) mod send_queue;
+#[cfg(feature = "engine")]
 pub(crate) mod slot_storage;
 pub(crate) mod wr;
 pub(crate) mod wr_id;

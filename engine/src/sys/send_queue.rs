@@ -163,6 +163,7 @@ impl SendQueue {
         self.ledger.forget_leaked_batch();
     }
 
+    #[cfg(feature = "engine")]
     /// The most requests one batch (one doorbell) can carry.
     pub(crate) fn batch_capacity(&self) -> usize {
         self.chain.capacity()
