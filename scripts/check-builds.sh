@@ -7,8 +7,11 @@
 #      over the system's verbs headers with each);
 #   2. a crate outside this workspace that depends on `pinpoll`, built with
 #      a plain `cargo build` (no environment variables) and run: it loads
-#      the built-in profiles, as any dependent crate would;
-#   3. no dependency declares a rust-version above the workspace's (clippy's
+#      the built-in profiles, as any dependent crate would; its echo server
+#      and client (public API only) run in the guest from scripts/test.sh;
+#   3. the engine without default features, and with each alone, clean
+#      under clippy, and free of the dependencies the features gate;
+#   4. no dependency declares a rust-version above the workspace's (clippy's
 #      incompatible_msrv lint checks our own code against it).
 #
 #   scripts/check-builds.sh [--help]
@@ -17,7 +20,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 top=$PWD
 
 case ${1:-} in
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     "") ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
 esac
@@ -75,16 +78,44 @@ fn main() -> Result<(), pinpoll::Error> {
     Ok(())
 }
 EOF
+# An echo server and its client, written against the public API alone (the
+# engine's examples, built here as a dependent's own programs): scripts/
+# test.sh runs the client, which starts the server, in the guest.
+mkdir -p "$scratch/src/bin"
+cp engine/examples/echo_server.rs engine/examples/echo_client.rs "$scratch/src/bin/"
 # Its own lock file and target directory, reused between runs; run from the
 # scratch directory, so nothing of this checkout is on the way.
 (cd "$scratch" && env -u LIBCLANG_PATH -u PINPOLL_PROFILE_DIR CARGO_TARGET_DIR="$top/target/check-dependent" \
-    cargo run --quiet)
+    cargo build --quiet --bins &&
+    env -u PINPOLL_PROFILE_DIR "$top/target/check-dependent/debug/depends-on-pinpoll")
+for bin in echo_server echo_client; do
+    [ -x "$top/target/check-dependent/debug/$bin" ] ||
+        { echo "error: the dependent crate's $bin was not built" >&2; exit 1; }
+done
 # With several installed, bindgen takes the newest libclang by itself.
 used=$(bindings_libclang "$top/target/check-dependent")
 case $used in
     *"version 19."*) echo "bindings generated with: $used" ;;
     *) echo "error: the plain build used ${used:-no} libclang, not 19" >&2; exit 1 ;;
 esac
+
+step "the minimal build: pinpoll without its default features (profiles, engine)"
+# Direct mode alone, then each feature alone; clippy, so code that only a
+# feature uses is cfg'd, not dead.
+for features in "" profiles engine; do
+    echo "features: ${features:-none}"
+    CARGO_TARGET_DIR="$top/target/check-features" \
+        cargo clippy --quiet -p pinpoll --no-default-features ${features:+--features "$features"} -- -D warnings
+done
+# What the features gate must really leave the build.
+minimal=$(cargo tree -p pinpoll --no-default-features -e normal --prefix none --format '{p}' | cut -d' ' -f1 | sort -u)
+for dep in serde toml rtrb crossbeam core_affinity; do
+    if grep -qx "$dep" <<< "$minimal"; then
+        echo "error: pinpoll without default features still depends on $dep" >&2
+        exit 1
+    fi
+done
+echo "without default features: $(wc -l <<< "$minimal") crates, none of serde, toml, rtrb, crossbeam, core_affinity"
 
 step "dependencies' rust-version against the workspace's"
 cargo metadata --format-version 1 | python3 -c '

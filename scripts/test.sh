@@ -99,6 +99,15 @@ cargo test --workspace --no-run --message-format=json \
 # The device benches run in the guest with the tests.
 awk -F'\t' '$1 == "latency" || $1 == "bandwidth" { print $2 "\t" $3 "\tbench" }
     $1 == "hot_path" { print $2 "\t" $3 "\tinstructions" }' "$bench_list" >> "$list"
+# The echo pair of a crate outside the workspace (scripts/check-builds.sh
+# built it against the public API alone): its client starts its server.
+dependent_echo=$top/target/check-dependent/debug/echo_client
+if [ "$host" = 1 ]; then
+    [ -x "$dependent_echo" ] || { echo "error: $dependent_echo was not built" >&2; exit 1; }
+    printf '%s\t%s\texample\n' "$top" "$dependent_echo" >> "$list"
+else
+    echo "note: the dependent crate's echo pair runs only with the host steps (scripts/check-builds.sh builds it)"
+fi
 
 step "building the engine's tests with AddressSanitizer (nightly -Zsanitizer=address)"
 # The engine's unit tests and its device tests (the model test of the public
