@@ -307,6 +307,20 @@ impl Endpoint {
     /// taken as queued: the queue pair is moved to ERR, the request
     /// completes flushed, and `complete` gives the region back with
     /// [`Error::PostIndeterminate`].
+    ///
+    /// ```no_run
+    /// # fn run(ep: &mut pinpoll::Endpoint) -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use pinpoll::{Access, PageSize, RegionOp};
+    ///
+    /// let mut region = ep.register(4096, PageSize::Base, Access::LOCAL_READ)?;
+    /// region.as_mut_slice()[..5].copy_from_slice(b"hello");
+    /// // The region moves to the NIC; a refusal hands it back in the error.
+    /// let posted = ep.post(region, 5, RegionOp::Send).map_err(|refused| refused.error)?;
+    /// let done = ep.complete(posted, Duration::from_secs(5))?;
+    /// let region = done.region.expect("a SEND's region comes back"); // yours again
+    /// # drop(region); Ok(()) }
+    /// ```
     // The region comes back in the error unboxed: a full queue is ordinary
     // back-pressure.
     #[allow(clippy::result_large_err)]

@@ -639,6 +639,23 @@ pub enum ErrorKind {
 
 impl Error {
     /// What a program can do about this error.
+    ///
+    /// ```
+    /// use pinpoll::{Error, ErrorKind};
+    ///
+    /// fn advice(err: &Error) -> &'static str {
+    ///     match err.kind() {
+    ///         ErrorKind::NoDevice => "no RDMA device: see pinpoll::error::HOW_TO_GET_A_DEVICE",
+    ///         ErrorKind::Full if err.is_retryable() => "reap completions, then call again",
+    ///         ErrorKind::BatchFull => "post the batch, then start another",
+    ///         ErrorKind::Timeout => "wait again (never post the same request twice)",
+    ///         ErrorKind::ConnectionLost => "connect anew",
+    ///         _ => "fix what the message says",
+    ///     }
+    /// }
+    /// assert_eq!(advice(&Error::NoDevice), "no RDMA device: see pinpoll::error::HOW_TO_GET_A_DEVICE");
+    /// assert_eq!(advice(&Error::Disconnected), "connect anew");
+    /// ```
     pub fn kind(&self) -> ErrorKind {
         use Error as E;
         match self {

@@ -102,6 +102,19 @@ fn line_and_column(text: &str, at: usize) -> (usize, usize) {
 impl EngineConfig {
     /// Parses a profile; every key is optional and defaults as in
     /// [`EngineConfig::default`].
+    ///
+    /// ```
+    /// use pinpoll::{EngineConfig, Error, ErrorKind};
+    ///
+    /// let cfg = EngineConfig::from_toml("batch_size = 8\nslot_size = 8192")?;
+    /// assert_eq!((cfg.batch_size, cfg.slot_size), (8, 8192));
+    ///
+    /// // A bad value names its profile key, its field and what is allowed.
+    /// let err = EngineConfig::from_toml("qp_timeout = 0").unwrap_err();
+    /// assert_eq!(err.kind(), ErrorKind::Config);
+    /// assert!(matches!(err, Error::Setting { key: "qp_timeout", field: "qp.timeout", .. }));
+    /// # Ok::<(), pinpoll::Error>(())
+    /// ```
     pub fn from_toml(text: &str) -> Result<EngineConfig> {
         let file: ProfileFile = toml::from_str(text).map_err(|e| {
             let at = e.span().map(|span| line_and_column(text, span.start));
@@ -115,7 +128,17 @@ impl EngineConfig {
         Ok(cfg)
     }
 
-    /// Loads `name_or_path` (see [`locate`]): `EngineConfig::load("latency")`.
+    /// Loads `name_or_path` (see [`locate`]): a built-in profile by name,
+    /// a name in `$PINPOLL_PROFILE_DIR`, or a `.toml` file's path.
+    ///
+    /// ```
+    /// let cfg = pinpoll::EngineConfig::load("latency")?;
+    /// assert_eq!(cfg.batch_size, 1);
+    /// // An unknown name lists the built-in ones.
+    /// let err = pinpoll::EngineConfig::load("fastest").unwrap_err();
+    /// assert!(err.to_string().contains("latency, throughput, softroce"), "{err}");
+    /// # Ok::<(), pinpoll::Error>(())
+    /// ```
     pub fn load(name_or_path: &str) -> Result<EngineConfig> {
         let source = locate(name_or_path)?;
         Self::from_toml(&source.text()?).map_err(|e| Error::InProfile {

@@ -8,6 +8,14 @@ use crate::sys::cm::interface_index;
 
 /// Parses an IP address (IPv6 optionally `%scope`, by name or number) and
 /// joins it with `port`.
+///
+/// ```
+/// use pinpoll::connect::parse_socket_addr;
+///
+/// assert_eq!(parse_socket_addr("169.254.0.1", 7471)?.to_string(), "169.254.0.1:7471");
+/// assert!(parse_socket_addr("not an address", 1).is_err());
+/// # Ok::<(), pinpoll::Error>(())
+/// ```
 pub fn parse_socket_addr(host: &str, port: u16) -> Result<SocketAddr> {
     let bad = |detail: String| Error::Address {
         what: host.to_owned(),

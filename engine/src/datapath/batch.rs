@@ -28,6 +28,28 @@ impl std::fmt::Debug for Batch<'_, '_> {
 
 impl Connection {
     /// Starts a batch: up to `batch_size` requests, one doorbell.
+    ///
+    /// ```no_run
+    /// # fn run(conn: &mut pinpoll::Connection, chunks: &[Vec<u8>]) -> pinpoll::Result<()> {
+    /// use pinpoll::ErrorKind;
+    ///
+    /// let mut next = 0;
+    /// while next < chunks.len() {
+    ///     let mut batch = conn.batch();
+    ///     while let Some(chunk) = chunks.get(next) {
+    ///         match batch.write(chunk, (next * 4096) as u64, None) {
+    ///             Ok(_) => next += 1,
+    ///             // Full batch, or a queue full while it held the
+    ///             // connection: post it, then make room.
+    ///             Err(e) if e.kind() == ErrorKind::BatchFull => break,
+    ///             Err(e) => return Err(e),
+    ///         }
+    ///     }
+    ///     batch.post()?; // one doorbell
+    ///     conn.reap()?; // retire what completed
+    /// }
+    /// # Ok(()) }
+    /// ```
     #[inline]
     pub fn batch<'d>(&mut self) -> Batch<'_, 'd> {
         Batch {

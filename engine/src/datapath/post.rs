@@ -11,6 +11,21 @@ impl Connection {
     /// SEND `data` on its own, now or not at all: [`Error::Full`] when the
     /// send queue (or, above the inline threshold, the send ring) has no
     /// room — reap completions and retry. Returns its sequence number.
+    ///
+    /// ```no_run
+    /// # fn run(conn: &mut pinpoll::Connection) -> pinpoll::Result<u64> {
+    /// let seq = loop {
+    ///     match conn.try_send(b"tick") {
+    ///         Ok(seq) => break seq,
+    ///         // Nothing was posted: retire completions, call again.
+    ///         Err(e) if e.is_retryable() => {
+    ///             conn.reap()?;
+    ///         }
+    ///         Err(e) => return Err(e),
+    ///     }
+    /// };
+    /// # Ok(seq) }
+    /// ```
     #[inline]
     pub fn try_send(&mut self, data: &[u8]) -> Result<u64> {
         self.post_bytes(Outbound::Send, data, false)
