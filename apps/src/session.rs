@@ -21,13 +21,12 @@ const ACCEPT_SLICE: Duration = Duration::from_millis(200);
 /// The queue pair these examples need: a handful of work requests, and
 /// `timeout` for address resolution and connection set-up.
 pub fn qp_config(timeout: Duration) -> QpConfig {
-    QpConfig {
-        max_send_wr: 8,
-        max_recv_wr: 8,
-        cq_depth: 16,
-        connect_timeout: timeout,
-        ..QpConfig::default()
-    }
+    let mut built = QpConfig::default();
+    built.max_send_wr = 8;
+    built.max_recv_wr = 8;
+    built.cq_depth = 16;
+    built.connect_timeout = timeout;
+    built
 }
 
 /// Adds what to do to the error of a machine without RDMA: rdma_cm's event

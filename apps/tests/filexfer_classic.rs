@@ -62,9 +62,10 @@ impl RawClassic {
     /// Connects (no private data) and reads the server's MSG_MR.
     fn connect(port: u16) -> RawClassic {
         let addr = pinpoll::connect::parse_socket_addr(&addr4(), port).unwrap();
-        let cfg = QpConfig {
-            connect_timeout: T,
-            ..QpConfig::default()
+        let cfg = {
+            let mut built = QpConfig::default();
+            built.connect_timeout = T;
+            built
         };
         let mut c = Connector::resolve(addr, &cfg).expect("resolve");
         let ep = c.endpoint();
@@ -240,9 +241,10 @@ fn classic_server() -> (u16, std::thread::JoinHandle<Received>) {
     let listener = Listener::bind(addr).expect("bind");
     let port = listener.local_addr().expect("local addr").port();
     let handle = std::thread::spawn(move || {
-        let cfg = QpConfig {
-            connect_timeout: T,
-            ..QpConfig::default()
+        let cfg = {
+            let mut built = QpConfig::default();
+            built.connect_timeout = T;
+            built
         };
         let mut req = listener
             .next_request(&cfg, Duration::from_secs(120))

@@ -12,18 +12,13 @@ const SETTLE: Duration = Duration::from_millis(300);
 
 /// Deeper queues than the fast-path tests: the worker batches what it takes.
 fn engine_config() -> EngineConfig {
-    let base = pinpoll_testkit::pair::engine_config();
-    EngineConfig {
-        qp: QpConfig {
-            max_send_wr: 64,
-            max_recv_wr: 64,
-            cq_depth: 128,
-            ..base.qp
-        },
-        slot_count: 64,
-        handoff_depth: 128,
-        ..base
-    }
+    let mut cfg = pinpoll_testkit::pair::engine_config();
+    cfg.qp.max_send_wr = 64;
+    cfg.qp.max_recv_wr = 64;
+    cfg.qp.cq_depth = 128;
+    cfg.slot_count = 64;
+    cfg.handoff_depth = 128;
+    cfg
 }
 
 #[test]
@@ -223,28 +218,27 @@ fn engine_ids_follow_the_connection_whatever_the_spawn_config_says() {
 #[ignore = "needs an RDMA device"]
 fn a_failure_reports_each_undelivered_operation_once_and_no_delivered_one() {
     let base = engine_config();
-    let cfg = EngineConfig {
-        qp: QpConfig {
-            max_send_wr: 256,
-            cq_depth: 512,
-            // The peer's receiver-not-ready timer at its longest (6 retries
-            // of 655 ms): a SEND it has no receive for holds all behind it.
-            min_rnr_timer: 0,
-            rnr_retry: 6,
-            ..base.qp
-        },
-        batch_size: 16,
-        signal_interval: 200,
-        slot_count: 256,
-        handoff_depth: 256,
-        heartbeat_interval: None,
-        ..base
+    let cfg = {
+        let mut built = base;
+        built.qp.max_send_wr = 256;
+        built.qp.cq_depth = 512;
+        // The peer's receiver-not-ready timer at its longest (6 retries
+        // of 655 ms): a SEND it has no receive for holds all behind it.
+        built.qp.min_rnr_timer = 0;
+        built.qp.rnr_retry = 6;
+        built.batch_size = 16;
+        built.signal_interval = 200;
+        built.slot_count = 256;
+        built.handoff_depth = 256;
+        built.heartbeat_interval = None;
+        built
     };
     // The server's slots are larger: its 6000-byte SEND overruns the
     // client's 4096-byte receive, which fails the client's connection.
-    let server_cfg = EngineConfig {
-        slot_size: 8192,
-        ..cfg.clone()
+    let server_cfg = {
+        let mut built = cfg.clone();
+        built.slot_size = 8192;
+        built
     };
     let listener = pinpoll::connect::cm::Listener::bind(pinpoll_testkit::cm_addr()).unwrap();
     let addr = listener.local_addr().unwrap();

@@ -86,9 +86,10 @@ fn failed_setups_release_everything_they_created() {
         .max_qp_wr;
     if limit < 1 << 16 {
         for _ in 0..20 {
-            let cfg = QpConfig {
-                max_send_wr: limit + 1,
-                ..config()
+            let cfg = {
+                let mut built = config();
+                built.max_send_wr = limit + 1;
+                built
             };
             let err = Prepared::new(Some(&dev), &cfg, Access::REMOTE_WRITE).unwrap_err();
             assert!(matches!(err, Error::CreateQp { .. }), "{err}");

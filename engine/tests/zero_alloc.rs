@@ -116,30 +116,27 @@ const ENGINE_KINDS: [Kind; 6] = [
 ];
 
 fn config() -> EngineConfig {
-    EngineConfig {
-        qp: QpConfig {
-            max_send_wr: 128,
-            max_recv_wr: 128,
-            cq_depth: 256,
-            max_inline_data: 64,
-            timeout: 14,
-            retry_count: 7,
-            rnr_retry: 6,
-            connect_timeout: Duration::from_secs(10),
-            ..QpConfig::default()
-        },
-        batch_size: 16,
-        signal_interval: 16,
-        inline_threshold: 64,
-        slot_size: 1024,
-        slot_count: 64,
-        handoff_depth: 256,
-        completion_timeout: Duration::from_secs(30),
-        heartbeat_interval: Some(HEARTBEAT),
-        // A heartbeat may wait 5 s for its answer in a busy guest.
-        heartbeat_misses: 1000,
-        ..EngineConfig::default()
-    }
+    let mut built = EngineConfig::default();
+    built.qp = QpConfig::default();
+    built.qp.max_send_wr = 128;
+    built.qp.max_recv_wr = 128;
+    built.qp.cq_depth = 256;
+    built.qp.max_inline_data = 64;
+    built.qp.timeout = 14;
+    built.qp.retry_count = 7;
+    built.qp.rnr_retry = 6;
+    built.qp.connect_timeout = Duration::from_secs(10);
+    built.batch_size = 16;
+    built.signal_interval = 16;
+    built.inline_threshold = 64;
+    built.slot_size = 1024;
+    built.slot_count = 64;
+    built.handoff_depth = 256;
+    built.completion_timeout = Duration::from_secs(30);
+    built.heartbeat_interval = Some(HEARTBEAT);
+    // A heartbeat may wait 5 s for its answer in a busy guest.
+    built.heartbeat_misses = 1000;
+    built
 }
 
 fn payload(i: u64) -> &'static [u8] {

@@ -102,23 +102,20 @@ pub use pinpoll_appkit::run::escape_controls as printable;
 
 /// The control connection's own small configuration.
 pub fn control_config(timeout: Duration) -> EngineConfig {
-    EngineConfig {
-        qp: QpConfig {
-            max_send_wr: 16,
-            max_recv_wr: 16,
-            cq_depth: 32,
-            max_inline_data: 0,
-            connect_timeout: timeout,
-            ..QpConfig::default()
-        },
-        batch_size: 1,
-        signal_interval: 1,
-        inline_threshold: 0,
-        slot_size: MAX_MSG as u32,
-        slot_count: 16,
-        completion_timeout: timeout,
-        ..EngineConfig::default()
-    }
+    let mut built = EngineConfig::default();
+    built.qp = QpConfig::default();
+    built.qp.max_send_wr = 16;
+    built.qp.max_recv_wr = 16;
+    built.qp.cq_depth = 32;
+    built.qp.max_inline_data = 0;
+    built.qp.connect_timeout = timeout;
+    built.batch_size = 1;
+    built.signal_interval = 1;
+    built.inline_threshold = 0;
+    built.slot_size = MAX_MSG as u32;
+    built.slot_count = 16;
+    built.completion_timeout = timeout;
+    built
 }
 
 #[derive(Debug)]

@@ -120,32 +120,30 @@ pub const HEARTBEAT_MISSES: u32 = 3;
 /// user allowed — as happened on busy 2-vCPU test guests, whose kernels
 /// did not acknowledge within the engine's default 3 s.
 pub fn engine_config(timeout: Duration, hugepages: bool) -> EngineConfig {
-    EngineConfig {
-        qp: QpConfig {
-            max_send_wr: 64,
-            max_recv_wr: 2 * SLOTS,
-            cq_depth: 64,
-            max_inline_data: 128,
-            connect_timeout: timeout,
-            ..QpConfig::default()
-        },
-        batch_size: BATCH,
-        signal_interval: BATCH,
-        inline_threshold: 128,
-        slot_size: SLOT_SIZE,
-        slot_count: SLOTS,
-        pages: if hugepages {
-            PageSize::Huge2M
-        } else {
-            PageSize::Base
-        },
-        core: None,
-        idle: IdlePolicy::Spin,
-        handoff_depth: 1024,
-        completion_timeout: timeout,
-        heartbeat_interval: Some(timeout / HEARTBEAT_MISSES),
-        heartbeat_misses: HEARTBEAT_MISSES,
-    }
+    let mut built = EngineConfig::default();
+    built.qp = QpConfig::default();
+    built.qp.max_send_wr = 64;
+    built.qp.max_recv_wr = 2 * SLOTS;
+    built.qp.cq_depth = 64;
+    built.qp.max_inline_data = 128;
+    built.qp.connect_timeout = timeout;
+    built.batch_size = BATCH;
+    built.signal_interval = BATCH;
+    built.inline_threshold = 128;
+    built.slot_size = SLOT_SIZE;
+    built.slot_count = SLOTS;
+    built.pages = if hugepages {
+        PageSize::Huge2M
+    } else {
+        PageSize::Base
+    };
+    built.core = None;
+    built.idle = IdlePolicy::Spin;
+    built.handoff_depth = 1024;
+    built.completion_timeout = timeout;
+    built.heartbeat_interval = Some(timeout / HEARTBEAT_MISSES);
+    built.heartbeat_misses = HEARTBEAT_MISSES;
+    built
 }
 
 /// `cfg` with the transport settings of a tuning profile (`--profile`):

@@ -77,14 +77,13 @@ impl Side {
 /// Short retry and timeouts, but never 0: errors surface in well under a
 /// second.
 pub fn config() -> QpConfig {
-    QpConfig {
-        max_inline_data: 64,
-        timeout: 10,
-        retry_count: 3,
-        rnr_retry: 3,
-        connect_timeout: WAIT,
-        ..QpConfig::default()
-    }
+    let mut built = QpConfig::default();
+    built.max_inline_data = 64;
+    built.timeout = 10;
+    built.retry_count = 3;
+    built.rnr_retry = 3;
+    built.connect_timeout = WAIT;
+    built
 }
 
 /// What a side sets up on its endpoint before it connects: the exposed
@@ -211,21 +210,18 @@ fn over_loopback_tcp<T: Send + 'static>(side: fn(&mut TcpStream) -> T) -> (T, T)
 /// Small queues and rings, short timeouts: back-pressure and errors show
 /// within a few operations.
 pub fn engine_config() -> EngineConfig {
-    EngineConfig {
-        qp: QpConfig {
-            max_send_wr: 16,
-            max_recv_wr: 32,
-            cq_depth: 64,
-            ..config()
-        },
-        batch_size: 8,
-        signal_interval: 4,
-        inline_threshold: 64,
-        slot_size: 4096,
-        slot_count: 32,
-        completion_timeout: WAIT,
-        ..EngineConfig::default()
-    }
+    let mut built = EngineConfig::default();
+    built.qp = config();
+    built.qp.max_send_wr = 16;
+    built.qp.max_recv_wr = 32;
+    built.qp.cq_depth = 64;
+    built.batch_size = 8;
+    built.signal_interval = 4;
+    built.inline_threshold = 64;
+    built.slot_size = 4096;
+    built.slot_count = 32;
+    built.completion_timeout = WAIT;
+    built
 }
 
 /// A connected (client, server) pair of fast-path connections over rdma_cm.

@@ -114,10 +114,9 @@ pub struct Rig {
 /// is met, and no heartbeats (their markers would be the engine's own
 /// traffic in the model's sequence numbers).
 pub fn connection_config() -> EngineConfig {
-    EngineConfig {
-        heartbeat_interval: None,
-        ..engine_config()
-    }
+    let mut built = engine_config();
+    built.heartbeat_interval = None;
+    built
 }
 
 /// Applies `ops` to fresh connections.
