@@ -576,7 +576,8 @@ pub enum Remedy {
     PostBatch,
     /// Regions lent to requests come back only through
     /// [`Connection::reclaim`](crate::Connection::reclaim), once their
-    /// requests retired: take completions, reclaim, then call again.
+    /// requests retired. The refusal comes inside a batch: post or drop
+    /// it, take completions, reclaim, then call again.
     Reclaim,
 }
 
@@ -588,7 +589,7 @@ impl std::fmt::Display for Remedy {
                 "post the batch (nothing retires while a batch holds the connection), take completions, then start another"
             }
             Remedy::Reclaim => {
-                "take completions and give lent regions back with Connection::reclaim, then call again"
+                "post or drop the batch, take completions and give lent regions back with Connection::reclaim, then call again"
             }
         })
     }
@@ -738,7 +739,11 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Full { remedy, .. } => *remedy == Remedy::Poll,
-            Error::PostSend { .. } | Error::PostRecv { .. } => self.kind() == ErrorKind::Full,
+            // Only when none of the call's requests went: a rebuilt retry
+            // would post those twice.
+            Error::PostSend { posted: 0, .. } | Error::PostRecv { posted: 0, .. } => {
+                self.kind() == ErrorKind::Full
+            }
             _ => false,
         }
     }
@@ -834,6 +839,14 @@ mod tests {
         };
         assert_eq!(full.kind(), ErrorKind::Full);
         assert!(full.is_retryable());
+        // Part of the call went: a retry of the whole would post it twice.
+        let partly = Error::PostSend {
+            wr_id: 3,
+            posted: 2,
+            source: io::Error::from_raw_os_error(libc::ENOMEM),
+        };
+        assert_eq!(partly.kind(), ErrorKind::Full);
+        assert!(!partly.is_retryable());
         let refused = Error::PostSend {
             wr_id: 3,
             posted: 0,

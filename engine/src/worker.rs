@@ -127,19 +127,25 @@ pub enum EngineEvent<'a> {
         /// The refused operation's id; it was never posted.
         id: u64,
     },
-    /// The peer disconnected or stopped answering heartbeats; the worker
-    /// has stopped (after relaying what flushed), and operations still
+    /// The peer disconnected (or a device event ended the connection) or
+    /// stopped answering heartbeats: the worker has stopped, after handing
+    /// on everything that arrived or flushed before; operations still
     /// queued are never answered.
     PeerLost,
 }
 
 /// What the worker did, returned when it is joined.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WorkerReport {
     /// The connection's counters when the worker stopped.
     pub stats: Stats,
     /// The CPUs the worker was allowed to run on, read inside it.
     pub affinity: Vec<usize>,
+    /// The peer disconnected, and the worker ended once it had handed on
+    /// everything that arrived or flushed ([`EngineEvent::PeerLost`]);
+    /// otherwise it was shut down.
+    pub peer_left: bool,
 }
 
 /// The application's handle on a connection owned by a pinned worker.
@@ -215,7 +221,14 @@ impl Engine {
                         return Err(Error::Pin { core });
                     }
                 }
-                let affinity = current_affinity()?;
+                let affinity = match current_affinity() {
+                    Ok(affinity) => affinity,
+                    Err(e) => {
+                        let _ = started_tx
+                            .send(Err(Error::Affinity(std::io::Error::other(e.to_string()))));
+                        return Err(e);
+                    }
+                };
                 let _ = started_tx.send(Ok(affinity.clone()));
                 worker.run(affinity)
             })
@@ -288,10 +301,17 @@ impl Engine {
         }
     }
 
-    /// Whether the worker still runs. Once it stopped (its connection
-    /// failed, or it was shut down) [`poll`](Engine::poll) finds nothing
-    /// more and submitting returns [`Error::WorkerStopped`];
-    /// [`shutdown`](Engine::shutdown) gives its error.
+    /// Whether the worker still runs. It stops when its peer left (after
+    /// [`EngineEvent::PeerLost`]), when heartbeats go unanswered, on an
+    /// error of its own, or when shut down. A failed connection alone
+    /// does not stop it: it refuses the operations submitted then
+    /// ([`EngineEvent::Refused`]).
+    ///
+    /// Once it stopped, [`poll`](Engine::poll) finds nothing more,
+    /// operations submitted are never answered, and submitting returns
+    /// [`Error::WorkerStopped`] as soon as the queue is full (checked only
+    /// then: the submit path stays one check); [`shutdown`](Engine::shutdown)
+    /// gives the worker's end.
     pub fn is_running(&self) -> bool {
         self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
@@ -449,9 +469,10 @@ impl Worker {
         let _in = span.enter();
         let mut empty = 0u32;
         let mut stopping: Option<Instant> = None;
-        let mut peer_left = false;
         loop {
-            let work = self.submit()? + self.collect()?;
+            let submitted = self.submit()?;
+            let collected = self.collect()?;
+            let work = submitted + collected.unwrap_or(0);
             if work > 0 {
                 empty = 0;
                 continue;
@@ -480,21 +501,27 @@ impl Worker {
             }
             empty = empty.saturating_add(1);
             if empty.is_multiple_of(PEER_CHECK_INTERVAL) || stopping.is_some() {
-                if self.conn.peer_gone()? {
-                    peer_left = true;
-                }
+                self.conn.peer_gone()?;
                 if let Err(e) = self.conn.keepalive() {
                     let _ = self.notes.push(Relayed::PeerLost);
                     return Err(e);
                 }
             }
-            // The peer left and this side disconnected: what was in flight
-            // flushed and was relayed; operations still queued are never
-            // answered (submitting more says WorkerStopped once the queue
-            // is full).
-            if peer_left && self.conn.outstanding() == 0 {
-                let _ = self.notes.push(Relayed::PeerLost);
-                return Err(Error::Disconnected);
+            // The connection ended under the worker (the peer disconnected,
+            // or a device event; whoever read the event, the endpoint
+            // remembers it). Once everything that arrived or flushed was
+            // handed on — nothing in flight, and a poll with room for all
+            // it could find found nothing — and the application was told,
+            // the worker ends. Operations still queued are never answered.
+            if collected == Some(0)
+                && self.conn.outstanding() == 0
+                && self.conn.endpoint().was_disconnected()
+                && self.notes.push(Relayed::PeerLost).is_ok()
+            {
+                return match self.conn.endpoint().end_error() {
+                    Error::Disconnected => Ok(self.report(affinity, true)),
+                    other => Err(other),
+                };
             }
             match self.idle {
                 // No PAUSE for a worker alone on its core (see `wait`).
@@ -503,10 +530,15 @@ impl Worker {
                 IdlePolicy::Backoff { .. } => std::hint::spin_loop(),
             }
         }
-        Ok(WorkerReport {
+        Ok(self.report(affinity, false))
+    }
+
+    fn report(&self, affinity: Vec<usize>, peer_left: bool) -> WorkerReport {
+        WorkerReport {
             stats: self.conn.stats(),
             affinity,
-        })
+            peer_left,
+        }
     }
 
     /// Moves queued operations into one batch and posts it.
@@ -635,40 +667,44 @@ impl Worker {
     /// completions wait in the CQ): one per request retired, which a single
     /// completion may do for many (a flush that retires unsignaled requests
     /// before it), and one per receive.
-    fn collect(&mut self) -> Result<usize> {
+    /// Returns the completions taken, or `None` when there was no room to
+    /// poll.
+    fn collect(&mut self) -> Result<Option<usize>> {
         if self.notes.slots() < self.conn.events_per_poll() || self.rx.free() < PAYLOADS_PER_POLL {
-            return Ok(0);
+            return Ok(None);
         }
         let (notes, rx, ids) = (&mut self.notes, &mut self.rx, &self.ids);
         let id_of = |seq: u64| ids[seq as usize & (ids.len() - 1)];
-        self.conn.poll(|ev| {
-            let note = match ev {
-                Event::Received { data } => {
-                    let pushed = rx.push(data);
-                    debug_assert!(pushed);
-                    Relayed::Received
-                }
-                Event::WriteImm { imm, len } => Relayed::WriteImm { imm, len },
-                Event::Completed { seq, opcode } => Relayed::Completed {
-                    id: id_of(seq),
-                    opcode,
-                },
-                Event::ReadCompleted { seq, data } => {
-                    let pushed = rx.push(data);
-                    debug_assert!(pushed);
-                    Relayed::ReadCompleted { id: id_of(seq) }
-                }
-                Event::Failed(mut e) => {
-                    if e.opcode != Some(WcOpcode::RECV) && e.wr_id != WcError::INTERNAL {
-                        e.wr_id = id_of(e.wr_id);
+        self.conn
+            .poll(|ev| {
+                let note = match ev {
+                    Event::Received { data } => {
+                        let pushed = rx.push(data);
+                        debug_assert!(pushed);
+                        Relayed::Received
                     }
-                    Relayed::Failed(e)
-                }
-                Event::Flushed { seq, .. } => Relayed::Flushed { id: id_of(seq) },
-                Event::RecvFlushed => Relayed::RecvFlushed,
-            };
-            let pushed = notes.push(note);
-            debug_assert!(pushed.is_ok(), "room was checked before polling");
-        })
+                    Event::WriteImm { imm, len } => Relayed::WriteImm { imm, len },
+                    Event::Completed { seq, opcode } => Relayed::Completed {
+                        id: id_of(seq),
+                        opcode,
+                    },
+                    Event::ReadCompleted { seq, data } => {
+                        let pushed = rx.push(data);
+                        debug_assert!(pushed);
+                        Relayed::ReadCompleted { id: id_of(seq) }
+                    }
+                    Event::Failed(mut e) => {
+                        if e.opcode != Some(WcOpcode::RECV) && e.wr_id != WcError::INTERNAL {
+                            e.wr_id = id_of(e.wr_id);
+                        }
+                        Relayed::Failed(e)
+                    }
+                    Event::Flushed { seq, .. } => Relayed::Flushed { id: id_of(seq) },
+                    Event::RecvFlushed => Relayed::RecvFlushed,
+                };
+                let pushed = notes.push(note);
+                debug_assert!(pushed.is_ok(), "room was checked before polling");
+            })
+            .map(Some)
     }
 }

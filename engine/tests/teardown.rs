@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use pinpoll::connect::cm::{Connector, Listener};
 use pinpoll::connect::oob::Prepared;
 use pinpoll::device::Device;
-use pinpoll::{Access, Error, PageSize, QpConfig};
+use pinpoll::{Access, Error, PageSize};
 use pinpoll_testkit::pair::{config, pair, Method};
 use pinpoll_testkit::{cm_addr, device};
 

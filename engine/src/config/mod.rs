@@ -27,6 +27,7 @@ pub enum PageSize {
 /// with 7 retries, and a finite RNR retry so a stuck receiver surfaces as an
 /// error instead of an endless stall.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct QpConfig {
     /// Send-queue depth in work requests.
     pub max_send_wr: u32,
@@ -145,7 +146,11 @@ pub enum IdlePolicy {
 }
 
 /// Every tunable of a connection's fast path and of its worker thread.
+/// Build one from [`EngineConfig::default`] or a profile
+/// ([`EngineConfig::load`]) and set fields: it gains fields as the engine
+/// grows (`#[non_exhaustive]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EngineConfig {
     /// Queue pair, CQ and transport settings (depths, timeouts, retries).
     pub qp: QpConfig,
@@ -253,6 +258,9 @@ const KEY_AND_FIELD: &[(&str, &str)] = &[
     ("hugepages", "pages"),
     ("inline_threshold", "qp.max_inline_data"),
     ("gid_index", "qp.gid_index"),
+    // No profile sets these: the key is the field's own name.
+    ("max_sge", "qp.max_sge"),
+    ("port", "qp.port"),
 ];
 
 /// A setting's profile key and field, given either (or a `QpConfig`
@@ -294,11 +302,16 @@ impl EngineConfig {
             ));
         }
         if self.inline_threshold > self.qp.max_inline_data {
-            return Err(out_of_range(
-                "inline_threshold",
-                self.inline_threshold,
-                &format!("0..={} (max_inline_data)", self.qp.max_inline_data),
-            ));
+            // The profile key sets both; a program set this field.
+            return Err(Error::Setting {
+                key: "inline_threshold",
+                field: "inline_threshold",
+                value: self.inline_threshold.to_string(),
+                problem: format!(
+                    "is out of range: allowed 0..={} (qp.max_inline_data)",
+                    self.qp.max_inline_data
+                ),
+            });
         }
         Ok(())
     }

@@ -415,6 +415,7 @@ impl AsyncEvent {
 /// A device's limits, as `ibv_query_device` reports them (the doctor,
 /// `pinpoll-tune doctor`, checks profiles against them).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeviceAttr {
     /// The most work requests one queue of a queue pair may hold.
     pub max_qp_wr: u32,
@@ -440,6 +441,7 @@ pub struct DeviceAttr {
 
 /// What `ibv_query_port` says about one port.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PortAttr {
     /// `enum ibv_port_state` (4 = ACTIVE); [`state_name`](PortAttr::state_name)
     /// names it.
