@@ -138,3 +138,39 @@ fn a_send_refused_before_it_is_posted_gives_its_region_back() {
     );
     assert_eq!(refused.region.as_slice(), &data[..]);
 }
+
+/// A SEND refused because the send queue is merely full gives its region
+/// back untouched, and says so as ordinary back-pressure: kind `Full`,
+/// retryable (nothing of the call went).
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_send_refused_by_a_full_queue_gives_its_region_back() {
+    let (mut client, _server) = pair(Method::Cm);
+    let seed = pattern(64, 3);
+    // Past the peer's posted receives the SENDs wait in receiver-not-ready
+    // retries, and hold the queue.
+    let mut posted = Vec::new();
+    let refused = loop {
+        assert!(posted.len() < 4096, "the send queue never filled");
+        match client
+            .ep
+            .post(client.buffer(&seed), seed.len(), RegionOp::Send)
+        {
+            Ok(p) => posted.push(p),
+            Err(refused) => break refused,
+        }
+    };
+    assert!(
+        matches!(refused.error, Error::PostSend { posted: 0, .. }),
+        "{:?}",
+        refused.error
+    );
+    assert_eq!(
+        refused.error.kind(),
+        pinpoll::ErrorKind::Full,
+        "{}",
+        refused.error
+    );
+    assert!(refused.error.is_retryable());
+    assert_eq!(refused.region.as_slice(), &seed[..], "given back untouched");
+}
