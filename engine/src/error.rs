@@ -385,8 +385,9 @@ pub enum Error {
     /// A request failed as the peer went away: a process that dies has its
     /// memory regions and QP torn down by its kernel while its disconnect
     /// is on the way, so what is in flight fails at its end first.
-    #[error("the peer disconnected; a request in flight failed with it: {0}")]
-    PeerLeft(WcError),
+    /// The request's failure is the source.
+    #[error("the peer disconnected; a request in flight failed with it")]
+    PeerLeft(#[source] WcError),
     /// The device reported an event that ends the connection (a port
     /// error, a fatal device error, or an error of this queue pair or a
     /// CQ), or rdma_cm reported the device's removal. The queue pair was
@@ -425,12 +426,15 @@ pub enum Error {
         /// The socket's error.
         source: io::Error,
     },
-    /// The peer's connection data are unusable: bytes that are not a valid
-    /// connection record or region descriptor (every
-    /// [`WireError`](crate::wire::WireError) converts to this), no target
-    /// ring, or a wrong ready byte. The text says what was wrong.
+    /// The peer's connection data are unusable though they decode: no
+    /// target ring, or a wrong ready byte. The text says what was wrong.
     #[error("bad connection record from the peer: {0}")]
     BadRecord(String),
+    /// A connection record or region descriptor from the peer that does
+    /// not decode; the [`WireError`](crate::wire::WireError) (the source)
+    /// names the field.
+    #[error("bad connection record from the peer")]
+    Wire(#[source] crate::wire::WireError),
     /// A setting has a value it cannot take; nothing was set up.
     /// `key` is its name in a profile, `field` its path in
     /// [`EngineConfig`](crate::EngineConfig) (the same where they agree).
@@ -713,7 +717,7 @@ impl Error {
                 ErrorKind::Full
             }
             E::Rejected { .. } => ErrorKind::Rejected,
-            E::BadRecord(_) => ErrorKind::Protocol,
+            E::BadRecord(_) | E::Wire(_) => ErrorKind::Protocol,
             E::PostSend { .. }
             | E::PostRecv { .. }
             | E::PostIndeterminate { .. }

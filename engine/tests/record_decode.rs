@@ -48,11 +48,27 @@ const REGION_FLAG: usize = 7;
 const REGION_ADDR: usize = 34;
 const REGION_LEN: usize = 42;
 
+/// The decode error of `bytes`, its sources after it (the wire error
+/// that names the field is the source).
 fn error_of(bytes: &[u8]) -> String {
     match ConnectionRecord::decode(bytes) {
         Ok(r) => panic!("decoded {r:?} from an out-of-range record"),
-        Err(e) => e.to_string(),
+        Err(e) => {
+            assert_eq!(e.kind(), pinpoll::ErrorKind::Protocol, "{e}");
+            chain(&e)
+        }
     }
+}
+
+/// `e`'s message, its sources after it.
+fn chain(e: &pinpoll::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        text = format!("{text}: {cause}");
+        source = cause.source();
+    }
+    text
 }
 
 proptest! {
@@ -153,14 +169,14 @@ proptest! {
         let mut b = good;
         prop_assume!(b[at] != value);
         b[at] = value;
-        let e = RegionDescriptor::decode(&b).unwrap_err().to_string();
+        let e = chain(&RegionDescriptor::decode(&b).unwrap_err());
         prop_assert!(e.contains("magic") || e.contains("version"), "{}", e);
-        let e = RegionDescriptor::decode(&good[..short]).unwrap_err().to_string();
+        let e = chain(&RegionDescriptor::decode(&good[..short]).unwrap_err());
         let want = if short == 0 { "no PPRD header".to_owned() } else { format!("{short} bytes") };
         prop_assert!(e.contains(&want), "{}", e);
         let wraps = RegionDescriptor(RemoteSlice { addr, len: 0, rkey: 1 }).encode();
         let mut b = wraps;
         b[16..24].copy_from_slice(&(u64::MAX - addr + 1).to_be_bytes());
-        prop_assert!(RegionDescriptor::decode(&b).unwrap_err().to_string().contains("wraps"));
+        prop_assert!(chain(&RegionDescriptor::decode(&b).unwrap_err()).contains("wraps"));
     }
 }

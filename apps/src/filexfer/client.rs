@@ -732,7 +732,7 @@ fn connect_error(err: pinpoll::Error, addr: std::net::SocketAddr) -> anyhow::Err
                 "a loopback address is not reachable through an RDMA device; use the address of the RDMA netdev",
             )
         }
-        pinpoll::Error::BadRecord(_) => {
+        pinpoll::Error::BadRecord(_) | pinpoll::Error::Wire(_) => {
             anyhow::Error::new(err).context("the server's accept data (is it a filexfer server?)")
         }
         pinpoll::Error::WrongDevice { .. } => anyhow::Error::new(err).context("--device"),

@@ -12,7 +12,7 @@ static REGION: Header = Header::new("pinpoll region descriptor", "PPRD", Some(1)
 
 impl From<WireError> for Error {
     fn from(e: WireError) -> Error {
-        Error::BadRecord(e.to_string())
+        Error::Wire(e)
     }
 }
 
@@ -204,22 +204,26 @@ mod tests {
         for (at, value, expected) in cases {
             let mut b = good;
             b[at] = value;
-            let err = ConnectionRecord::decode(&b).unwrap_err().to_string();
+            let err = wire_error(ConnectionRecord::decode(&b).unwrap_err());
             assert!(err.contains(expected), "byte {at}={value}: {err}");
         }
-        assert!(ConnectionRecord::decode(&good[..63])
-            .unwrap_err()
-            .to_string()
-            .contains("63 bytes"));
+        assert!(
+            wire_error(ConnectionRecord::decode(&good[..63]).unwrap_err()).contains("63 bytes")
+        );
         let mut zero_qpn = good;
         zero_qpn[8..12].copy_from_slice(&[0; 4]);
         assert!(ConnectionRecord::decode(&zero_qpn).is_err());
         let mut wrap = good;
         wrap[34..42].copy_from_slice(&u64::MAX.to_be_bytes());
-        assert!(ConnectionRecord::decode(&wrap)
-            .unwrap_err()
-            .to_string()
-            .contains("wraps"));
+        assert!(wire_error(ConnectionRecord::decode(&wrap).unwrap_err()).contains("wraps"));
+    }
+
+    /// The field a decode error names: its source, the wire error.
+    fn wire_error(err: Error) -> String {
+        match err {
+            Error::Wire(wire) => wire.to_string(),
+            other => panic!("not a wire error: {other:?}"),
+        }
     }
 
     #[test]
