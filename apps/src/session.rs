@@ -29,21 +29,6 @@ pub fn qp_config(timeout: Duration) -> QpConfig {
     built
 }
 
-/// Adds what to do to the error of a machine without RDMA: rdma_cm's event
-/// channel cannot be opened (no `/dev/infiniband/rdma_cm`).
-fn explain(err: pinpoll::Error) -> anyhow::Error {
-    match &err {
-        pinpoll::Error::Cm {
-            op: "rdma_create_event_channel",
-            source,
-        } if matches!(source.raw_os_error(), Some(2 | 19)) => anyhow::anyhow!(
-            "{err}: {source}; no RDMA device: {}",
-            pinpoll::error::HOW_TO_GET_A_DEVICE
-        ),
-        _ => err.into(),
-    }
-}
-
 /// Fails unless an RDMA device named `name` exists, naming those that do.
 pub fn device_exists(name: &str) -> anyhow::Result<()> {
     let devices = pinpoll::device::list_devices().context("listing RDMA devices")?;
@@ -93,15 +78,13 @@ impl Client {
         let mut conn = Connector::resolve(addr, &qp_config(common.timeout))
             .map_err(|err| match err {
                 // rxe (and most RoCE setups) cannot carry 127.0.0.0/8 or ::1.
-                pinpoll::Error::Cm { op, .. }
-                    if addr.ip().is_loopback() && op != "rdma_create_event_channel" =>
-                {
-                    anyhow::Error::new(err).context(
+                // (A machine without rdma_cm is Error::NoDevice already.)
+                pinpoll::Error::Cm { .. } if addr.ip().is_loopback() => anyhow::Error::new(err)
+                    .context(
                         "a loopback address is not reachable through an RDMA device; \
                      use the address of the RDMA netdev (e.g. its link-local address)",
-                    )
-                }
-                err => explain(err),
+                    ),
+                err => err.into(),
             })
             .with_context(|| format!("connecting to {addr}"))?;
         check_device(conn.endpoint(), common.device.as_deref())
@@ -194,9 +177,7 @@ impl Accepting {
         out: Output,
     ) -> anyhow::Result<Accepting> {
         let shutdown = Shutdown::install()?;
-        let listener = Listener::bind(addr)
-            .map_err(explain)
-            .with_context(|| format!("listening on {addr}"))?;
+        let listener = Listener::bind(addr).with_context(|| format!("listening on {addr}"))?;
         out.progress(format_args!(
             "listening on {}",
             show_addr(listener.local_addr().or(Some(addr)))

@@ -25,7 +25,7 @@
 use std::ops::Range;
 
 use super::wr_id::LEDGER_LIMIT;
-use crate::status::WcOpcode;
+use crate::status::{WcOpcode, WcStatus};
 
 /// What a request is, for its completion event.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -155,6 +155,21 @@ pub(crate) struct Ledger {
     /// batch found still open by anything but itself was leaked
     /// (`mem::forget`): its requests never reached the NIC.
     open: Option<u64>,
+    /// The first failed request a poll retired without handing it on (the
+    /// caller's callback panicked first): handed on by the next poll, so
+    /// the failure is never lost to a later flush. Kept here, beside the
+    /// counters the poll's guard already holds, so the guard holds no
+    /// other reference.
+    unjudged: Option<Unjudged>,
+}
+
+/// A failed request retired without a verdict.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Unjudged {
+    pub seq: u64,
+    pub request: Request,
+    pub status: WcStatus,
+    pub vendor_err: u32,
 }
 
 impl Ledger {
@@ -175,6 +190,7 @@ impl Ledger {
             read_slots: SlotCursor::default(),
             limit: LEDGER_LIMIT,
             open: None,
+            unjudged: None,
         }
     }
 
@@ -411,6 +427,25 @@ impl Ledger {
     /// Hands the slots of retired request `seq` back to the CPU; called for
     /// each retired sequence number, oldest first.
     #[inline]
+    /// Keeps `failed` for the next poll, unless an earlier one is kept.
+    #[cold]
+    pub(crate) fn keep_unjudged(&mut self, failed: Unjudged) {
+        self.unjudged.get_or_insert(failed);
+    }
+
+    /// Whether a failure waits for its verdict.
+    #[inline(always)]
+    pub(crate) fn has_unjudged(&self) -> bool {
+        self.unjudged.is_some()
+    }
+
+    /// The failure that waits for its verdict, if any.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn take_unjudged(&mut self) -> Option<Unjudged> {
+        self.unjudged.take()
+    }
+
     pub(crate) fn release(&mut self, seq: u64) -> Released {
         debug_assert!(seq < self.retired);
         let request = self.request(seq);

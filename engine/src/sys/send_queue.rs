@@ -15,7 +15,7 @@ use std::marker::PhantomData;
 
 use super::cq::{CqPoller, WorkCompletion};
 use super::layout::SlotLayout;
-use super::ledger::{Admitted, Ledger, Request, RequestKind};
+use super::ledger::{Admitted, Ledger, Request, RequestKind, Unjudged};
 use super::lent::LentRegions;
 use super::mr::{LocalSlice, Registration, RemoteSlice};
 use super::qp::QueuePair;
@@ -89,19 +89,6 @@ pub(crate) struct SendQueue {
     /// request of it counts as posted, the QP is in ERR, and the ledger
     /// admits no more (but the markers that retire what is left).
     broken: Option<Indeterminate>,
-    /// The first failed completion a walk retired without handing it on
-    /// (the caller's callback panicked first): handed on at the start of
-    /// the next poll, so the failure is never lost to a later flush.
-    unjudged: Option<Unjudged>,
-}
-
-/// A failed completion retired without a verdict.
-#[derive(Debug, Clone, Copy)]
-struct Unjudged {
-    seq: u64,
-    request: Request,
-    status: WcStatus,
-    vendor_err: u32,
 }
 
 impl std::fmt::Debug for SendQueue {
@@ -143,7 +130,6 @@ impl SendQueue {
             // as many again may wait, rolled back, to be reclaimed.
             lent: LentRegions::new((depth as usize).saturating_mul(2)),
             broken: None,
-            unjudged: None,
         }
     }
 
@@ -440,24 +426,6 @@ impl SendQueue {
         Some(unsafe { std::slice::from_raw_parts(self.read_ring.at(range.start), range.len()) })
     }
 
-    /// Hands on the failure a panicking callback kept from its verdict.
-    /// The requests retired silently with it stay uncounted: whether they
-    /// were delivered is what the lost verdict would have said.
-    #[cold]
-    #[inline(never)]
-    fn judge_unjudged(&mut self, on: &mut impl FnMut(Retired<'_>)) {
-        if let Some(u) = self.unjudged.take() {
-            on(Retired {
-                seq: u.seq,
-                request: u.request,
-                named: true,
-                status: u.status,
-                vendor_err: u.vendor_err,
-                read: None,
-            });
-        }
-    }
-
     /// Starts a batch: up to the chain's capacity of requests, one doorbell.
     #[inline]
     pub(crate) fn batch<'q, 'd>(&'q mut self, qp: &'q mut QueuePair) -> SendBatch<'q, 'd> {
@@ -483,22 +451,35 @@ impl SendQueue {
     /// unaccounted, and no request stays retired with its slots held.
     #[inline]
     pub(crate) fn poll(&mut self, mut on: impl FnMut(Retired<'_>)) -> Result<usize> {
-        if self.unjudged.is_some() {
-            self.judge_unjudged(&mut on);
+        // The failure a panicking callback kept from its verdict. (`on` is
+        // called here, not handed to a function: a closure that escapes
+        // makes the compiler keep the ledger's counters in memory, and
+        // store them per request below.) The requests retired silently
+        // with it stay uncounted: whether they were delivered is what the
+        // lost verdict would have said.
+        if self.ledger.has_unjudged() {
+            if let Some(u) = self.ledger.take_unjudged() {
+                on(Retired {
+                    seq: u.seq,
+                    request: u.request,
+                    named: true,
+                    status: u.status,
+                    vendor_err: u.vendor_err,
+                    read: None,
+                });
+            }
         }
         let n = self.poller.poll(&mut self.wcs)?;
         let wcs = &self.wcs[..n];
         let mut walk = SendWalk {
             ledger: &mut self.ledger,
-            unjudged: &mut self.unjudged,
+            taken: wcs,
             rest: wcs,
-            current: None,
             range: 0..0,
         };
         let mut foreign = None;
         while let Some((wc, rest)) = walk.rest.split_first() {
             walk.rest = rest;
-            walk.current = Some(wc);
             match walk.ledger.retire_through(wc.wr_id()) {
                 Ok(range) => walk.range = range,
                 Err(e) => {
@@ -547,10 +528,11 @@ impl SendQueue {
 /// retires and releases them all, so the ledger never lags the NIC.
 struct SendWalk<'a> {
     ledger: &'a mut Ledger,
-    unjudged: &'a mut Option<Unjudged>,
+    /// Every completion the poll took (the current one is the last before
+    /// `rest`): read only by the guard, so the walk stores nothing more
+    /// per completion or request than it did without it.
+    taken: &'a [WorkCompletion],
     rest: &'a [WorkCompletion],
-    /// The completion whose requests `range` still holds.
-    current: Option<&'a WorkCompletion>,
     range: std::ops::Range<u64>,
 }
 
@@ -560,8 +542,8 @@ impl SendWalk<'_> {
     fn release(&mut self, range: std::ops::Range<u64>, wc: &WorkCompletion) {
         for seq in range {
             let released = self.ledger.release(seq);
-            if seq == wc.wr_id() && wc.status() != WcStatus::SUCCESS && self.unjudged.is_none() {
-                *self.unjudged = Some(Unjudged {
+            if seq == wc.wr_id() && wc.status() != WcStatus::SUCCESS {
+                self.ledger.keep_unjudged(Unjudged {
                     seq,
                     request: released.request,
                     status: wc.status(),
@@ -575,10 +557,17 @@ impl SendWalk<'_> {
 impl Drop for SendWalk<'_> {
     #[cold]
     fn drop(&mut self) {
-        if let Some(wc) = self.current {
+        let (taken, rest) = (self.taken, self.rest);
+        // The completion `range` belongs to: the last one taken from
+        // `taken` (a foreign one leaves `range` empty).
+        let current = taken
+            .len()
+            .checked_sub(rest.len())
+            .and_then(|i| i.checked_sub(1));
+        if let Some(wc) = current.and_then(|i| taken.get(i)) {
             self.release(self.range.clone(), wc);
         }
-        for wc in self.rest {
+        for wc in rest {
             if let Ok(range) = self.ledger.retire_through(wc.wr_id()) {
                 self.release(range, wc);
             }
