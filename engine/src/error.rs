@@ -334,6 +334,12 @@ pub enum Error {
         /// The error of `std::thread::Builder::spawn`.
         source: io::Error,
     },
+    /// A callback given to `Connection::poll` panicked. The completions
+    /// that poll had taken were retired without their verdicts, so what
+    /// they delivered (or that one of them failed) is unknown: the
+    /// connection takes no more requests, and closing it says so.
+    #[error("a callback of Connection::poll panicked: the requests its poll retired got no verdict, so what they delivered is unknown; the connection takes no more requests (abort it and connect anew)")]
+    CallbackPanicked,
     /// The engine's worker thread has ended: it stopped on an error
     /// (which [`Engine::shutdown`](crate::Engine::shutdown) returns), or
     /// ended before it began to serve, or was joined already.
@@ -726,7 +732,8 @@ impl Error {
             | E::Disconnected
             | E::PeerLeft(_)
             | E::DeviceEvent { .. }
-            | E::PeerUnresponsive { .. } => ErrorKind::ConnectionLost,
+            | E::PeerUnresponsive { .. }
+            | E::CallbackPanicked => ErrorKind::ConnectionLost,
             E::WorkerStopped | E::WorkerPanicked => ErrorKind::Worker,
         }
     }

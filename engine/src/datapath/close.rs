@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::{Connection, Event, Stats};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::sys::ledger::RequestKind;
 use crate::wait::BoundedWait;
 
@@ -178,6 +178,11 @@ impl Connection {
         // wait that timed out on the close's own marker (a peer gone
         // without a word) lost nothing of the caller's.
         let lost = self.stats.undelivered - undelivered_before;
+        if graceful && self.sq.ledger().is_unwound() {
+            // Whether the requests of that poll were delivered is unknown.
+            delivered?;
+            return Err(Error::CallbackPanicked);
+        }
         if !graceful || lost == 0 {
             return disconnected;
         }

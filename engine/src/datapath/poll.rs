@@ -27,6 +27,12 @@ impl Connection {
 
     /// Polls both completion queues once and hands every event to `on`.
     /// Returns how many completions were taken.
+    ///
+    /// Should `on` panic, the send requests the poll took are retired
+    /// (their memory is free again) but get no verdict: the connection
+    /// then takes no more requests
+    /// ([`Error::CallbackPanicked`](crate::Error::CallbackPanicked), also
+    /// from `close`).
     #[inline]
     pub fn poll(&mut self, mut on: impl FnMut(Event<'_>)) -> Result<usize> {
         let sent = self.poll_send(&mut on)?;

@@ -25,7 +25,7 @@
 use std::ops::Range;
 
 use super::wr_id::LEDGER_LIMIT;
-use crate::status::{WcOpcode, WcStatus};
+use crate::status::WcOpcode;
 
 /// What a request is, for its completion event.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -155,21 +155,11 @@ pub(crate) struct Ledger {
     /// batch found still open by anything but itself was leaked
     /// (`mem::forget`): its requests never reached the NIC.
     open: Option<u64>,
-    /// The first failed request a poll retired without handing it on (the
-    /// caller's callback panicked first): handed on by the next poll, so
-    /// the failure is never lost to a later flush. Kept here, beside the
-    /// counters the poll's guard already holds, so the guard holds no
-    /// other reference.
-    unjudged: Option<Unjudged>,
-}
-
-/// A failed request retired without a verdict.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Unjudged {
-    pub seq: u64,
-    pub request: Request,
-    pub status: WcStatus,
-    pub vendor_err: u32,
+    /// A poll's callback panicked: the completions that poll had taken
+    /// were retired without a verdict, so what they delivered is unknown.
+    /// The ledger then admits no more (but markers), and the connection
+    /// says why.
+    unwound: bool,
 }
 
 impl Ledger {
@@ -190,7 +180,7 @@ impl Ledger {
             read_slots: SlotCursor::default(),
             limit: LEDGER_LIMIT,
             open: None,
-            unjudged: None,
+            unwound: false,
         }
     }
 
@@ -427,23 +417,16 @@ impl Ledger {
     /// Hands the slots of retired request `seq` back to the CPU; called for
     /// each retired sequence number, oldest first.
     #[inline]
-    /// Keeps `failed` for the next poll, unless an earlier one is kept.
+    /// A poll's callback panicked (see the `unwound` field).
     #[cold]
-    pub(crate) fn keep_unjudged(&mut self, failed: Unjudged) {
-        self.unjudged.get_or_insert(failed);
+    pub(crate) fn unwound(&mut self) {
+        self.unwound = true;
+        self.close();
     }
 
-    /// Whether a failure waits for its verdict.
-    #[inline(always)]
-    pub(crate) fn has_unjudged(&self) -> bool {
-        self.unjudged.is_some()
-    }
-
-    /// The failure that waits for its verdict, if any.
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn take_unjudged(&mut self) -> Option<Unjudged> {
-        self.unjudged.take()
+    /// Whether a poll's callback panicked.
+    pub(crate) fn is_unwound(&self) -> bool {
+        self.unwound
     }
 
     pub(crate) fn release(&mut self, seq: u64) -> Released {
