@@ -313,7 +313,14 @@ impl Engine {
     /// then: the submit path stays one check); [`shutdown`](Engine::shutdown)
     /// gives the worker's end.
     pub fn is_running(&self) -> bool {
-        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+        let running = self.thread.as_ref().is_some_and(|t| !t.is_finished());
+        if !running {
+            // `is_finished` reads, relaxed, what the thread's exit wrote
+            // with release: this fence makes everything the worker did
+            // before it ended (its last notes) visible here.
+            std::sync::atomic::fence(Ordering::Acquire);
+        }
+        running
     }
 
     fn enqueue(&mut self, kind: OpKind) -> u64 {
@@ -409,7 +416,9 @@ impl Engine {
         }
         let mut wait = BoundedWait::new(self.timeout, "a completion from the worker");
         while self.notes.is_empty() {
-            if wait.tick()?.is_some() && !self.is_running() {
+            // Looked at again once the worker is seen ended: its last note
+            // (PeerLost) may have come between the two looks.
+            if wait.tick()?.is_some() && !self.is_running() && self.notes.is_empty() {
                 return Err(Error::WorkerStopped);
             }
         }

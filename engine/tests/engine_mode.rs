@@ -382,7 +382,7 @@ fn messages_before_the_peer_left_are_all_handed_on() {
             Ok(EngineEvent::Received { data }) => got.push(data.to_vec()),
             Ok(EngineEvent::PeerLost) => break,
             Err(Error::Timeout { .. }) | Ok(_) => {}
-            Err(e) => panic!("after {} messages: {e}", got.len()),
+            Err(e) => panic!("after {} messages: {e}: {:?}", got.len(), engine.shutdown()),
         }
     }
     assert_eq!(got.len(), sent.len(), "every message before PeerLost");
