@@ -107,6 +107,9 @@ for features in "" profiles engine; do
     CARGO_TARGET_DIR="$top/target/check-features" \
         cargo clippy --quiet -p pinpoll --no-default-features ${features:+--features "$features"} -- -D warnings
 done
+# Its documentation builds too (links to what a feature gates excepted).
+RUSTDOCFLAGS="-D warnings" CARGO_TARGET_DIR="$top/target/check-features" \
+    cargo doc --quiet -p pinpoll --no-deps --no-default-features
 # What the features gate must really leave the build.
 minimal=$(cargo tree -p pinpoll --no-default-features -e normal --prefix none --format '{p}' | cut -d' ' -f1 | sort -u)
 for dep in serde toml rtrb crossbeam core_affinity; do

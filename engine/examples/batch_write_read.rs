@@ -13,6 +13,7 @@
 //! ```
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
 
 use pinpoll::{Connection, EngineConfig, ErrorKind, Event};
 
@@ -116,6 +117,7 @@ fn write_all(conn: &mut Connection, chunks: &[(usize, Vec<u8>)]) -> Res<()> {
 /// READs the peer's ring back, slot by slot, a batch at a time.
 fn read_all(conn: &mut Connection, slots: usize, slot: usize) -> Res<Vec<u8>> {
     let mut ring = vec![0u8; slots * slot];
+    let deadline = Instant::now() + Duration::from_secs(60);
     // Which slot each READ (by sequence number) asked for.
     let mut asked = std::collections::HashMap::new();
     let (mut next, mut landed) = (0, 0);
@@ -132,15 +134,26 @@ fn read_all(conn: &mut Connection, slots: usize, slot: usize) -> Res<Vec<u8>> {
             }
         }
         batch.post()?;
-        // The data are lent to the callback: copy what you keep.
-        conn.poll(|ev| {
-            if let Event::ReadCompleted { seq, data } = ev {
+        // The data are lent to the callback: copy what you keep. A READ
+        // that fails (or flushes after a failure) never lands: stop.
+        let mut lost = None;
+        conn.poll(|ev| match ev {
+            Event::ReadCompleted { seq, data } => {
                 if let Some(i) = asked.remove(&seq) {
                     ring[i * slot..(i + 1) * slot].copy_from_slice(data);
                     landed += 1;
                 }
             }
+            Event::Failed(e) => lost = Some(e.to_string()),
+            Event::Flushed { seq, .. } => lost = Some(format!("READ {seq} flushed")),
+            _ => {}
         })?;
+        if let Some(why) = lost {
+            return Err(why.into());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("only {landed} of {slots} READs landed in time").into());
+        }
     }
     Ok(ring)
 }

@@ -334,8 +334,9 @@ pub enum Error {
         /// The error of `std::thread::Builder::spawn`.
         source: io::Error,
     },
-    /// A callback given to `Connection::poll` panicked. The completions
-    /// that poll had taken were retired without their verdicts, so what
+    /// A callback given to `Connection::poll` panicked while handed send
+    /// completions. The completions that poll had taken were retired
+    /// without their verdicts, so what
     /// they delivered (or that one of them failed) is unknown: the
     /// connection takes no more requests, and closing it says so.
     #[error("a callback of Connection::poll panicked: the requests its poll retired got no verdict, so what they delivered is unknown; the connection takes no more requests (abort it and connect anew)")]

@@ -130,7 +130,10 @@ pub enum EngineEvent<'a> {
     /// The peer disconnected (or a device event ended the connection) or
     /// stopped answering heartbeats: the worker has stopped, after handing
     /// on everything that arrived or flushed before; operations still
-    /// queued are never answered.
+    /// queued are never answered. A peer that dies without a word is
+    /// usually seen first as a failed request ([`EngineEvent::Failed`],
+    /// e.g. a heartbeat's RETRY_EXC_ERR), which is as final: the worker
+    /// then refuses new operations until it is shut down.
     PeerLost,
 }
 
@@ -144,7 +147,8 @@ pub struct WorkerReport {
     pub affinity: Vec<usize>,
     /// The peer disconnected, and the worker ended once it had handed on
     /// everything that arrived or flushed ([`EngineEvent::PeerLost`]);
-    /// otherwise it was shut down.
+    /// otherwise it was shut down (also when the peer left while the
+    /// shutdown drained).
     pub peer_left: bool,
 }
 
@@ -224,8 +228,15 @@ impl Engine {
                 let affinity = match current_affinity() {
                     Ok(affinity) => affinity,
                     Err(e) => {
-                        let _ = started_tx
-                            .send(Err(Error::Affinity(std::io::Error::other(e.to_string()))));
+                        // The same error again: io::Error is not Clone.
+                        let again = match &e {
+                            Error::Affinity(io) => Error::Affinity(match io.raw_os_error() {
+                                Some(errno) => std::io::Error::from_raw_os_error(errno),
+                                None => std::io::Error::other(io.to_string()),
+                            }),
+                            other => Error::Affinity(std::io::Error::other(other.to_string())),
+                        };
+                        let _ = started_tx.send(Err(again));
                         return Err(e);
                     }
                 };
@@ -479,6 +490,9 @@ impl Worker {
         let mut empty = 0u32;
         let mut stopping: Option<Instant> = None;
         loop {
+            // Read before the poll, so an empty poll below came after the
+            // end was known.
+            let ended = self.conn.endpoint().was_disconnected();
             let submitted = self.submit()?;
             let collected = self.collect()?;
             let work = submitted + collected.unwrap_or(0);
@@ -494,8 +508,10 @@ impl Worker {
                     if self.conn.outstanding() == 0 {
                         break;
                     }
-                    if self.conn.failure().is_none() {
+                    if self.conn.failure().is_none() && !ended {
                         self.conn.flush_tail()?;
+                    } else {
+                        self.conn.retire_after_end()?;
                     }
                 }
                 if since.elapsed() > self.drain_timeout {
@@ -509,28 +525,36 @@ impl Worker {
                 }
             }
             empty = empty.saturating_add(1);
-            if empty.is_multiple_of(PEER_CHECK_INTERVAL) || stopping.is_some() {
+            // Heartbeats only while completions can be taken: a silence
+            // that is the application's (its queues full, nothing polled)
+            // is not the peer's.
+            if (empty.is_multiple_of(PEER_CHECK_INTERVAL) || stopping.is_some())
+                && collected.is_some()
+            {
                 self.conn.peer_gone()?;
                 if let Err(e) = self.conn.keepalive() {
+                    // Room for it: the poll just had room for a batch.
                     let _ = self.notes.push(Relayed::PeerLost);
                     return Err(e);
                 }
             }
             // The connection ended under the worker (the peer disconnected,
             // or a device event; whoever read the event, the endpoint
-            // remembers it). Once everything that arrived or flushed was
-            // handed on — nothing in flight, and a poll with room for all
-            // it could find found nothing — and the application was told,
-            // the worker ends. Operations still queued are never answered.
-            if collected == Some(0)
-                && self.conn.outstanding() == 0
-                && self.conn.endpoint().was_disconnected()
-                && self.notes.push(Relayed::PeerLost).is_ok()
-            {
-                return match self.conn.endpoint().end_error() {
-                    Error::Disconnected => Ok(self.report(affinity, true)),
-                    other => Err(other),
-                };
+            // remembers it). Requests that completed unsignaled before the
+            // end make no completion: a marker retires them (as `close`
+            // does). Once everything that arrived or flushed was handed on
+            // — nothing in flight, and a poll with room for all it could
+            // find found nothing — and the application was told, the worker
+            // ends. Operations still queued are never answered.
+            if ended && collected == Some(0) {
+                if self.conn.outstanding() > 0 {
+                    self.conn.retire_after_end()?;
+                } else if self.notes.push(Relayed::PeerLost).is_ok() {
+                    return match self.conn.endpoint().end_error() {
+                        Error::Disconnected => Ok(self.report(affinity, true)),
+                        other => Err(other),
+                    };
+                }
             }
             match self.idle {
                 // No PAUSE for a worker alone on its core (see `wait`).

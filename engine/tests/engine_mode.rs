@@ -389,3 +389,42 @@ fn messages_before_the_peer_left_are_all_handed_on() {
     assert!(got == sent, "byte for byte, in order");
     assert!(engine.shutdown().unwrap().peer_left);
 }
+
+/// Requests that completed unsignaled before the peer left make no
+/// completion of their own: the worker retires them with a marker (as
+/// `close` does) and still ends with PeerLost. (It waited for them
+/// forever.)
+#[test]
+#[ignore = "needs an RDMA device"]
+fn silent_completions_before_the_peer_left_do_not_keep_the_worker() {
+    let mut cfg = engine_config();
+    cfg.heartbeat_interval = None;
+    let (client, mut server) = cm_pair(&cfg);
+    let mut engine = Engine::spawn(client, &cfg).unwrap();
+    for i in 0..3u8 {
+        engine.try_send(&pattern(32, i)).unwrap();
+    }
+    for i in 0..3u8 {
+        assert_eq!(server.recv().unwrap().data, &pattern(32, i)[..]);
+    }
+    drop(server);
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no PeerLost: the worker waits for its silent requests"
+        );
+        match engine.wait() {
+            Ok(EngineEvent::PeerLost) => break,
+            Ok(EngineEvent::Failed(e)) => panic!("the end is no failure: {e}"),
+            Err(Error::Timeout { .. }) | Ok(_) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let report = engine.shutdown().unwrap();
+    assert!(report.peer_left, "{report:?}");
+    assert_eq!(
+        report.stats.undelivered, 0,
+        "all three were delivered: {report:?}"
+    );
+}

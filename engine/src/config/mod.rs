@@ -384,15 +384,18 @@ impl EngineConfig {
             return Err(out_of_range("completion_timeout_ms", 0, "1.. milliseconds"));
         }
         if let Some(core) = self.core {
-            // The set this thread may run on, not a count: with a CPU set
-            // of {2, 3}, core 0 exists but pinning to it fails.
-            let allowed = crate::sys::cpu::current_affinity()?;
-            if !allowed.contains(&core) {
+            // Only whether the machine has it: the calling thread's CPU set
+            // says nothing (an application may pin itself elsewhere), and
+            // pinning the worker reports a core this process may not use
+            // (Error::Pin).
+            let cores = crate::sys::cpu::configured_cpus();
+            if core >= cores {
                 return Err(bad_setting(
                     "core",
                     core,
                     format!(
-                        "does not exist or is not in this process's CPU set (allowed: {allowed:?})"
+                        "does not exist: this machine has cores 0..={}",
+                        cores.saturating_sub(1)
                     ),
                 ));
             }

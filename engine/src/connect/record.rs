@@ -93,7 +93,7 @@ impl ConnectionRecord {
     /// [`LEN`](Self::LEN)), magic and version, then each field: a QP number
     /// of 1..=0xffffff, a 24-bit PSN, an MTU code of 1..=5, a region flag
     /// of 0 or 1 and a region that does not wrap the address space. Any
-    /// failure is an [`Error::BadRecord`] naming the field.
+    /// failure is an [`Error::Wire`] whose source names the field.
     pub fn decode(b: &[u8]) -> Result<ConnectionRecord> {
         crate::wire::record("connection_record", b);
         Ok(Self::parse(&RECORD.check(b, Len::Exactly(Self::LEN))?)?)

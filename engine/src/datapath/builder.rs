@@ -104,7 +104,13 @@ impl Rings {
 /// reject carries (148 bytes).
 fn rejection(err: &Error) -> Vec<u8> {
     const MAX: usize = 148;
+    // The causes too: a wire error names the field only in its source.
     let mut text = format!("server: {err}");
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        text = format!("{text}: {cause}");
+        source = cause.source();
+    }
     let mut end = text.len().min(MAX - 1);
     while !text.is_char_boundary(end) {
         end -= 1;

@@ -194,6 +194,22 @@ impl Connection {
         })
     }
 
+    /// For the engine's worker, once the connection ended under it: the
+    /// connection is closing (its flushes are no news, no heartbeat or
+    /// receive is posted any more), and a signaled marker retires the
+    /// requests that completed unsignaled before the end, which make no
+    /// completion of their own.
+    #[cfg(feature = "engine")]
+    pub(crate) fn retire_after_end(&mut self) -> Result<()> {
+        self.closing = true;
+        self.sq.forget_leaked_batch();
+        let ledger = self.sq.ledger();
+        if ledger.outstanding() > 0 && !ledger.tail_signaled() && ledger.room() > 0 {
+            self.post_marker()?;
+        }
+        Ok(())
+    }
+
     #[cfg(feature = "engine")]
     /// Ends the connection at once, in place: for the engine's worker,
     /// whose drain already gave up waiting (its drop then does nothing).

@@ -28,11 +28,13 @@ impl Connection {
     /// Polls both completion queues once and hands every event to `on`.
     /// Returns how many completions were taken.
     ///
-    /// Should `on` panic, the send requests the poll took are retired
-    /// (their memory is free again) but get no verdict: the connection
-    /// then takes no more requests
+    /// Should `on` panic while it is handed send completions, the requests
+    /// the poll took are retired (their memory is free again) but get no
+    /// verdict: the connection then takes no more requests
     /// ([`Error::CallbackPanicked`](crate::Error::CallbackPanicked), also
-    /// from `close`).
+    /// from `close`). Should it panic while handed receives, the receives
+    /// that poll took after that one are consumed unseen (not yet caught:
+    /// do not unwind out of a receive).
     #[inline]
     pub fn poll(&mut self, mut on: impl FnMut(Event<'_>)) -> Result<usize> {
         let sent = self.poll_send(&mut on)?;

@@ -414,9 +414,6 @@ impl Ledger {
         Ok(from..self.retired)
     }
 
-    /// Hands the slots of retired request `seq` back to the CPU; called for
-    /// each retired sequence number, oldest first.
-    #[inline]
     /// A poll's callback panicked (see the `unwound` field).
     #[cold]
     pub(crate) fn unwound(&mut self) {
@@ -429,6 +426,9 @@ impl Ledger {
         self.unwound
     }
 
+    /// Hands the slots of retired request `seq` back to the CPU; called for
+    /// each retired sequence number, oldest first.
+    #[inline]
     pub(crate) fn release(&mut self, seq: u64) -> Released {
         debug_assert!(seq < self.retired);
         let request = self.request(seq);
