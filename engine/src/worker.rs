@@ -218,30 +218,16 @@ impl Engine {
         let core = cfg.core;
         let thread = std::thread::Builder::new()
             .name("pinpoll-worker".into())
-            .spawn(move || {
-                if let Some(core) = core {
-                    if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
-                        let _ = started_tx.send(Err(Error::Pin { core }));
-                        return Err(Error::Pin { core });
-                    }
+            .spawn(move || match settle_in(core) {
+                Ok(affinity) => {
+                    let _ = started_tx.send(Ok(affinity.clone()));
+                    worker.run(affinity)
                 }
-                let affinity = match current_affinity() {
-                    Ok(affinity) => affinity,
-                    Err(e) => {
-                        // The same error again: io::Error is not Clone.
-                        let again = match &e {
-                            Error::Affinity(io) => Error::Affinity(match io.raw_os_error() {
-                                Some(errno) => std::io::Error::from_raw_os_error(errno),
-                                None => std::io::Error::other(io.to_string()),
-                            }),
-                            other => Error::Affinity(std::io::Error::other(other.to_string())),
-                        };
-                        let _ = started_tx.send(Err(again));
-                        return Err(e);
-                    }
-                };
-                let _ = started_tx.send(Ok(affinity.clone()));
-                worker.run(affinity)
+                // `spawn` returns it; nobody joins this thread.
+                Err(e) => {
+                    let _ = started_tx.send(Err(e));
+                    Err(Error::WorkerStopped)
+                }
             })
             .map_err(|source| Error::WorkerSpawn { source })?;
         let affinity = started_rx.recv().map_err(|_| Error::WorkerStopped)??;
@@ -467,6 +453,17 @@ impl Drop for Engine {
     }
 }
 
+/// Pins the calling thread to `core` (when given) and reads back the CPUs
+/// it may run on.
+fn settle_in(core: Option<usize>) -> Result<Vec<usize>> {
+    if let Some(core) = core {
+        if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+            return Err(Error::Pin { core });
+        }
+    }
+    current_affinity()
+}
+
 struct Worker {
     conn: Connection,
     ops: Consumer<Op>,
@@ -504,24 +501,8 @@ impl Worker {
                 stopping = Some(Instant::now());
             }
             if let Some(since) = stopping {
-                if self.ops.is_empty() && self.pending.is_none() {
-                    if self.conn.outstanding() == 0 {
-                        break;
-                    }
-                    if self.conn.failure().is_none() && !ended {
-                        self.conn.flush_tail()?;
-                    } else {
-                        self.conn.retire_after_end()?;
-                    }
-                }
-                if since.elapsed() > self.drain_timeout {
-                    // Dropping the connection would wait for the same
-                    // requests again: end it now.
-                    let _ = self.conn.abort_in_place();
-                    return Err(Error::Timeout {
-                        what: "the worker to drain its in-flight work",
-                        waited: since.elapsed(),
-                    });
+                if self.drained(since, ended)? {
+                    break;
                 }
             }
             empty = empty.saturating_add(1);
@@ -564,6 +545,31 @@ impl Worker {
             }
         }
         Ok(self.report(affinity, false))
+    }
+
+    /// One step of draining after a stop (since `since`): whether nothing
+    /// is left; an error once the drain took too long.
+    fn drained(&mut self, since: Instant, ended: bool) -> Result<bool> {
+        if self.ops.is_empty() && self.pending.is_none() {
+            if self.conn.outstanding() == 0 {
+                return Ok(true);
+            }
+            if self.conn.failure().is_none() && !ended {
+                self.conn.flush_tail()?;
+            } else {
+                self.conn.retire_after_end()?;
+            }
+        }
+        if since.elapsed() > self.drain_timeout {
+            // Dropping the connection would wait for the same requests
+            // again: end it now.
+            let _ = self.conn.abort_in_place();
+            return Err(Error::Timeout {
+                what: "the worker to drain its in-flight work",
+                waited: since.elapsed(),
+            });
+        }
+        Ok(false)
     }
 
     fn report(&self, affinity: Vec<usize>, peer_left: bool) -> WorkerReport {
