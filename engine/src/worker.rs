@@ -486,10 +486,17 @@ impl Worker {
         let _in = span.enter();
         let mut empty = 0u32;
         let mut stopping: Option<Instant> = None;
+        // When the worker first saw the connection's end.
+        let mut ended_at: Option<Instant> = None;
         loop {
             // Read before the poll, so an empty poll below came after the
-            // end was known.
-            let ended = self.conn.endpoint().was_disconnected();
+            // end was known; from then on its flushes are expected, so what
+            // the application sees does not depend on when the worker read
+            // the end.
+            if ended_at.is_none() && self.conn.endpoint().was_disconnected() {
+                self.conn.expect_flushes();
+                ended_at = Some(Instant::now());
+            }
             let submitted = self.submit()?;
             let collected = self.collect()?;
             let work = submitted + collected.unwrap_or(0);
@@ -501,40 +508,27 @@ impl Worker {
                 stopping = Some(Instant::now());
             }
             if let Some(since) = stopping {
-                if self.drained(since, ended)? {
+                if self.drained(since, ended_at.is_some())? {
                     break;
                 }
             }
             empty = empty.saturating_add(1);
-            // Heartbeats only while completions can be taken: a silence
-            // that is the application's (its queues full, nothing polled)
-            // is not the peer's.
-            if (empty.is_multiple_of(PEER_CHECK_INTERVAL) || stopping.is_some())
-                && collected.is_some()
-            {
+            if empty.is_multiple_of(PEER_CHECK_INTERVAL) || stopping.is_some() {
                 self.conn.peer_gone()?;
-                if let Err(e) = self.conn.keepalive() {
-                    // Room for it: the poll just had room for a batch.
-                    let _ = self.notes.push(Relayed::PeerLost);
-                    return Err(e);
+                // Heartbeats only while completions can be taken: a
+                // silence that is the application's (its queues full,
+                // nothing polled) is not the peer's.
+                if collected.is_some() {
+                    if let Err(e) = self.conn.keepalive() {
+                        // Room for it: the poll just had room for a batch.
+                        let _ = self.notes.push(Relayed::PeerLost);
+                        return Err(e);
+                    }
                 }
             }
-            // The connection ended under the worker (the peer disconnected,
-            // or a device event; whoever read the event, the endpoint
-            // remembers it). Requests that completed unsignaled before the
-            // end make no completion: a marker retires them (as `close`
-            // does). Once everything that arrived or flushed was handed on
-            // — nothing in flight, and a poll with room for all it could
-            // find found nothing — and the application was told, the worker
-            // ends. Operations still queued are never answered.
-            if ended && collected == Some(0) {
-                if self.conn.outstanding() > 0 {
-                    self.conn.retire_after_end()?;
-                } else if self.notes.push(Relayed::PeerLost).is_ok() {
-                    return match self.conn.endpoint().end_error() {
-                        Error::Disconnected => Ok(self.report(affinity, true)),
-                        other => Err(other),
-                    };
+            if let (Some(at), Some(0)) = (ended_at, collected) {
+                if self.after_end(at)? {
+                    return Ok(self.report(affinity, true));
                 }
             }
             match self.idle {
@@ -545,6 +539,46 @@ impl Worker {
             }
         }
         Ok(self.report(affinity, false))
+    }
+
+    /// One step after the connection ended under the worker (the peer
+    /// disconnected, or a device event; whoever read the event, the
+    /// endpoint remembers it), taken after a poll with room for all it
+    /// could find found nothing. Requests that completed unsignaled before
+    /// the end make no completion: a marker retires them (as `close`
+    /// does). Once nothing is in flight and the application was told
+    /// ([`EngineEvent::PeerLost`]), the worker ends: `true` after a
+    /// disconnect, the error of a device event. A device that
+    /// stops producing completions (mlx5 after a fatal error) does not
+    /// keep it: past the completion timeout since the end, it ends the
+    /// connection in place and says so. Operations still queued are never
+    /// answered.
+    fn after_end(&mut self, ended_at: Instant) -> Result<bool> {
+        if self.conn.outstanding() > 0 {
+            let stuck = ended_at.elapsed() > self.drain_timeout;
+            let retired = if stuck {
+                Err(Error::Timeout {
+                    what: "the requests in flight to retire after the connection ended",
+                    waited: ended_at.elapsed(),
+                })
+            } else {
+                self.conn.retire_after_end()
+            };
+            if let Err(e) = retired {
+                let _ = self.notes.push(Relayed::PeerLost);
+                let _ = self.conn.abort_in_place();
+                return Err(e);
+            }
+            return Ok(false);
+        }
+        if self.notes.push(Relayed::PeerLost).is_err() {
+            // The application has not taken its events yet: next turn.
+            return Ok(false);
+        }
+        match self.conn.endpoint().end_error() {
+            Error::Disconnected => Ok(true),
+            other => Err(other),
+        }
     }
 
     /// One step of draining after a stop (since `since`): whether nothing

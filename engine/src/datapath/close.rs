@@ -119,9 +119,10 @@ impl Connection {
     /// error (what ended the connection). The first error is returned;
     /// the connection ends whatever happened.
     fn end(&mut self, graceful: bool) -> Result<()> {
-        if self.closing {
+        if self.ended {
             return Ok(());
         }
+        self.ended = true;
         let span = self.span.clone();
         let _in = span.enter();
         // A leaked batch's requests never went: nothing waits for them.
@@ -194,14 +195,21 @@ impl Connection {
         })
     }
 
-    /// For the engine's worker, once the connection ended under it: the
-    /// connection is closing (its flushes are no news, no heartbeat or
-    /// receive is posted any more), and a signaled marker retires the
-    /// requests that completed unsignaled before the end, which make no
-    /// completion of their own.
+    /// For the engine's worker, as soon as it knows the connection ended
+    /// under it: the connection is closing (its flushes are no news, no
+    /// heartbeat or receive is posted any more). Unlike `end`, nothing is
+    /// torn down: the worker still hands on what arrived or flushed.
+    #[cfg(feature = "engine")]
+    pub(crate) fn expect_flushes(&mut self) {
+        self.closing = true;
+    }
+
+    /// For the engine's worker, once the connection ended under it: a
+    /// signaled marker retires the requests that completed unsignaled
+    /// before the end, which make no completion of their own.
     #[cfg(feature = "engine")]
     pub(crate) fn retire_after_end(&mut self) -> Result<()> {
-        self.closing = true;
+        self.expect_flushes();
         self.sq.forget_leaked_batch();
         let ledger = self.sq.ledger();
         if ledger.outstanding() > 0 && !ledger.tail_signaled() && ledger.room() > 0 {

@@ -60,8 +60,12 @@ pub struct Connection {
     failure: Option<WcError>,
     /// A send completion named an error (see `poll.rs`'s `Verdict`).
     send_failed: bool,
-    /// Set by close: flushes are then expected, not failures.
+    /// The connection is ending (close, or an end the worker saw):
+    /// flushes are then expected, not failures, and nothing more is
+    /// posted but the markers that retire what is in flight.
     closing: bool,
+    /// `end` ran (close, abort, drop): a second call does nothing.
+    ended: bool,
     /// A failure already waited (once per connection) for the event that
     /// names the connection's end.
     end_awaited: bool,
@@ -127,6 +131,7 @@ impl Connection {
             failure: None,
             send_failed: false,
             closing: false,
+            ended: false,
             end_awaited: false,
             heartbeat: Heartbeat::new(cfg),
             stats: Stats::default(),
