@@ -388,13 +388,13 @@ impl EngineConfig {
             // says nothing (an application may pin itself elsewhere), and
             // pinning the worker reports a core this process may not use
             // (Error::Pin).
-            let cores = crate::sys::cpu::configured_cpus();
+            let cores = crate::sys::cpu::possible_cpus();
             if core >= cores {
                 return Err(bad_setting(
                     "core",
                     core,
                     format!(
-                        "does not exist: this machine has cores 0..={}",
+                        "does not exist: this machine's CPUs are numbered 0..={}",
                         cores.saturating_sub(1)
                     ),
                 ));
