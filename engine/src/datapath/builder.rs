@@ -100,17 +100,24 @@ impl Rings {
     }
 }
 
+/// What a client that could not be accepted is told, when the reason is
+/// this side's (its configuration, memory, device): the details stay in
+/// this side's log, not with an unauthenticated stranger.
+const REJECTED_FOR_OUR_REASONS: &str = "server: cannot serve this connection now; try again later";
+
 /// `err` as a reject's private data: NUL-terminated text, cut to what a
-/// reject carries (148 bytes).
+/// reject carries (148 bytes). Only an error the client caused (what it
+/// sent) is told in full, with its causes (a wire error
+/// names the field only in its source); any other reason is logged here
+/// and the client hears [`REJECTED_FOR_OUR_REASONS`].
 fn rejection(err: &Error) -> Vec<u8> {
     const MAX: usize = 148;
-    // The causes too: a wire error names the field only in its source.
-    let mut text = format!("server: {err}");
-    let mut source = std::error::Error::source(err);
-    while let Some(cause) = source {
-        text = format!("{text}: {cause}");
-        source = cause.source();
-    }
+    let mut text = if matches!(err, Error::Wire(_) | Error::BadRecord(_)) {
+        format!("server: {}", with_causes(err))
+    } else {
+        tracing::warn!(error = %with_causes(err), "rejected a connect request");
+        REJECTED_FOR_OUR_REASONS.to_owned()
+    };
     let mut end = text.len().min(MAX - 1);
     while !text.is_char_boundary(end) {
         end -= 1;
@@ -119,6 +126,17 @@ fn rejection(err: &Error) -> Vec<u8> {
     let mut bytes = text.into_bytes();
     bytes.push(0);
     bytes
+}
+
+/// `err`'s text followed by its sources', `: `-separated.
+fn with_causes(err: &Error) -> String {
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        text = format!("{text}: {cause}");
+        source = cause.source();
+    }
+    text
 }
 
 /// How to connect: what the peer may do to this side's target ring, what
@@ -224,8 +242,12 @@ impl ConnectionBuilder<'_> {
 
     /// Server side over rdma_cm: accepts `request` (from
     /// [`Listener::next_request`], after looking at its private data) with
-    /// this side's rings. A request that cannot be served is rejected, and
-    /// the client is told why (the error's text, as much as fits).
+    /// this side's rings. A request that cannot be served is rejected. The
+    /// client is told why when it caused it (its private data is no ring
+    /// descriptor: the error's text, as much as fits); for a reason of this
+    /// side's (configuration, memory, device) it hears only that the server
+    /// cannot serve it now, and the reason is logged here (`tracing`,
+    /// warn) and returned.
     pub fn accept(self, mut request: Request) -> Result<Connection> {
         let prepared = self.cfg.validate().and_then(|()| {
             self.checks(request.endpoint())?;
@@ -258,5 +280,50 @@ impl ConnectionBuilder<'_> {
             .remote_region()
             .ok_or_else(|| Error::BadRecord("the peer exposed no target ring".into()))?;
         Ok(Connection::new(ep, rings, peer, self.cfg))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{rejection, REJECTED_FOR_OUR_REASONS};
+    use crate::connect::RegionDescriptor;
+    use crate::error::Error;
+
+    fn text(bytes: Vec<u8>) -> String {
+        assert_eq!(bytes.last(), Some(&0), "NUL-terminated");
+        assert!(bytes.len() <= 148, "{} bytes", bytes.len());
+        String::from_utf8(bytes[..bytes.len() - 1].to_vec()).unwrap()
+    }
+
+    #[test]
+    fn a_client_hears_what_it_sent_wrong_with_the_field() {
+        let err = RegionDescriptor::decode(b"XXXX").unwrap_err();
+        let told = text(rejection(&err));
+        assert!(told.starts_with("server: "), "{told}");
+        let source = std::error::Error::source(&err).expect("a wire error's source");
+        assert!(
+            told.contains(&source.to_string()[..20]),
+            "{told} lacks {source}"
+        );
+    }
+
+    #[test]
+    fn a_client_hears_nothing_of_the_servers_own_resources() {
+        let errors = [
+            Error::Memlock {
+                need: 1 << 30,
+                locked: 123_456,
+                limit: 65_536,
+            },
+            Error::NoDevice,
+            Error::WrongDevice {
+                wanted: "mlx5_0".into(),
+                got: "rxe0".into(),
+            },
+        ];
+        for err in errors {
+            let told = text(rejection(&err));
+            assert_eq!(told, REJECTED_FOR_OUR_REASONS, "for {err}");
+        }
     }
 }
