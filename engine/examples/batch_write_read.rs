@@ -135,8 +135,9 @@ fn read_all(conn: &mut Connection, slots: usize, slot: usize) -> Res<Vec<u8>> {
         }
         batch.post()?;
         // The data are lent to the callback: copy what you keep. A READ
-        // that fails (or flushes after a failure) never lands: stop.
-        let mut lost = None;
+        // that fails (or flushes after a failure) never lands: stop, with
+        // the first reason (a failure comes before the flushes it causes).
+        let mut lost: Option<String> = None;
         conn.poll(|ev| match ev {
             Event::ReadCompleted { seq, data } => {
                 if let Some(i) = asked.remove(&seq) {
@@ -144,8 +145,12 @@ fn read_all(conn: &mut Connection, slots: usize, slot: usize) -> Res<Vec<u8>> {
                     landed += 1;
                 }
             }
-            Event::Failed(e) => lost = Some(e.to_string()),
-            Event::Flushed { seq, .. } => lost = Some(format!("READ {seq} flushed")),
+            Event::Failed(e) => {
+                lost.get_or_insert_with(|| e.to_string());
+            }
+            Event::Flushed { seq, .. } => {
+                lost.get_or_insert_with(|| format!("READ {seq} flushed"));
+            }
             _ => {}
         })?;
         if let Some(why) = lost {
