@@ -334,12 +334,15 @@ pub enum Error {
         /// The error of `std::thread::Builder::spawn`.
         source: io::Error,
     },
-    /// A callback given to `Connection::poll` panicked while handed send
-    /// completions. The completions that poll had taken were retired
-    /// without their verdicts, so what
-    /// they delivered (or that one of them failed) is unknown: the
-    /// connection takes no more requests, and closing it says so.
-    #[error("a callback of Connection::poll panicked: the requests its poll retired got no verdict, so what they delivered is unknown; the connection takes no more requests (abort it and connect anew)")]
+    /// A callback given to `Connection::poll` panicked. While it was
+    /// handed send completions: the completions that poll had taken were
+    /// retired without their verdicts, so what they delivered (or that one
+    /// of them failed) is unknown, and the connection takes no more
+    /// requests. While it was handed receives: the receives that poll took
+    /// after the panicking one were consumed unseen, and the connection
+    /// hands on no more (a later message would hide the gap). Either way
+    /// closing it says so.
+    #[error("a callback of Connection::poll panicked: what that poll took was not all seen (the requests it retired got no verdict, or receives after the panic were consumed unseen); the connection is spent: abort it and connect anew")]
     CallbackPanicked,
     /// The engine's worker thread has ended: it stopped on an error
     /// (which [`Engine::shutdown`](crate::Engine::shutdown) returns), or

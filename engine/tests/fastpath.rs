@@ -960,3 +960,52 @@ fn a_panicking_callback_closes_the_connection_to_new_requests() {
     let closed = client.close().unwrap_err();
     assert!(matches!(closed, Error::CallbackPanicked), "{closed}");
 }
+
+/// A callback that panics while `poll` hands it receives: the receives
+/// that poll took after the panicking one were consumed unseen, so the
+/// connection hands on nothing more — a message handed on later would
+/// hide the gap — and `close` says so.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_panic_among_receives_stops_the_connection_handing_on_messages() {
+    let cfg = engine_config();
+    let (mut client, mut server) = oob_pair(&cfg);
+    for i in 0..3u8 {
+        server.send(&pattern(32, i)).unwrap();
+    }
+    // All three in the CQ, so one poll takes them.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut seen = 0;
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        client.poll(|ev| {
+            if let Event::Received { data } = ev {
+                seen += 1;
+                assert_ne!(
+                    data,
+                    &pattern(32, 0)[..],
+                    "the callback's own panic (expected)"
+                );
+            }
+        })
+    }));
+    assert!(
+        panicked.is_err(),
+        "the callback saw the first message and panicked"
+    );
+    assert_eq!(seen, 1, "the panic came at the first of the three");
+    server.send(&pattern(32, 3)).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    for _ in 0..2 {
+        let refused = client
+            .try_recv()
+            .map(|m| m.map(|m| m.data.to_vec()))
+            .unwrap_err();
+        assert!(matches!(refused, Error::CallbackPanicked), "{refused}");
+        let refused = client
+            .poll(|ev| panic!("handed on after the gap: {ev:?}"))
+            .unwrap_err();
+        assert!(matches!(refused, Error::CallbackPanicked), "{refused}");
+    }
+    let closed = client.close().unwrap_err();
+    assert!(matches!(closed, Error::CallbackPanicked), "{closed}");
+}

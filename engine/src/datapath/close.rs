@@ -179,8 +179,9 @@ impl Connection {
         // wait that timed out on the close's own marker (a peer gone
         // without a word) lost nothing of the caller's.
         let lost = self.stats.undelivered - undelivered_before;
-        if graceful && self.sq.ledger().is_unwound() {
-            // Whether the requests of that poll were delivered is unknown.
+        if graceful && (self.sq.ledger().is_unwound() || self.rq.is_unwound()) {
+            // Whether the requests of that poll were delivered is unknown,
+            // or receives were consumed unseen.
             delivered?;
             return Err(Error::CallbackPanicked);
         }

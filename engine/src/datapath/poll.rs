@@ -33,8 +33,9 @@ impl Connection {
     /// verdict: the connection then takes no more requests
     /// ([`Error::CallbackPanicked`](crate::Error::CallbackPanicked), also
     /// from `close`). Should it panic while handed receives, the receives
-    /// that poll took after that one are consumed unseen (not yet caught:
-    /// do not unwind out of a receive).
+    /// that poll took after that one are consumed unseen: from then on
+    /// every call that would hand on a receive (`poll`, `recv`, `try_recv`)
+    /// returns `CallbackPanicked`, and so does `close`.
     #[inline]
     pub fn poll(&mut self, mut on: impl FnMut(Event<'_>)) -> Result<usize> {
         let sent = self.poll_send(&mut on)?;

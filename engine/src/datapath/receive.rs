@@ -45,6 +45,7 @@ impl Connection {
     #[inline]
     fn poll_one_recv(&mut self) -> Result<Option<Arrival>> {
         self.check_failure()?;
+        self.check_receiving()?;
         if self.rq.needs_refill() {
             self.rq.refill(self.ep.qp())?;
         }
@@ -100,6 +101,7 @@ impl Connection {
     /// re-posts the receives behind them.
     #[inline]
     pub(super) fn poll_recv(&mut self, on: &mut impl FnMut(Event<'_>)) -> Result<usize> {
+        self.check_receiving()?;
         let (failure, stats) = (&mut self.failure, &mut self.stats);
         let n = self.rq.poll(usize::MAX, |arrival, data| {
             if arrival.status == WcStatus::SUCCESS {
@@ -125,6 +127,18 @@ impl Connection {
             self.rq.refill(self.ep.qp())?;
         }
         Ok(n)
+    }
+
+    /// Refuses to hand on receives once a poll's callback panicked while
+    /// handed them: the receives that poll took after the panicking one
+    /// were consumed unseen, and a message handed on later would hide the
+    /// gap. The connection's own end still polls (it only counts).
+    #[inline]
+    fn check_receiving(&self) -> Result<()> {
+        if self.rq.is_unwound() && !self.closing {
+            return Err(Error::CallbackPanicked);
+        }
+        Ok(())
     }
 
     /// Receives posted and not yet completed.

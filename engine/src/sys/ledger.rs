@@ -471,6 +471,10 @@ pub(crate) struct RecvLedger {
     depth: u64,
     posted: u64,
     done: u64,
+    /// A poll's callback panicked while receives were handed on: the
+    /// receives that poll took after it were completed unseen, so the
+    /// queue hands on nothing more (what comes next would hide the gap).
+    unwound: bool,
 }
 
 impl RecvLedger {
@@ -479,7 +483,20 @@ impl RecvLedger {
             depth: depth as u64,
             posted: 0,
             done: 0,
+            unwound: false,
         }
+    }
+
+    /// A poll's callback panicked (see the `unwound` field).
+    #[cold]
+    pub(crate) fn unwound(&mut self) {
+        self.unwound = true;
+    }
+
+    /// Whether a poll's callback panicked while handed receives.
+    #[inline]
+    pub(crate) fn is_unwound(&self) -> bool {
+        self.unwound
     }
 
     /// Positions to post so that `depth` receives are outstanding; never

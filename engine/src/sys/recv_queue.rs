@@ -160,7 +160,8 @@ impl RecvQueue {
     ///
     /// Should `on` panic, the walk's guard still completes every receive
     /// the completions taken name, so the ledger never waits for one that
-    /// was polled already.
+    /// was polled already; those after the panicking one were never
+    /// handed on, and the queue says so ([`is_unwound`](Self::is_unwound)).
     #[inline]
     pub(crate) fn poll(&mut self, max: usize, mut on: impl FnMut(Arrival, &[u8])) -> Result<usize> {
         let max = max.min(POLL_BATCH);
@@ -187,6 +188,14 @@ impl RecvQueue {
             None => Ok(n),
             Some(e) => Err(e.into()),
         }
+    }
+
+    /// Whether a poll's callback panicked while handed receives: the
+    /// receives that poll took after the panicking one were consumed
+    /// unseen.
+    #[inline]
+    pub(crate) fn is_unwound(&self) -> bool {
+        self.ledger.is_unwound()
     }
 
     /// The bytes a successful SEND delivered into `arrival`'s slot, while
@@ -220,7 +229,8 @@ fn bytes<'r>(ring: &'r Registration, layout: SlotLayout, arrival: &Arrival) -> &
 
 /// Where `RecvQueue::poll` is in the completions it took. Dropped only by
 /// a panic in the caller's callback (the walk forgets it otherwise), it
-/// completes the receives the rest name, so the ledger never lags the NIC.
+/// completes the receives the rest name, so the ledger never lags the NIC,
+/// and marks the queue unwound: they were consumed unseen.
 struct RecvWalk<'a> {
     ledger: &'a mut RecvLedger,
     rest: &'a [WorkCompletion],
@@ -232,6 +242,7 @@ impl Drop for RecvWalk<'_> {
         for wc in self.rest {
             let _ = self.ledger.complete(wc.wr_id());
         }
+        self.ledger.unwound();
     }
 }
 
