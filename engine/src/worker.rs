@@ -130,7 +130,13 @@ pub enum EngineEvent<'a> {
     /// The peer disconnected (or a device event ended the connection) or
     /// stopped answering heartbeats: the worker has stopped, after handing
     /// on everything that arrived or flushed before; operations still
-    /// queued are never answered. A peer that dies without a word is
+    /// queued are never answered (nothing of the application's is posted
+    /// once the worker knows of the end). Should what is in flight not
+    /// retire within the completion timeout (a device that stopped
+    /// producing completions), the worker ends the connection in place —
+    /// itself bounded by the completion timeout, so about twice that in
+    /// all — says `PeerLost` all the same, and [`Engine::shutdown`]
+    /// returns [`Error::Timeout`]. A peer that dies without a word is
     /// usually seen first as a failed request ([`EngineEvent::Failed`],
     /// e.g. a heartbeat's RETRY_EXC_ERR), which is as final: the worker
     /// then refuses new operations until it is shut down.
@@ -479,55 +485,60 @@ struct Worker {
     drain_timeout: Duration,
 }
 
+/// The worker's state once its connection ended under it.
+struct AfterEnd {
+    /// When the first marker went out to retire what was in flight.
+    retiring_since: Option<Instant>,
+}
+
 impl Worker {
     fn run(mut self, affinity: Vec<usize>) -> Result<WorkerReport> {
         // The worker serves this one connection for its life.
         let span = self.conn.span().clone();
         let _in = span.enter();
+        // Consecutive empty turns (for the idle policy), and those since
+        // the last look for a disconnect: a counter of its own, so the
+        // looks never stop however long the worker idles.
         let mut empty = 0u32;
+        let mut unchecked = 0u32;
         let mut stopping: Option<Instant> = None;
-        // When the worker first saw the connection's end.
-        let mut ended_at: Option<Instant> = None;
+        let mut end: Option<AfterEnd> = None;
         loop {
             // Read before the poll, so an empty poll below came after the
             // end was known; from then on its flushes are expected, so what
             // the application sees does not depend on when the worker read
-            // the end.
-            if ended_at.is_none() && self.conn.endpoint().was_disconnected() {
+            // the end, and nothing more of the application's is posted
+            // (what is still queued is never answered).
+            if end.is_none() && self.conn.endpoint().was_disconnected() {
                 self.conn.expect_flushes();
-                ended_at = Some(Instant::now());
+                end = Some(AfterEnd {
+                    retiring_since: None,
+                });
             }
-            let submitted = self.submit()?;
+            let submitted = if end.is_none() { self.submit()? } else { 0 };
             let collected = self.collect()?;
-            let work = submitted + collected.unwrap_or(0);
-            if work > 0 {
-                empty = 0;
-                continue;
-            }
+            // Looked at every turn: a peer whose messages keep every turn
+            // busy cannot hold a shutdown.
             if stopping.is_none() && self.stop.load(Ordering::Acquire) {
                 stopping = Some(Instant::now());
             }
             if let Some(since) = stopping {
-                if self.drained(since, ended_at.is_some())? {
+                if self.drained(since, end.is_some())? {
                     break;
                 }
             }
-            empty = empty.saturating_add(1);
-            if empty.is_multiple_of(PEER_CHECK_INTERVAL) || stopping.is_some() {
-                self.conn.peer_gone()?;
-                // Heartbeats only while completions can be taken: a
-                // silence that is the application's (its queues full,
-                // nothing polled) is not the peer's.
-                if collected.is_some() {
-                    if let Err(e) = self.conn.keepalive() {
-                        // Room for it: the poll just had room for a batch.
-                        let _ = self.notes.push(Relayed::PeerLost);
-                        return Err(e);
-                    }
-                }
+            if submitted + collected.unwrap_or(0) > 0 {
+                (empty, unchecked) = (0, 0);
+                continue;
             }
-            if let (Some(at), Some(0)) = (ended_at, collected) {
-                if self.after_end(at)? {
+            empty = empty.saturating_add(1);
+            unchecked += 1;
+            if unchecked >= PEER_CHECK_INTERVAL || stopping.is_some() {
+                unchecked = 0;
+                self.look_at_the_peer(collected.is_some() && end.is_none())?;
+            }
+            if let (Some(after), Some(0)) = (&mut end, collected) {
+                if self.after_end(after)? {
                     return Ok(self.report(affinity, true));
                 }
             }
@@ -541,6 +552,25 @@ impl Worker {
         Ok(self.report(affinity, false))
     }
 
+    /// Looks for a disconnect (rdma_cm, device events) and, when
+    /// `heartbeats`, keeps the heartbeat going. Heartbeats only while
+    /// completions can be taken (a silence that is the application's —
+    /// its queues full, nothing polled — is not the peer's) and never once
+    /// the connection ended (a heartbeat to a dead queue pair, or a dead
+    /// peer declared where it had said goodbye).
+    fn look_at_the_peer(&mut self, heartbeats: bool) -> Result<()> {
+        self.conn.peer_gone()?;
+        if !heartbeats || self.conn.endpoint().was_disconnected() {
+            return Ok(());
+        }
+        if let Err(e) = self.conn.keepalive() {
+            // Room for it: the poll just had room for a batch.
+            let _ = self.notes.push(Relayed::PeerLost);
+            return Err(e);
+        }
+        Ok(())
+    }
+
     /// One step after the connection ended under the worker (the peer
     /// disconnected, or a device event; whoever read the event, the
     /// endpoint remembers it), taken after a poll with room for all it
@@ -548,18 +578,22 @@ impl Worker {
     /// the end make no completion: a marker retires them (as `close`
     /// does). Once nothing is in flight and the application was told
     /// ([`EngineEvent::PeerLost`]), the worker ends: `true` after a
-    /// disconnect, the error of a device event. A device that
-    /// stops producing completions (mlx5 after a fatal error) does not
-    /// keep it: past the completion timeout since the end, it ends the
-    /// connection in place and says so. Operations still queued are never
-    /// answered.
-    fn after_end(&mut self, ended_at: Instant) -> Result<bool> {
+    /// disconnect, the error of a device event.
+    ///
+    /// A device that stops producing completions (mlx5 after a fatal
+    /// error) does not keep it: once the retirement has waited the
+    /// completion timeout — counted from its first step, and only ever
+    /// judged right after a poll that found nothing, so a pause of the
+    /// application's never counts against the device — the worker ends
+    /// the connection in place (itself bounded by the completion timeout)
+    /// and says so.
+    fn after_end(&mut self, after: &mut AfterEnd) -> Result<bool> {
         if self.conn.outstanding() > 0 {
-            let stuck = ended_at.elapsed() > self.drain_timeout;
-            let retired = if stuck {
+            let since = *after.retiring_since.get_or_insert_with(Instant::now);
+            let retired = if since.elapsed() > self.drain_timeout {
                 Err(Error::Timeout {
                     what: "the requests in flight to retire after the connection ended",
-                    waited: ended_at.elapsed(),
+                    waited: since.elapsed(),
                 })
             } else {
                 self.conn.retire_after_end()

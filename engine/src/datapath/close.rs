@@ -42,8 +42,12 @@ impl Connection {
         if ledger.outstanding() == 0 || ledger.tail_signaled() {
             return Ok(());
         }
+        // Bounded: a device that stopped completing never makes room.
+        let mut wait = BoundedWait::new(self.completion_timeout, "room for a flush marker");
         while self.sq.ledger().room() == 0 {
-            self.reap()?;
+            if self.reap()? == 0 {
+                wait.tick()?;
+            }
         }
         self.post_marker()
     }
@@ -136,45 +140,8 @@ impl Connection {
         }
         self.closing = true;
         let disconnected = self.ep.disconnect();
-        // Unsignaled requests that completed before the QP went to ERR make
-        // no completion, and flushed ones make one each, in order. A
-        // signaled marker posted now (to the ERR QP: it flushes at once)
-        // therefore retires exactly the requests that completed silently.
-        if self.outstanding() > 0 {
-            while self.sq.ledger().room() == 0 {
-                self.poll(|_| {})?;
-            }
-            self.post_marker()?;
-        }
-        let mut wait =
-            BoundedWait::new(self.completion_timeout, "the send queue to flush at close");
-        while self.outstanding() > 0 {
-            if self.poll(|_| {})? == 0 {
-                self.stats.wait_turns += 1;
-                if let Err(e) = wait.tick() {
-                    tracing::warn!(sends = self.outstanding(), "sends still posted at close");
-                    return Err(e);
-                }
-            }
-        }
-        // Posted receives flush too, but rxe (Linux 6.1) flushes a receive
-        // queue only when a packet arrives for it: give them a short grace.
-        // What is left is released when the QP is destroyed — before the
-        // rings are deregistered, so the NIC can no longer write into them.
-        let mut grace = BoundedWait::new(RECV_FLUSH_GRACE, "receives to flush at close");
-        while self.receives_outstanding() > 0 {
-            if self.poll(|_| {})? > 0 {
-                continue;
-            }
-            self.stats.wait_turns += 1;
-            if grace.tick().is_err() {
-                tracing::debug!(
-                    receives = self.receives_outstanding(),
-                    "receives not flushed at close; destroying the QP releases them"
-                );
-                break;
-            }
-        }
+        self.settle_sends()?;
+        self.settle_receives()?;
         // What was lost decides, not how the wait for delivery ended: a
         // wait that timed out on the close's own marker (a peer gone
         // without a word) lost nothing of the caller's.
@@ -194,6 +161,65 @@ impl Connection {
             Some(f) => self.completion_error(f),
             None => self.ep.end_error(),
         })
+    }
+
+    /// Polls until every posted send has retired, after the QP left RTS.
+    fn settle_sends(&mut self) -> Result<()> {
+        // Unsignaled requests that completed before the QP went to ERR make
+        // no completion, and flushed ones make one each, in order. A
+        // signaled marker posted now (to the ERR QP: it flushes at once)
+        // therefore retires exactly the requests that completed silently.
+        // One deadline for both: a device that stopped completing neither
+        // makes room for the marker nor retires what is queued.
+        let mut wait =
+            BoundedWait::new(self.completion_timeout, "the send queue to flush at close");
+        if self.outstanding() > 0 {
+            while self.sq.ledger().room() == 0 {
+                if self.poll(|_| {})? == 0 {
+                    if let Err(e) = wait.tick() {
+                        tracing::warn!(
+                            sends = self.outstanding(),
+                            "no room for the close's marker"
+                        );
+                        return Err(e);
+                    }
+                }
+            }
+            self.post_marker()?;
+        }
+        while self.outstanding() > 0 {
+            if self.poll(|_| {})? == 0 {
+                self.stats.wait_turns += 1;
+                if let Err(e) = wait.tick() {
+                    tracing::warn!(sends = self.outstanding(), "sends still posted at close");
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives the posted receives a short grace to come back flushed.
+    fn settle_receives(&mut self) -> Result<()> {
+        // Posted receives flush too, but rxe (Linux 6.1) flushes a receive
+        // queue only when a packet arrives for it: give them a short grace.
+        // What is left is released when the QP is destroyed — before the
+        // rings are deregistered, so the NIC can no longer write into them.
+        let mut grace = BoundedWait::new(RECV_FLUSH_GRACE, "receives to flush at close");
+        while self.receives_outstanding() > 0 {
+            if self.poll(|_| {})? > 0 {
+                continue;
+            }
+            self.stats.wait_turns += 1;
+            if grace.tick().is_err() {
+                tracing::debug!(
+                    receives = self.receives_outstanding(),
+                    "receives not flushed at close; destroying the QP releases them"
+                );
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// For the engine's worker, as soon as it knows the connection ended
