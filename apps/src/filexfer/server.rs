@@ -10,7 +10,7 @@ use anyhow::{bail, Context as _};
 use pinpoll::connect::cm::Request;
 use pinpoll::{Access, Connection, Endpoint, EngineConfig};
 
-use crate::cli::{show_addr, socket_addr, CommonArgs};
+use crate::cli::{socket_addr, CommonArgs};
 use crate::filexfer::admission::Admission;
 use crate::filexfer::chunk_pool::{PipelineError, PoolSize};
 use crate::filexfer::classic::{ClassicJob, ClassicSide};
@@ -21,7 +21,9 @@ use crate::filexfer::pace::Pace;
 use crate::filexfer::protocol::{self, FailCode, Msg};
 use crate::filexfer::read_ahead::Lane;
 use crate::filexfer::space::{Space, SpaceRefusal};
-use crate::filexfer::streams::{first_failure, next_arrival, Arrival, Gathering, Joins, NotWaited};
+use crate::filexfer::streams::{
+    first_failure, next_arrival, Arrival, Gathering, JoinRequest as _, Joins, NotWaited,
+};
 use crate::filexfer::temp::{self, TempFile};
 use crate::filexfer::verify::VerifierPool;
 use crate::filexfer::{
@@ -176,11 +178,7 @@ fn remove_orphans(dir: &Path, out: Output) -> anyhow::Result<()> {
 pub(crate) fn join_stream(req: Request, joins: &Joins, token: u64, stream: u16) {
     if let Err(NotWaited(refused)) = joins.hand_over(token, stream, req) {
         let (req, why) = *refused;
-        let peer = show_addr(req.peer_addr());
-        tracing::warn!(peer, stream, why, "refusing a stream");
-        if let Err(err) = req.reject(format!("{why}\0").as_bytes()) {
-            tracing::warn!(error = %err, "rejecting a stream failed");
-        }
+        req.refuse(stream, &why);
     }
 }
 
@@ -454,8 +452,11 @@ impl Transfer {
     /// Answers `Ready` and, for a transfer of several streams, waits for
     /// streams `1..N` to join; returns their connections.
     fn open_streams(&self, conn: &mut Connection, streams: u16) -> anyhow::Result<Vec<Connection>> {
+        // The deadline of the joins counts from here: Ready may take a
+        // while to be acknowledged, and a client gets no more time for it.
+        let timeout = self.cfg.completion_timeout;
         let gathering = (streams > 1)
-            .then(|| self.joins.open(self.peer_ip, streams))
+            .then(|| self.joins.open(self.peer_ip, streams, timeout))
             .transpose()
             .map_err(|e| refusal(FailCode::Io, format!("drawing a join token: {e}")))?;
         let ready = Msg::Ready {
@@ -465,8 +466,11 @@ impl Transfer {
         };
         send_and_wait(conn, &ready.encode(), self.cfg.completion_timeout, "client")?;
         match gathering {
-            Some(gathering) => gathering.gather(self.cfg.completion_timeout, |req| {
-                Connection::builder(&self.cfg)
+            Some(gathering) => gathering.gather(|req, left| {
+                // A handshake no longer than the joins' deadline allows.
+                let mut cfg = self.cfg.clone();
+                cfg.qp.connect_timeout = cfg.qp.connect_timeout.min(left);
+                Connection::builder(&cfg)
                     .remote_access(Access::REMOTE_WRITE)
                     .accept(req)
                     .map_err(native_accept_error)
@@ -918,3 +922,4 @@ pub fn settle(conn: &mut Connection, timeout: Duration, peer: &str) -> anyhow::R
     }
     Ok(())
 }
+
