@@ -13,6 +13,8 @@
 //! - [`streams`] — `--streams N`: a transfer's further queue pairs
 //!   joining it, and a wait on one stream that the others can stop.
 //! - [`in_flight`] — the names a server is receiving, reserved at `Start`.
+//! - [`server_dir`] — `--dir`, held open from the start: every file is
+//!   created, linked, renamed and synced relative to it.
 //! - [`temp`] — the server's locked temp files, and removing those a dead
 //!   server left behind.
 //! - [`space`] — how much of the disk one transfer may take
@@ -81,6 +83,7 @@ pub mod pace;
 pub mod protocol;
 pub mod read_ahead;
 pub mod server;
+pub mod server_dir;
 pub mod source;
 pub mod space;
 pub mod streams;
