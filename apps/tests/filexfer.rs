@@ -482,6 +482,71 @@ impl Raw {
     }
 }
 
+/// A filexfer server of one transfer of one chunk, on a thread, that
+/// returns `credits` credits for that chunk and then says `Complete`.
+fn server_crediting(credits: u32) -> (u16, std::thread::JoinHandle<()>) {
+    use pinpoll::connect::cm::Listener;
+    let addr = pinpoll::connect::parse_socket_addr("::", 0).unwrap();
+    let listener = Listener::bind(addr).expect("bind");
+    let port = listener.local_addr().expect("local addr").port();
+    let handle = std::thread::spawn(move || {
+        let cfg = engine_config(Duration::from_secs(20), false);
+        let req = listener
+            .next_request(&cfg.qp, Duration::from_secs(120))
+            .expect("a client");
+        let mut conn = Connection::builder(&cfg)
+            .remote_access(Access::REMOTE_WRITE)
+            .accept(req)
+            .expect("accept");
+        let Msg::Start { size, .. } = next_msg(&mut conn) else {
+            panic!("expected Start")
+        };
+        assert!(size <= CHUNK, "one chunk");
+        let ready = Msg::Ready {
+            slots: 16,
+            slot_size: SLOT_SIZE,
+            token: 0,
+        };
+        conn.send(&ready.encode()).unwrap();
+        let chunk = conn.recv().expect("the chunk");
+        assert_eq!(chunk.imm, Some(0), "the chunk, into slot 0");
+        conn.send(&Msg::Credit { count: credits }.encode()).unwrap();
+        // The client reads the credits only after its Finish.
+        let finish = next_msg(&mut conn);
+        assert!(matches!(finish, Msg::Finish { .. }), "{finish:?}");
+        // A client that refused the credits may be gone already.
+        let _ = conn.send(&Msg::Complete { size }.encode());
+        // Until the client leaves.
+        while conn.recv().is_ok() {}
+    });
+    (port, handle)
+}
+
+/// A server that returns two credits for the one chunk in its ring is
+/// refused by the sender, which reports the transfer failed; one credit
+/// for one chunk is the honest case, and succeeds.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn more_credits_than_chunks_in_flight_fail_the_sender() {
+    let src = Scratch::new("src");
+    let file = src.join("one-chunk.bin");
+    random_file(&file, 1000, 24);
+    let (port, server) = server_crediting(1);
+    send_to(port, &file, &[]).assert_ok("send to an honest server");
+    server.join().unwrap();
+
+    let (port, server) = server_crediting(2);
+    let done = send_to(port, &file, &[]);
+    let line = done.assert_one_error_line("send to a server returning 2 credits for 1 chunk");
+    assert!(
+        line.contains(
+            "the server returned more credits than it holds chunks: 2 with 1 of this side's chunks in its ring of 16 slots"
+        ),
+        "{line}"
+    );
+    server.join().unwrap();
+}
+
 #[test]
 #[ignore = "needs an RDMA device"]
 fn the_server_refuses_every_bad_name_and_writes_nothing() {

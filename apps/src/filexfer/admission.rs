@@ -29,6 +29,7 @@ use crate::filexfer::device_watch::{listed_devices, DeviceWatch};
 use crate::filexfer::in_flight::InFlight;
 use crate::filexfer::protocol::{classify_hello, Hello};
 use crate::filexfer::server::{join_stream, native_accept_error, ServeOptions, Side, Transfer};
+use crate::filexfer::server_dir::ServerDir;
 use crate::filexfer::space::Space;
 use crate::filexfer::streams::Joins;
 use crate::output::Output;
@@ -98,7 +99,7 @@ pub struct Admission<'a> {
     opts: &'a ServeOptions,
     device: Option<&'a str>,
     cfg: &'a EngineConfig,
-    dir: std::path::PathBuf,
+    dir: ServerDir,
     out: Output,
     /// Transfers admitted and not yet ended, handshakes included.
     active: Arc<AtomicUsize>,
@@ -124,7 +125,7 @@ impl<'a> Admission<'a> {
         opts: &'a ServeOptions,
         device: Option<&'a str>,
         cfg: &'a EngineConfig,
-        dir: std::path::PathBuf,
+        dir: ServerDir,
         out: Output,
     ) -> Self {
         let (report, reports) = mpsc::channel();

@@ -17,7 +17,6 @@
 //! so integrity rests on RC's own CRCs).
 
 use std::io::Write as _;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
@@ -26,6 +25,7 @@ use pinpoll::{Access, Endpoint, MemoryRegion, PageSize, Posted, RegionOp, Shared
 use crate::filexfer::in_flight::InFlight;
 use crate::filexfer::name;
 use crate::filexfer::pace::Pace;
+use crate::filexfer::server_dir::ServerDir;
 use crate::filexfer::source::Source;
 use crate::filexfer::space::Space;
 use crate::filexfer::temp::{self, TempFile};
@@ -165,14 +165,13 @@ impl ClassicSide {
         let mut copy = vec![0u8; BUFFER];
         let name = self.read_name(&mut ep, &mut copy, timeout)?;
         let shown = printable(name.as_bytes());
-        let target = job.dir.join(&name);
         // Held until the file is in place or the transfer failed.
         let _reserved = job.in_flight.reserve(&name).ok_or_else(|| {
             anyhow::anyhow!(
                 "{shown} already exists on the server (another client is sending it now)"
             )
         })?;
-        if std::fs::symlink_metadata(&target).is_ok() {
+        if job.dir.entry(&name)?.is_some() {
             bail!("{shown} already exists on the server");
         }
         let mut temp =
@@ -180,7 +179,7 @@ impl ClassicSide {
         let began = Instant::now();
         let result = self
             .receive(&mut ep, &mut temp, &mut copy, job, &shown)
-            .and_then(|total| put_in_place(&temp, &target, job.dir, &shown).map(|()| total));
+            .and_then(|total| put_in_place(&temp, &name, job.dir, &shown).map(|()| total));
         // The temp name goes, whether the file is in place or not.
         drop(temp);
         let total = result?;
@@ -276,7 +275,7 @@ impl ClassicSide {
 
 /// What the server gives one classic transfer.
 pub struct ClassicJob<'a> {
-    pub dir: &'a Path,
+    pub dir: &'a ServerDir,
     /// Names the temporary file.
     pub serial: u64,
     pub timeout: Duration,
@@ -290,11 +289,12 @@ pub struct ClassicJob<'a> {
     pub in_flight: &'a InFlight,
 }
 
-/// Makes the received `temp` durable and links it to `target`, then makes
-/// the directory entry durable.
-fn put_in_place(temp: &TempFile, target: &Path, dir: &Path, shown: &str) -> anyhow::Result<()> {
+/// Makes the received `temp` durable and links the file written (by its
+/// descriptor, whatever its temp name is now) as `target` in `dir`, then
+/// makes the directory entry durable.
+fn put_in_place(temp: &TempFile, target: &str, dir: &ServerDir, shown: &str) -> anyhow::Result<()> {
     temp.file().sync_all().context("fsync")?;
-    std::fs::hard_link(temp.path(), target)
+    temp.link_as(target)
         .with_context(|| format!("linking {shown} into place"))?;
     temp::sync_dir_after_link(dir, shown).map_err(anyhow::Error::msg)
 }

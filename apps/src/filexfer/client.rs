@@ -243,8 +243,8 @@ impl Native<'_> {
             bar: bar.as_ref(),
             faults: self.faults,
         };
-        let digest = match sending.send(&mut conn, &mut others) {
-            Ok(digest) => digest,
+        let (digest, mut credits) = match sending.send(&mut conn, &mut others) {
+            Ok(sent) => sent,
             Err(e) => return Err(await_verdict(&mut conn, &shown).unwrap_or(e)),
         };
         if let Err(changed) = source.check_unchanged() {
@@ -272,7 +272,7 @@ impl Native<'_> {
             return Err(server_verdict(&mut conn, &shown)
                 .unwrap_or_else(|| e.context("sending the file's BLAKE3 digest")));
         }
-        await_complete(&mut conn, size, &shown)?;
+        await_complete(&mut conn, size, &shown, &mut credits)?;
         let elapsed = began.elapsed();
         if let Some(bar) = bar {
             bar.finish_and_clear();
@@ -354,8 +354,14 @@ fn start_transfer(
     Ok((Ring { slots, slot_size }, token))
 }
 
-/// Waits for the server's `Complete` (credits may come first).
-fn await_complete(conn: &mut Connection, size: u64, shown: &str) -> anyhow::Result<()> {
+/// Waits for the server's `Complete` (the credits of the chunks still in
+/// the first stream's ring may come first; `credits` counts them).
+fn await_complete(
+    conn: &mut Connection,
+    size: u64,
+    shown: &str,
+    credits: &mut Credits,
+) -> anyhow::Result<()> {
     loop {
         let msg = {
             let m = conn
@@ -365,17 +371,25 @@ fn await_complete(conn: &mut Connection, size: u64, shown: &str) -> anyhow::Resu
             ensure!(m.imm.is_none(), "the server wrote into this side's memory");
             Msg::decode(m.data)?
         };
-        match msg {
-            Msg::Credit { .. } => continue,
-            Msg::Complete { size: stored } => {
-                ensure!(stored == size, "the server stored {stored} bytes of {size}");
-                return Ok(());
-            }
-            Msg::Fail { message, .. } => {
-                bail!("the server failed the transfer of {shown}: {message}")
-            }
-            other => bail!("the server sent {} instead of Complete", other.name()),
+        if closing(msg, size, shown, credits)? {
+            return Ok(());
         }
+    }
+}
+
+/// One message of the server after `Finish`: whether it is the `Complete`
+/// that ends the transfer. A credit is counted, as during the transfer.
+fn closing(msg: Msg, size: u64, shown: &str, credits: &mut Credits) -> anyhow::Result<bool> {
+    match msg {
+        Msg::Credit { count } => credits.returned(count).map(|()| false),
+        Msg::Complete { size: stored } => {
+            ensure!(stored == size, "the server stored {stored} bytes of {size}");
+            Ok(true)
+        }
+        Msg::Fail { message, .. } => {
+            bail!("the server failed the transfer of {shown}: {message}")
+        }
+        other => bail!("the server sent {} instead of Complete", other.name()),
     }
 }
 
@@ -403,12 +417,13 @@ impl Sending<'_> {
     /// Sends every chunk: stream `s` of `1 + others.len()` those of lane
     /// `s`, each stream on its own thread (the first on this one), pinned
     /// to `--core`'s list in turn; returns the file's digest, merged from
-    /// every chunk's value.
+    /// every chunk's value, and the first stream's credits (the server
+    /// returns the rest of them before its `Complete`).
     fn send(
         &self,
         first: &mut Connection,
         others: &mut [Option<Connection>],
-    ) -> anyhow::Result<blake3::Hash> {
+    ) -> anyhow::Result<(blake3::Hash, Credits)> {
         let count = others.len() as u64 + 1;
         // Every lane's hashing threads start before any stream's thread is
         // pinned, so they may run on every core, not on a stream's one.
@@ -420,7 +435,7 @@ impl Sending<'_> {
         let first_reader = readers.remove(0);
         let digest = Mutex::new(FileDigest::new(self.geometry, (SLOTS * 4) as usize));
         let stop = AtomicBool::new(false);
-        let results: Vec<anyhow::Result<()>> = std::thread::scope(|scope| {
+        let (first, rest): (_, Vec<anyhow::Result<Credits>>) = std::thread::scope(|scope| {
             let threads: Vec<_> = others
                 .iter_mut()
                 .zip(readers)
@@ -437,20 +452,28 @@ impl Sending<'_> {
                 })
                 .collect();
             let first = self.send_lane(first, first_reader, &digest, &stop);
-            std::iter::once(first)
-                .chain(threads.into_iter().map(|t| {
-                    t.join()
-                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a stream's thread panicked")))
-                }))
-                .collect()
+            let rest = threads.into_iter().map(|t| {
+                t.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a stream's thread panicked")))
+            });
+            (first, rest.collect())
         });
-        if let Some(e) = first_failure(results.into_iter().filter_map(Result::err)) {
+        let (credits, first_error) = match first {
+            Ok(credits) => (Some(credits), None),
+            Err(e) => (None, Some(e)),
+        };
+        let errors = first_error
+            .into_iter()
+            .chain(rest.into_iter().filter_map(Result::err));
+        if let Some(e) = first_failure(errors) {
             return Err(e);
         }
+        let credits = credits.expect("the first stream succeeded");
         let digest = digest.into_inner().unwrap_or_else(PoisonError::into_inner);
-        digest
+        let digest = digest
             .finish()
-            .context("merging the chunks' values into the file's digest")
+            .context("merging the chunks' values into the file's digest")?;
+        Ok((digest, credits))
     }
 
     /// The reader of `lane`, sent on `conn`: its share of
@@ -491,7 +514,7 @@ impl Sending<'_> {
         mut reader: HashingReader<MemoryRegion>,
         digest: &Mutex<FileDigest>,
         stop: &AtomicBool,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<Credits> {
         let lane = reader.lane();
         let sent = pin(core_for(self.cores, lane.index))
             .and_then(|()| self.send_chunks(conn, &mut reader, lane, digest, stop));
@@ -515,7 +538,8 @@ impl Sending<'_> {
     /// Sends every chunk of `lane` that `reader` hands out, each into its
     /// slot with its chaining value after it, straight from the buffer it
     /// was read into, keeping every slot the server has credited busy, and
-    /// records each value in `digest`.
+    /// records each value in `digest`; returns the credits as they stand
+    /// after the last chunk.
     fn send_chunks(
         &self,
         conn: &mut Connection,
@@ -523,24 +547,24 @@ impl Sending<'_> {
         lane: Lane,
         digest: &Mutex<FileDigest>,
         stop: &AtomicBool,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<Credits> {
         let link = |e| explain_link(e, "server");
         let chunks = lane.len(self.geometry.chunk_count());
         let slots = u64::from(self.ring.slots);
-        let (mut position, mut credits) = (0u64, slots);
+        let (mut position, mut credits) = (0u64, Credits::new(self.ring.slots));
         let mut ready = Vec::with_capacity(BATCH as usize);
         while position < chunks {
             if stop.load(Ordering::Acquire) {
                 bail!(Stopped);
             }
-            if credits == 0 {
-                credits = await_credit(conn, self.ring.slots)?;
+            if credits.free() == 0 {
+                await_credit(conn, &mut credits)?;
                 continue;
             }
             settle(conn, self.timeout, "server")?;
             // A rewrite takes a request of its own in the batch.
             let room = u64::from(BATCH) - u64::from(self.faults.rewrite.is_some());
-            let mut n = credits.min(room).min(chunks - position);
+            let mut n = credits.free().min(room).min(chunks - position);
             if let Some(pause) = self.faults.trickle {
                 std::thread::sleep(pause);
                 n = 1;
@@ -566,7 +590,7 @@ impl Sending<'_> {
                 position += 1;
             }
             b.post().map_err(link).context("posting chunks")?;
-            credits -= n;
+            credits.spend(n);
             if let Some(bar) = self.bar {
                 bar.inc(posted);
             }
@@ -574,7 +598,7 @@ impl Sending<'_> {
                 return Err(StreamDropped(lane.index).into());
             }
         }
-        Ok(())
+        Ok(credits)
     }
 
     /// The lane's next chunk, read and hashed. Buffers the NIC is done
@@ -672,22 +696,55 @@ fn lock(digest: &Mutex<FileDigest>) -> std::sync::MutexGuard<'_, FileDigest> {
     digest.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Waits for the server's next `Credit` and returns its count (at most
-/// the ring's `slots`: no chunk is in flight while this side waits).
-fn await_credit(conn: &mut Connection, slots: u32) -> anyhow::Result<u64> {
+/// The slots of the server's ring one stream may write: all of them at
+/// the start, one fewer per chunk sent, one more per credit the server
+/// returns. A credit is only ever for a slot that holds a chunk of this
+/// stream: one more is a protocol error, never counted (it would let this
+/// side overwrite a chunk the server has not copied yet).
+#[derive(Debug)]
+struct Credits {
+    slots: u64,
+    free: u64,
+}
+
+impl Credits {
+    fn new(slots: u32) -> Credits {
+        let slots = u64::from(slots);
+        Credits { slots, free: slots }
+    }
+
+    /// The slots this side may write now.
+    fn free(&self) -> u64 {
+        self.free
+    }
+
+    /// `n` chunks were sent (`n` at most [`Credits::free`]).
+    fn spend(&mut self, n: u64) {
+        self.free = self.free.checked_sub(n).expect("spent only what is free");
+    }
+
+    /// The server returned `count` credits.
+    fn returned(&mut self, count: u32) -> anyhow::Result<()> {
+        let in_ring = self.slots - self.free;
+        ensure!(
+            u64::from(count) <= in_ring,
+            "the server returned more credits than it holds chunks: {count} with {in_ring} of this side's chunks in its ring of {} slots",
+            self.slots
+        );
+        self.free += u64::from(count);
+        Ok(())
+    }
+}
+
+/// Waits for the server's next `Credit` and counts it in `credits`.
+fn await_credit(conn: &mut Connection, credits: &mut Credits) -> anyhow::Result<()> {
     let msg = {
         let m = conn.recv().map_err(|e| explain_link(e, "server"))?;
         ensure!(m.imm.is_none(), "the server wrote into this side's memory");
         Msg::decode(m.data)?
     };
     match msg {
-        Msg::Credit { count } => {
-            ensure!(
-                count <= slots,
-                "the server returned more credits than it has slots"
-            );
-            Ok(u64::from(count))
-        }
+        Msg::Credit { count } => credits.returned(count),
         Msg::Fail { message, .. } => bail!("the server failed the transfer: {message}"),
         other => bail!("the server sent {} during the transfer", other.name()),
     }
@@ -812,4 +869,78 @@ fn progress_bar(size: u64, quiet: bool, shown: &str) -> Option<ProgressBar> {
     bar.set_style(style);
     bar.set_message(shown.to_owned());
     Some(bar)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// After `Finish` the server may still return the credits of the
+    /// chunks left in its ring — never more: with 16 slots and 5 chunks
+    /// in the ring, a 6th credit (or 17 at once) is a protocol error, not
+    /// taken and not ignored.
+    /// A ring of 16 slots holding `n` chunks of this side.
+    fn in_ring(n: u64) -> Credits {
+        let mut credits = Credits::new(16);
+        credits.spend(n);
+        credits
+    }
+
+    #[test]
+    fn more_credits_than_chunks_in_the_ring_end_the_transfer() {
+        let complete = || Msg::Complete { size: 10 };
+        let credit = |count| Msg::Credit { count };
+        for extra in [
+            vec![credit(6)],
+            vec![credit(5), credit(1)],
+            vec![credit(17)],
+        ] {
+            let what = format!("{extra:?}");
+            let (mut refused, mut credits) = (None, in_ring(5));
+            for msg in extra.into_iter().chain([complete()]) {
+                match closing(msg, 10, "f.bin", &mut credits) {
+                    Ok(true) => break,
+                    Ok(false) => {}
+                    Err(e) => {
+                        refused = Some(e.to_string());
+                        break;
+                    }
+                }
+            }
+            let why =
+                refused.unwrap_or_else(|| panic!("{what}: taken, and the transfer completed"));
+            assert!(why.contains("more credits than"), "{what}: {why}");
+        }
+        for fine in [vec![credit(5)], vec![credit(2), credit(3)], vec![]] {
+            let what = format!("{fine:?}");
+            let (mut done, mut credits) = (false, in_ring(5));
+            for msg in fine.into_iter().chain([complete()]) {
+                done = closing(msg, 10, "f.bin", &mut credits)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+            }
+            assert!(done, "{what}");
+        }
+    }
+
+    /// While chunks flow: 17 credits on a ring of 16 are refused whenever
+    /// they come, and so is any credit beyond the chunks in the ring, in
+    /// one message or several; the count is never changed by a refusal.
+    #[test]
+    fn credits_are_counted_against_the_chunks_in_the_ring() {
+        let mut credits = Credits::new(16);
+        let why = credits.returned(17).unwrap_err().to_string();
+        assert_eq!(
+            why,
+            "the server returned more credits than it holds chunks: 17 with 0 of this side's chunks in its ring of 16 slots"
+        );
+        credits.spend(16);
+        assert!(credits.returned(17).is_err(), "17 on a full ring of 16");
+        credits.returned(10).unwrap();
+        assert!(credits.returned(7).is_err(), "6 are left in the ring");
+        assert!(credits.returned(u32::MAX).is_err());
+        assert_eq!(credits.free(), 10, "refusals change nothing");
+        credits.returned(6).unwrap();
+        assert_eq!(credits.free(), 16);
+        assert!(credits.returned(1).is_err(), "the ring is empty");
+    }
 }

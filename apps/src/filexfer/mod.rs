@@ -13,6 +13,8 @@
 //! - [`streams`] — `--streams N`: a transfer's further queue pairs
 //!   joining it, and a wait on one stream that the others can stop.
 //! - [`in_flight`] — the names a server is receiving, reserved at `Start`.
+//! - [`server_dir`] — `--dir`, held open from the start: every file is
+//!   created, linked, renamed and synced relative to it.
 //! - [`temp`] — the server's locked temp files, and removing those a dead
 //!   server left behind.
 //! - [`space`] — how much of the disk one transfer may take
@@ -43,7 +45,7 @@
 //!    client beyond `--max-clients` is rejected with `server busy: ...`.
 //! 2. Client SENDs `Start{size, name}`; the server validates the name
 //!    ([`name::validate`]), refuses an existing target (unless
-//!    `--overwrite`), creates a temp file with `create_new` in `--dir`, and
+//!    `--overwrite`), creates a locked temp file in `--dir` ([`temp`]), and
 //!    answers `Ready{slots, slot_size}` or `Fail{code, message}`.
 //! 3. Chunk `i` (of [`CHUNK`] bytes, the last one shorter) goes to slot
 //!    `i % slots` by WRITE_WITH_IMM, the immediate naming the slot, with
@@ -60,11 +62,14 @@
 //!    the client connects N-1 more times with
 //!    [`protocol::join_hello`] (the token, the stream's index), and
 //!    stream `s` carries chunks `s, s+N, ...` into its own ring, credited
-//!    on its own connection ([`streams`]).
+//!    on its own connection ([`streams`]). The client counts each
+//!    stream's credits against its chunks in that ring: one more is a
+//!    protocol error.
 //! 4. Client SENDs `Finish{size, digest}` (BLAKE3 of the whole file, as
 //!    `b3sum` prints it); once every chunk is checked and written the
-//!    server compares both, checks the file's size, fsyncs, links the temp
-//!    file to the final name (refusing an existing one), removes the temp
+//!    server compares both, checks the file's size, fsyncs, links the file
+//!    it wrote (by its descriptor, not its temp name) to the final name
+//!    (refusing an existing one), removes the temp
 //!    name, fsyncs the directory, and only then SENDs `Complete{size}`.
 //!    Any failure is `Fail` and the temp file is removed: a bad or partial
 //!    file never appears under the final name.
@@ -81,6 +86,7 @@ pub mod pace;
 pub mod protocol;
 pub mod read_ahead;
 pub mod server;
+pub mod server_dir;
 pub mod source;
 pub mod space;
 pub mod streams;

@@ -1,6 +1,5 @@
 //! `filexfer serve`: the accept loop and one transfer's receive side.
 
-use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -10,18 +9,21 @@ use anyhow::{bail, Context as _};
 use pinpoll::connect::cm::Request;
 use pinpoll::{Access, Connection, Endpoint, EngineConfig};
 
-use crate::cli::{show_addr, socket_addr, CommonArgs};
+use crate::cli::{socket_addr, CommonArgs};
 use crate::filexfer::admission::Admission;
 use crate::filexfer::chunk_pool::{PipelineError, PoolSize};
 use crate::filexfer::classic::{ClassicJob, ClassicSide};
 use crate::filexfer::digest::{ChunkGeometry, DigestError};
 use crate::filexfer::in_flight::InFlight;
-use crate::filexfer::name::{self, RESERVED_PREFIX};
+use crate::filexfer::name;
 use crate::filexfer::pace::Pace;
 use crate::filexfer::protocol::{self, FailCode, Msg};
 use crate::filexfer::read_ahead::Lane;
+use crate::filexfer::server_dir::ServerDir;
 use crate::filexfer::space::{Space, SpaceRefusal};
-use crate::filexfer::streams::{first_failure, next_arrival, Arrival, Gathering, Joins, NotWaited};
+use crate::filexfer::streams::{
+    first_failure, next_arrival, Arrival, Gathering, JoinRequest as _, Joins, NotWaited,
+};
 use crate::filexfer::temp::{self, TempFile};
 use crate::filexfer::verify::VerifierPool;
 use crate::filexfer::{
@@ -84,26 +86,28 @@ pub(crate) fn refusal(code: FailCode, message: impl Into<String>) -> anyhow::Err
     .into()
 }
 
+/// The temp file serial of the start-up probe: one no transfer reaches.
+const PROBE_SERIAL: u64 = u64::MAX;
+
 /// Checks `--dir`: an existing directory this process can create files in.
-/// Returns it made absolute.
-pub fn check_dir(dir: &Path) -> anyhow::Result<PathBuf> {
+/// Returns it held open (see [`ServerDir`]), shown by its absolute path.
+pub fn check_dir(dir: &Path) -> anyhow::Result<ServerDir> {
     let shown = dir.display();
     let meta = std::fs::metadata(dir).with_context(|| format!("--dir {shown}"))?;
     if !meta.is_dir() {
         bail!("--dir {shown}: not a directory");
     }
-    let dir = dir
+    let absolute = dir
         .canonicalize()
         .with_context(|| format!("--dir {shown}"))?;
-    let probe = dir.join(format!("{RESERVED_PREFIX}probe-{}", std::process::id()));
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&probe)
+    let held = ServerDir::open(&absolute).with_context(|| format!("--dir {shown}"))?;
+    // A temp file as a transfer creates one: a name no earlier server, not
+    // even a killed one of this same PID, can have left (its NONCE), and
+    // where O_TMPFILE works, never named before it is locked. Removed as
+    // it is dropped.
+    TempFile::create(&held, PROBE_SERIAL)
         .with_context(|| format!("--dir {shown}: cannot create files there"))?;
-    std::fs::remove_file(&probe)
-        .with_context(|| format!("--dir {shown}: removing {}", probe.display()))?;
-    Ok(dir)
+    Ok(held)
 }
 
 /// Listens and serves transfers, each on its own thread, at most
@@ -147,7 +151,7 @@ pub fn serve(opts: &ServeOptions, common: &CommonArgs, out: Output) -> anyhow::R
 
 /// Removes the temporary files a server that died left in `dir`, and says
 /// so.
-fn remove_orphans(dir: &Path, out: Output) -> anyhow::Result<()> {
+fn remove_orphans(dir: &ServerDir, out: Output) -> anyhow::Result<()> {
     let orphans = match temp::remove_orphans(dir) {
         Ok(orphans) => orphans,
         Err(e) => {
@@ -176,11 +180,7 @@ fn remove_orphans(dir: &Path, out: Output) -> anyhow::Result<()> {
 pub(crate) fn join_stream(req: Request, joins: &Joins, token: u64, stream: u16) {
     if let Err(NotWaited(refused)) = joins.hand_over(token, stream, req) {
         let (req, why) = *refused;
-        let peer = show_addr(req.peer_addr());
-        tracing::warn!(peer, stream, why, "refusing a stream");
-        if let Err(err) = req.reject(format!("{why}\0").as_bytes()) {
-            tracing::warn!(error = %err, "rejecting a stream failed");
-        }
+        req.refuse(stream, &why);
     }
 }
 
@@ -207,7 +207,7 @@ pub(crate) enum Side {
 
 /// One transfer's receive side.
 pub(crate) struct Transfer {
-    pub(crate) dir: PathBuf,
+    pub(crate) dir: ServerDir,
     pub(crate) overwrite: bool,
     pub(crate) cfg: EngineConfig,
     pub(crate) peer: String,
@@ -371,7 +371,6 @@ impl Transfer {
         {
             return Err(space_refusal(too_large));
         }
-        let final_path = self.dir.join(&name);
         // Held until the file is in place or the transfer failed.
         let _reserved = self.in_flight.reserve(&name).ok_or_else(|| {
             refusal(
@@ -379,7 +378,7 @@ impl Transfer {
                 format!("{shown} already exists on the server (another client is sending it now)"),
             )
         })?;
-        self.check_target(&final_path, &shown)?;
+        self.check_target(&name, &shown)?;
         let temp = TempFile::create(&self.dir, self.serial).map_err(|e| {
             refusal(
                 FailCode::Io,
@@ -396,7 +395,7 @@ impl Transfer {
         let pool = self.verifier(&temp, size, streams, &shown)?;
         *others = self.open_streams(conn, streams)?;
         let digest = self.receive_chunks(conn, others, pool, &shown)?;
-        self.store(temp, size, &final_path, &shown)?;
+        self.store(temp, size, &name, &shown)?;
         // The file is verified, durable and in place: the transfer has
         // succeeded here. The client disconnects as soon as it has read
         // Complete, which can overtake the acknowledgement of Complete (a
@@ -454,8 +453,11 @@ impl Transfer {
     /// Answers `Ready` and, for a transfer of several streams, waits for
     /// streams `1..N` to join; returns their connections.
     fn open_streams(&self, conn: &mut Connection, streams: u16) -> anyhow::Result<Vec<Connection>> {
+        // The deadline of the joins counts from here: Ready may take a
+        // while to be acknowledged, and a client gets no more time for it.
+        let timeout = self.cfg.completion_timeout;
         let gathering = (streams > 1)
-            .then(|| self.joins.open(self.peer_ip, streams))
+            .then(|| self.joins.open(self.peer_ip, streams, timeout))
             .transpose()
             .map_err(|e| refusal(FailCode::Io, format!("drawing a join token: {e}")))?;
         let ready = Msg::Ready {
@@ -465,8 +467,11 @@ impl Transfer {
         };
         send_and_wait(conn, &ready.encode(), self.cfg.completion_timeout, "client")?;
         match gathering {
-            Some(gathering) => gathering.gather(self.cfg.completion_timeout, |req| {
-                Connection::builder(&self.cfg)
+            Some(gathering) => gathering.gather(|req, left| {
+                // A handshake no longer than the joins' deadline allows.
+                let mut cfg = self.cfg.clone();
+                cfg.qp.connect_timeout = cfg.qp.connect_timeout.min(left);
+                Connection::builder(&cfg)
                     .remote_access(Access::REMOTE_WRITE)
                     .accept(req)
                     .map_err(native_accept_error)
@@ -620,16 +625,10 @@ impl Transfer {
         Ok((received, None))
     }
 
-    /// Makes the verified temp file durable and puts it in place: checks
-    /// its size, fsyncs it, links it to its final name, fsyncs the
-    /// directory.
-    fn store(
-        &self,
-        mut temp: TempFile,
-        size: u64,
-        final_path: &Path,
-        shown: &str,
-    ) -> anyhow::Result<()> {
+    /// Makes the verified temp file durable and puts it in place as `name`
+    /// in the server's directory: checks its size, fsyncs it, links it to
+    /// its final name, fsyncs the directory.
+    fn store(&self, mut temp: TempFile, size: u64, name: &str, shown: &str) -> anyhow::Result<()> {
         let io = |what: &str, e: std::io::Error| refusal(FailCode::Io, format!("{what}: {e}"));
         let stored = temp
             .file()
@@ -645,7 +644,7 @@ impl Transfer {
         temp.file()
             .sync_all()
             .map_err(|e| io(&format!("fsync of {shown} failed on the server"), e))?;
-        self.put_in_place(&mut temp, final_path, shown)?;
+        self.put_in_place(&mut temp, name, shown)?;
         // Without --overwrite the data now live under the final name too:
         // dropping the temp file removes only its temp name.
         drop(temp);
@@ -653,17 +652,18 @@ impl Transfer {
         temp::sync_dir_after_link(&self.dir, shown).map_err(|why| refusal(FailCode::Io, why))
     }
 
-    /// Refuses a target that exists (any existing name with --overwrite
-    /// only if it is a regular file, never a symlink).
-    fn check_target(&self, path: &Path, shown: &str) -> anyhow::Result<()> {
-        match std::fs::symlink_metadata(path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+    /// Refuses a target `name` that exists (any existing name with
+    /// --overwrite only if it is a regular file, never a symlink).
+    fn check_target(&self, name: &str, shown: &str) -> anyhow::Result<()> {
+        use rustix::fs::FileType;
+        match self.dir.entry(name) {
+            Ok(None) => Ok(()),
             Err(e) => Err(refusal(FailCode::Io, format!("checking {shown} on the server: {e}"))),
-            Ok(m) if m.file_type().is_symlink() => Err(refusal(
+            Ok(Some(FileType::Symlink)) => Err(refusal(
                 FailCode::Exists,
                 format!("{shown} exists on the server as a symbolic link; refusing to replace it"),
             )),
-            Ok(m) if self.overwrite && m.is_file() => Ok(()),
+            Ok(Some(FileType::RegularFile)) if self.overwrite => Ok(()),
             Ok(_) if self.overwrite => Err(refusal(
                 FailCode::Exists,
                 format!("{shown} exists on the server and is not a regular file"),
@@ -676,21 +676,21 @@ impl Transfer {
     }
 
     /// Links the verified temp file to its final name: without
-    /// --overwrite a hard link, which fails if the name exists (even if it
-    /// appeared during the transfer); with it, a rename over a regular file.
-    fn put_in_place(&self, temp: &mut TempFile, target: &Path, shown: &str) -> anyhow::Result<()> {
+    /// --overwrite a hard link of the file the server wrote (by its
+    /// descriptor), which fails if the name exists (even if it appeared
+    /// during the transfer); with it, a rename over a regular file, of a
+    /// temp name checked to still be that file.
+    fn put_in_place(&self, temp: &mut TempFile, target: &str, shown: &str) -> anyhow::Result<()> {
         if self.overwrite {
             self.check_target(target, shown)?;
-            std::fs::rename(temp.path(), target).map_err(|e| {
+            return temp.rename_as(target).map_err(|e| {
                 refusal(
                     FailCode::Io,
                     format!("renaming into {shown} on the server: {e}"),
                 )
-            })?;
-            temp.renamed();
-            return Ok(());
+            });
         }
-        match std::fs::hard_link(temp.path(), target) {
+        match temp.link_as(target) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(refusal(
                 FailCode::Exists,
@@ -917,4 +917,131 @@ pub fn settle(conn: &mut Connection, timeout: Duration, peer: &str) -> anyhow::R
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use pinpoll_testkit::Scratch;
+
+    use super::*;
+    use crate::filexfer::name::RESERVED_PREFIX;
+
+    /// A server of this very PID that was killed during its start-up
+    /// check left its probe behind: the next start must not trip on it.
+    #[test]
+    fn a_probe_left_by_a_killed_server_of_the_same_pid_does_not_stop_a_start() {
+        let scratch = Scratch::new("probe");
+        let dir = scratch.path().to_owned();
+        let left = dir.join(format!("{RESERVED_PREFIX}probe-{}", std::process::id()));
+        std::fs::write(&left, b"").unwrap();
+        let checked = check_dir(&dir);
+        assert!(checked.is_ok(), "{:#}", checked.unwrap_err());
+        // The check leaves nothing of its own behind.
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [left.file_name().unwrap()]);
+    }
+
+    /// A transfer's receive side serving `dir`, for what runs without a
+    /// connection (the store).
+    fn transfer(dir: ServerDir, overwrite: bool) -> Transfer {
+        Transfer {
+            dir,
+            overwrite,
+            cfg: EngineConfig::default(),
+            peer: "test".into(),
+            serial: 0,
+            verify_threads: 1,
+            space: Space::new(u64::MAX, Some(0)),
+            min_rate: 0,
+            deadline: Duration::ZERO,
+            in_flight: InFlight::default(),
+            joins: Joins::default(),
+            peer_ip: None,
+            cores: Vec::new(),
+            out: Output::new(true),
+        }
+    }
+
+    fn contents(path: &Path) -> Option<Vec<u8>> {
+        std::fs::read(path).ok()
+    }
+
+    /// Whatever is done to the temp file's name meanwhile — the file moved
+    /// aside and another planted under its name, or removed and replaced —
+    /// the store puts in place the bytes the server wrote, or fails and
+    /// leaves the target as it was: never the planted file.
+    #[test]
+    fn the_store_places_the_file_written_never_one_planted_under_its_temp_name() {
+        const WRITTEN: &[u8] = b"the transferred bytes";
+        const PLANTED: &[u8] = b"a planted file!!!!!!!";
+        for overwrite in [false, true] {
+            for moved_aside in [true, false] {
+                let case = format!("overwrite {overwrite}, moved aside {moved_aside}");
+                let scratch = Scratch::new("plant");
+                let dir = check_dir(scratch.path()).unwrap();
+                let t = transfer(dir.clone(), overwrite);
+                let mut temp = TempFile::create(&dir, 0).unwrap();
+                std::io::Write::write_all(temp.file_mut(), WRITTEN).unwrap();
+                let temp_path = temp.path();
+                if moved_aside {
+                    std::fs::rename(&temp_path, dir.path().join("aside")).unwrap();
+                } else {
+                    std::fs::remove_file(&temp_path).unwrap();
+                }
+                std::fs::write(&temp_path, PLANTED).unwrap();
+                let target = dir.path().join("f.bin");
+                let before = overwrite.then(|| {
+                    std::fs::write(&target, b"old").unwrap();
+                    b"old".to_vec()
+                });
+                let stored = t.store(temp, WRITTEN.len() as u64, "f.bin", "f.bin");
+                let now = contents(&target);
+                assert_ne!(
+                    now.as_deref(),
+                    Some(PLANTED),
+                    "{case}: the planted file is in place"
+                );
+                match stored {
+                    Ok(()) => assert_eq!(now.as_deref(), Some(WRITTEN), "{case}"),
+                    Err(e) => {
+                        assert_eq!(now, before, "{case}: failed ({e:#}) but changed the target")
+                    }
+                }
+            }
+        }
+    }
+
+    /// `--dir` replaced by a symbolic link to another directory after the
+    /// server started: the server goes on writing into the directory it
+    /// started with, never through the link.
+    #[test]
+    fn a_dir_swapped_for_a_symlink_after_start_gets_nothing_written_through_it() {
+        const WRITTEN: &[u8] = b"the transferred bytes";
+        let scratch = Scratch::new("dirswap");
+        let (served, moved, elsewhere) = (
+            scratch.path().join("served"),
+            scratch.path().join("moved"),
+            scratch.path().join("elsewhere"),
+        );
+        for d in [&served, &elsewhere] {
+            std::fs::create_dir(d).unwrap();
+        }
+        let t = transfer(check_dir(&served).unwrap(), false);
+        std::fs::rename(&served, &moved).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &served).unwrap();
+
+        let mut temp = TempFile::create(&t.dir, 0).unwrap();
+        std::io::Write::write_all(temp.file_mut(), WRITTEN).unwrap();
+        t.store(temp, WRITTEN.len() as u64, "f.bin", "f.bin")
+            .unwrap();
+        let there: Vec<_> = std::fs::read_dir(&elsewhere)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(there.is_empty(), "written through the link: {there:?}");
+        assert_eq!(contents(&moved.join("f.bin")).as_deref(), Some(WRITTEN));
+    }
 }

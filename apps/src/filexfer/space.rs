@@ -11,6 +11,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use rustix::io::Errno;
 
+use crate::filexfer::server_dir::ServerDir;
+
 /// The default `--max-size`: 64 GiB.
 pub const DEFAULT_MAX_SIZE: u64 = 64 << 30;
 /// The default `--min-free` is this fraction of the file system's size...
@@ -52,9 +54,19 @@ pub struct Usage {
     pub total: u64,
 }
 
-/// `--dir`'s file system usage, if statvfs says.
+/// The usage of the file system `dir` is on, if statvfs says.
 pub fn usage(dir: &Path) -> Option<Usage> {
-    match rustix::fs::statvfs(dir) {
+    usage_of(rustix::fs::statvfs(dir))
+}
+
+/// The usage of the server's directory's file system (the directory it
+/// holds open, wherever its path leads now), if fstatvfs says.
+pub fn usage_at(dir: &ServerDir) -> Option<Usage> {
+    usage_of(rustix::fs::fstatvfs(dir))
+}
+
+fn usage_of(vfs: rustix::io::Result<rustix::fs::StatVfs>) -> Option<Usage> {
+    match vfs {
         Ok(vfs) => Some(Usage {
             free: vfs.f_bavail.saturating_mul(vfs.f_frsize),
             total: vfs.f_blocks.saturating_mul(vfs.f_frsize),
@@ -98,7 +110,7 @@ impl Space {
     /// cannot be read is bounded by `--max-size` alone.
     pub fn reserve(
         &self,
-        dir: &Path,
+        dir: &ServerDir,
         file: &File,
         size: u64,
         name: &str,
@@ -108,7 +120,7 @@ impl Space {
             .reserving
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(u) = usage(dir) {
+        if let Some(u) = usage_at(dir) {
             let keep = self.keep(u.total);
             if size.saturating_add(keep) > u.free {
                 return Err(SpaceRefusal::NoSpace {
@@ -137,8 +149,8 @@ impl Space {
     /// The most a classic transfer (no size in advance) may write into
     /// `dir`: `--max-size`, or less when the free space less the margin
     /// is less.
-    pub fn classic_cap(&self, dir: &Path) -> (u64, &'static str) {
-        match usage(dir) {
+    pub fn classic_cap(&self, dir: &ServerDir) -> (u64, &'static str) {
+        match usage_at(dir) {
             Some(u) if u.free.saturating_sub(self.keep(u.total)) < self.max_size => (
                 u.free.saturating_sub(self.keep(u.total)),
                 "the free space less --min-free",
@@ -190,9 +202,9 @@ mod tests {
     #[test]
     fn a_size_that_would_leave_less_than_the_margin_is_refused_and_nothing_reserved() {
         let scratch = Scratch::new("margin");
-        let dir = scratch.path().to_owned();
-        let file = File::create(dir.join("f")).unwrap();
-        let u = usage(&dir).expect("statvfs of a temp dir");
+        let dir = ServerDir::open(scratch.path()).unwrap();
+        let file = File::create(dir.path().join("f")).unwrap();
+        let u = usage_at(&dir).expect("statvfs of a temp dir");
         let space = Space::new(u64::MAX, None);
         let keep = space.keep(u.total);
         // All the free space, as a hostile client would announce it.
@@ -211,8 +223,8 @@ mod tests {
     #[test]
     fn max_size_is_finite_by_default_and_comes_first() {
         let scratch = Scratch::new("max");
-        let dir = scratch.path().to_owned();
-        let file = File::create(dir.join("f")).unwrap();
+        let dir = ServerDir::open(scratch.path()).unwrap();
+        let file = File::create(dir.path().join("f")).unwrap();
         let space = Space::new(DEFAULT_MAX_SIZE, None);
         let refused = space
             .reserve(&dir, &file, DEFAULT_MAX_SIZE + 1, "big.bin")

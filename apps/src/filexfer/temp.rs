@@ -16,10 +16,9 @@
 //! instant may remove it, and that transfer then fails when it links the
 //! file into place — it never stores a wrong file.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd as _, OwnedFd};
-use std::os::unix::fs::MetadataExt as _;
+use std::os::fd::{AsFd, AsRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -27,14 +26,25 @@ use rustix::fs::{flock, AtFlags, FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::filexfer::name::RESERVED_PREFIX;
+use crate::filexfer::server_dir::ServerDir;
 
 /// A temporary file in the server's directory, locked while it exists and
-/// removed on drop unless [`TempFile::renamed`] says it took another name.
+/// removed on drop unless [`TempFile::rename_as`] gave it another name.
 pub struct TempFile {
-    path: PathBuf,
+    dir: ServerDir,
+    name: String,
     file: File,
     renamed: bool,
 }
+
+/// The temp name of a file is no longer the file the server wrote:
+/// something with write access to the directory gave the name to another
+/// file.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{0} in the server's directory is no longer the file the server wrote (something replaced it)"
+)]
+pub struct Replaced(pub String);
 
 /// This server's NONCE (see the module docs).
 fn nonce() -> io::Result<u64> {
@@ -59,18 +69,25 @@ impl TempFile {
     /// Creates (never opens an existing) this server's temp file number
     /// `serial` in `dir`, locked before anyone can see it where the file
     /// system allows.
-    pub fn create(dir: &Path, serial: u64) -> io::Result<TempFile> {
-        let path = dir.join(temp_name(serial)?);
-        let file = match create_locked_unnamed(dir, &path) {
+    pub fn create(dir: &ServerDir, serial: u64) -> io::Result<TempFile> {
+        let name = temp_name(serial)?;
+        let file = match create_locked_unnamed(dir, &name) {
             Ok(file) => file,
             Err(e) if unnamed_unsupported(e) => {
-                let file = OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .open(&path)?;
+                let fd = rustix::fs::openat(
+                    dir,
+                    name.as_str(),
+                    OFlags::WRONLY
+                        | OFlags::CREATE
+                        | OFlags::EXCL
+                        | OFlags::NOFOLLOW
+                        | OFlags::CLOEXEC,
+                    Mode::from_bits_truncate(0o666),
+                )?;
                 let temp = TempFile {
-                    path,
-                    file,
+                    dir: dir.clone(),
+                    name,
+                    file: File::from(fd),
                     renamed: false,
                 };
                 flock(&temp.file, FlockOperation::NonBlockingLockExclusive)?;
@@ -79,14 +96,17 @@ impl TempFile {
             Err(e) => return Err(e.into()),
         };
         Ok(TempFile {
-            path,
+            dir: dir.clone(),
+            name,
             file,
             renamed: false,
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// Where the temp file is, as the server's directory was named at the
+    /// start: for messages (and tests) only.
+    pub fn path(&self) -> PathBuf {
+        self.dir.path().join(&self.name)
     }
 
     pub fn file(&self) -> &File {
@@ -97,32 +117,81 @@ impl TempFile {
         &mut self.file
     }
 
-    /// The file was renamed into place: there is no temp name to remove.
-    pub fn renamed(&mut self) {
+    /// Links the file this server wrote — by its descriptor, not by its
+    /// temp name, which anything with write access to the directory may
+    /// have given to another file meanwhile — as `target` in the server's
+    /// directory; fails if `target` exists. Without /proc, the temp name
+    /// is linked once it is checked to still be that file.
+    pub fn link_as(&self, target: &str) -> io::Result<()> {
+        match link_fd(&self.file, &self.dir, target) {
+            Err(Errno::NOENT) if !proc_fds() => {
+                self.check(&self.name)?;
+                rustix::fs::linkat(
+                    &self.dir,
+                    self.name.as_str(),
+                    &self.dir,
+                    target,
+                    AtFlags::empty(),
+                )?;
+                Ok(())
+            }
+            linked => Ok(linked?),
+        }
+    }
+
+    /// Renames the temp name over `target` (replacing a file there), once
+    /// it is checked to still name the file this server wrote; and checks
+    /// `target` after, so a file swapped in at that instant is reported,
+    /// not taken for the one written.
+    pub fn rename_as(&mut self, target: &str) -> io::Result<()> {
+        self.check(&self.name)?;
+        rustix::fs::renameat(&self.dir, self.name.as_str(), &self.dir, target)?;
         self.renamed = true;
+        self.check(target)
+    }
+
+    /// Fails with [`Replaced`] unless `name` in the directory is the file
+    /// this server holds.
+    fn check(&self, name: &str) -> io::Result<()> {
+        let held = rustix::fs::fstat(&self.file)?;
+        let named = rustix::fs::statat(&self.dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+        if (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino) {
+            return Err(io::Error::other(Replaced(name.to_owned())));
+        }
+        Ok(())
     }
 }
 
 /// Creates an unnamed file in `dir` (`O_TMPFILE`), locks it, and links it
-/// as `path` (failing if that exists).
-fn create_locked_unnamed(dir: &Path, path: &Path) -> Result<File, Errno> {
-    let fd = rustix::fs::open(
+/// as `name` (failing if that exists).
+fn create_locked_unnamed(dir: &ServerDir, name: &str) -> Result<File, Errno> {
+    let fd = rustix::fs::openat(
         dir,
+        ".",
         OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC,
         Mode::from_bits_truncate(0o666),
     )?;
     flock(&fd, FlockOperation::NonBlockingLockExclusive)?;
-    // Linking an unnamed file by its descriptor needs no privilege
-    // through /proc (AT_EMPTY_PATH would need CAP_DAC_READ_SEARCH).
-    let by_fd = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+    link_fd(&fd, dir, name)?;
+    Ok(File::from(fd))
+}
+
+/// Links the file open as `fd` as `name` in `dir`. Through /proc, which
+/// needs no privilege (AT_EMPTY_PATH would need CAP_DAC_READ_SEARCH).
+fn link_fd(fd: &impl AsFd, dir: &ServerDir, name: &str) -> Result<(), Errno> {
+    let by_fd = format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd());
     rustix::fs::linkat(
         rustix::fs::CWD,
         by_fd.as_str(),
-        rustix::fs::CWD,
-        path,
+        dir,
+        name,
         AtFlags::SYMLINK_FOLLOW,
-    )?;
-    Ok(File::from(fd))
+    )
+}
+
+/// Whether this process sees its descriptors in /proc.
+fn proc_fds() -> bool {
+    Path::new("/proc/self/fd").is_dir()
 }
 
 /// Whether creating an unnamed file failed only because this system
@@ -141,8 +210,9 @@ fn unnamed_unsupported(e: Errno) -> bool {
 impl Drop for TempFile {
     fn drop(&mut self) {
         if !self.renamed {
-            if let Err(err) = std::fs::remove_file(&self.path) {
-                tracing::warn!(path = %self.path.display(), error = %err, "removing the temporary file failed");
+            if let Err(err) = rustix::fs::unlinkat(&self.dir, self.name.as_str(), AtFlags::empty())
+            {
+                tracing::warn!(path = %self.path().display(), error = %err, "removing the temporary file failed");
             }
         }
     }
@@ -163,23 +233,22 @@ pub struct Orphans {
 /// (a link, a FIFO, a directory — planted, or swapped in meanwhile) is
 /// never opened through, never waited on, and left alone; an error with
 /// one file does not stop the others.
-pub fn remove_orphans(dir: &Path) -> io::Result<Orphans> {
+pub fn remove_orphans(dir: &ServerDir) -> io::Result<Orphans> {
     let mut orphans = Orphans::default();
-    for entry in std::fs::read_dir(dir)? {
+    for entry in rustix::fs::Dir::read_from(dir)? {
         let entry = match entry {
             Ok(entry) => entry,
             Err(e) => {
                 orphans
                     .failed
-                    .push((String::from("(a directory entry)"), e));
+                    .push((String::from("(a directory entry)"), e.into()));
                 continue;
             }
         };
-        let name = entry.file_name();
-        let Some(name) = name.to_str().filter(|n| is_temp_name(n)) else {
+        let Some(name) = entry.file_name().to_str().ok().filter(|n| is_temp_name(n)) else {
             continue;
         };
-        match remove_if_orphan(&entry.path()) {
+        match remove_if_orphan(dir, name) {
             Ok(true) => orphans.removed.push(name.to_owned()),
             Ok(false) => {}
             Err(e) => orphans.failed.push((name.to_owned(), e)),
@@ -189,12 +258,14 @@ pub fn remove_orphans(dir: &Path) -> io::Result<Orphans> {
     Ok(orphans)
 }
 
-/// Removes `path` if it is a regular file whose lock is free; whether it
-/// did. Opened without following a link and without waiting (a FIFO), and
-/// removed only if the name still is the file that was checked.
-fn remove_if_orphan(path: &Path) -> io::Result<bool> {
-    let fd: OwnedFd = match rustix::fs::open(
-        path,
+/// Removes `name` in `dir` if it is a regular file whose lock is free;
+/// whether it did. Opened without following a link and without waiting
+/// (a FIFO), and removed only if the name still is the file that was
+/// checked.
+fn remove_if_orphan(dir: &ServerDir, name: &str) -> io::Result<bool> {
+    let fd: OwnedFd = match rustix::fs::openat(
+        dir,
+        name,
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
         Mode::empty(),
     ) {
@@ -203,28 +274,26 @@ fn remove_if_orphan(path: &Path) -> io::Result<bool> {
         Err(Errno::NOENT | Errno::LOOP) => return Ok(false),
         Err(e) => return Err(e.into()),
     };
-    let file = File::from(fd);
-    let meta = file.metadata()?;
-    if !meta.file_type().is_file() {
+    let meta = rustix::fs::fstat(&fd)?;
+    if rustix::fs::FileType::from_raw_mode(meta.st_mode) != rustix::fs::FileType::RegularFile {
         return Ok(false);
     }
-    if let Err(e) = flock(file.as_fd(), FlockOperation::NonBlockingLockExclusive) {
+    if let Err(e) = flock(&fd, FlockOperation::NonBlockingLockExclusive) {
         return match e {
             // Held: a live server's file.
             Errno::WOULDBLOCK => Ok(false),
             e => Err(e.into()),
         };
     }
-    match std::fs::symlink_metadata(path) {
-        Ok(now) if now.dev() == meta.dev() && now.ino() == meta.ino() => {}
-        Ok(_) => return Ok(false),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(e),
+    match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(now) if (now.st_dev, now.st_ino) == (meta.st_dev, meta.st_ino) => {}
+        Ok(_) | Err(Errno::NOENT) => return Ok(false),
+        Err(e) => return Err(e.into()),
     }
-    match std::fs::remove_file(path) {
+    match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
         Ok(()) => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(e),
+        Err(Errno::NOENT) => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -250,8 +319,12 @@ fn is_temp_name(name: &str) -> bool {
 /// durable. A failure is said as what it is: the file is in place,
 /// verified and its data durable; only its name may not survive a power
 /// loss.
-pub fn sync_dir_after_link(dir: &Path, shown: &str) -> Result<(), String> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| {
+pub fn sync_dir_after_link(dir: &ServerDir, shown: &str) -> Result<(), String> {
+    dir_synced(dir.sync(), shown)
+}
+
+fn dir_synced(synced: io::Result<()>, shown: &str) -> Result<(), String> {
+    synced.map_err(|e| {
         format!(
             "{shown} is in place on the server with its data verified and durable, \
              but the fsync of the server's directory failed ({e}): after a power loss \
@@ -262,9 +335,15 @@ pub fn sync_dir_after_link(dir: &Path, shown: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    use std::fs::OpenOptions;
+
     use pinpoll_testkit::Scratch;
 
     use super::*;
+
+    fn open(dir: &Path) -> ServerDir {
+        ServerDir::open(dir).unwrap()
+    }
 
     #[test]
     fn only_temp_names_are_candidates() {
@@ -302,7 +381,7 @@ mod tests {
         let scratch = Scratch::new("reuse");
         let dir = scratch.path().to_owned();
         std::fs::write(dir.join(&own), b"left by a dead server of this PID").unwrap();
-        let temp = TempFile::create(&dir, 0).unwrap();
+        let temp = TempFile::create(&open(&dir), 0).unwrap();
         assert_eq!(temp.path(), dir.join(&name));
         drop(temp);
     }
@@ -323,7 +402,7 @@ mod tests {
         }
         // Locked: this server's live file, and a dead PID's file whose
         // lock someone holds (a server on another host, say).
-        let mine = TempFile::create(&dir, 9).unwrap();
+        let mine = TempFile::create(&open(&dir), 9).unwrap();
         let locked = dir.join(".filexfer-0-5.tmp");
         std::fs::write(&locked, b"y").unwrap();
         let holder = File::open(&locked).unwrap();
@@ -331,20 +410,20 @@ mod tests {
         // Anything else is not ours to judge.
         std::fs::write(dir.join("data.bin"), b"z").unwrap();
 
-        let orphans = remove_orphans(&dir).unwrap();
+        let orphans = remove_orphans(&open(&dir)).unwrap();
         let mut want = unlocked.to_vec();
         want.sort();
         assert_eq!(orphans.removed, want);
         assert!(orphans.failed.is_empty(), "{:?}", orphans.failed);
-        for kept in [mine.path(), &locked, &dir.join("data.bin")] {
+        for kept in [&mine.path(), &locked, &dir.join("data.bin")] {
             assert!(kept.exists(), "{}", kept.display());
         }
         drop(holder);
         assert_eq!(
-            remove_orphans(&dir).unwrap().removed,
+            remove_orphans(&open(&dir)).unwrap().removed,
             vec![".filexfer-0-5.tmp".to_owned()]
         );
-        let path = mine.path().to_owned();
+        let path = mine.path();
         drop(mine);
         assert!(!path.exists(), "a dropped temp file is removed");
     }
@@ -412,7 +491,7 @@ mod tests {
                 for round in 0..2000 {
                     let plain = dir.join(format!(".filexfer-0-{round}00.tmp"));
                     std::fs::write(&plain, b"orphan").unwrap();
-                    let orphans = remove_orphans(&dir).unwrap();
+                    let orphans = remove_orphans(&open(&dir)).unwrap();
                     assert!(
                         orphans.failed.is_empty(),
                         "round {round}: {:?}",
@@ -454,9 +533,8 @@ mod tests {
 
     #[test]
     fn a_failed_directory_fsync_says_the_file_is_in_place() {
-        let missing =
-            std::env::temp_dir().join(format!("pinpoll-no-such-dir-{}", std::process::id()));
-        let why = sync_dir_after_link(&missing, "f.bin").unwrap_err();
+        let failed = Err(io::Error::from(io::ErrorKind::StorageFull));
+        let why = dir_synced(failed, "f.bin").unwrap_err();
         assert!(
             why.starts_with("f.bin is in place on the server with its data verified and durable, but the fsync of the server's directory failed ("),
             "{why}"
@@ -465,6 +543,6 @@ mod tests {
             why.ends_with("after a power loss the file may be missing"),
             "{why}"
         );
-        sync_dir_after_link(&std::env::temp_dir(), "f.bin").unwrap();
+        sync_dir_after_link(&open(&std::env::temp_dir()), "f.bin").unwrap();
     }
 }

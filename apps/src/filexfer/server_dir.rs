@@ -1,0 +1,86 @@
+//! The server's directory (`--dir`), held open from start-up.
+//!
+//! The path is looked up once, when the server starts; from then on every
+//! file the server creates, links, renames, removes, stats or syncs there
+//! is named relative to this descriptor (`openat`, `linkat`, `renameat`,
+//! `unlinkat`, `fstatvfs`, `fsync`). A `--dir` renamed away, or replaced
+//! by a symbolic link to another directory, after the start changes
+//! nothing: the server goes on writing into the directory it started
+//! with, never through the link.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::sync::Arc;
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
+
+/// The server's directory: a descriptor of it, and its path as it was at
+/// the start, only ever shown.
+#[derive(Debug, Clone)]
+pub struct ServerDir {
+    fd: Arc<OwnedFd>,
+    shown: Arc<Path>,
+}
+
+impl ServerDir {
+    /// Opens the directory `path` names now.
+    pub fn open(path: &Path) -> io::Result<ServerDir> {
+        let fd = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(ServerDir {
+            fd: Arc::new(fd),
+            shown: path.into(),
+        })
+    }
+
+    /// The directory's path as it was at the start: for messages only.
+    pub fn path(&self) -> &Path {
+        &self.shown
+    }
+
+    /// What `name` in the directory is, never following a link; `None`
+    /// if nothing has that name.
+    pub fn entry(&self, name: &str) -> io::Result<Option<FileType>> {
+        match rustix::fs::statat(self.as_fd(), name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok(Some(FileType::from_raw_mode(st.st_mode))),
+            Err(Errno::NOENT) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Makes the directory's entries durable.
+    pub fn sync(&self) -> io::Result<()> {
+        Ok(rustix::fs::fsync(self.as_fd())?)
+    }
+}
+
+impl AsFd for ServerDir {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pinpoll_testkit::Scratch;
+
+    use super::*;
+
+    #[test]
+    fn entries_are_seen_without_following_links() {
+        let scratch = Scratch::new("serverdir");
+        let dir = ServerDir::open(scratch.path()).unwrap();
+        std::fs::write(scratch.path().join("f"), b"x").unwrap();
+        std::os::unix::fs::symlink("/", scratch.path().join("l")).unwrap();
+        assert_eq!(dir.entry("f").unwrap(), Some(FileType::RegularFile));
+        assert_eq!(dir.entry("l").unwrap(), Some(FileType::Symlink));
+        assert_eq!(dir.entry("none").unwrap(), None);
+        dir.sync().unwrap();
+        assert_eq!(dir.path(), scratch.path());
+    }
+}
