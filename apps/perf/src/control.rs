@@ -96,8 +96,8 @@ pub fn decode(bytes: &[u8]) -> std::result::Result<Msg, BadMessage> {
     Ok(msg)
 }
 
-/// `text` with control characters escaped: what a peer sends reaches
-/// the terminal only as visible text.
+/// `text` with control and format characters escaped: what a peer sends
+/// reaches the terminal only as visible text, in the order it was sent.
 pub use pinpoll_appkit::run::escape_controls as printable;
 
 /// The control connection's own small configuration.
