@@ -669,11 +669,11 @@ impl Doorman {
                             }
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(5));
+                            std::thread::sleep(DOORMAN_NAP);
                         }
                         Err(e) => {
                             tracing::warn!("accepting a client to tell it the server is busy: {e}");
-                            std::thread::sleep(Duration::from_millis(5));
+                            std::thread::sleep(DOORMAN_NAP);
                         }
                     }
                 }
@@ -711,6 +711,11 @@ fn tell_busy(stream: TcpStream, timeout: Duration) -> Result<()> {
     while std::io::Read::read(stream, &mut rest)? > 0 {}
     Ok(())
 }
+
+/// How long the doorman naps between looks at the listener: a newcomer
+/// waits about this long for its answer, and the measurement beside it
+/// sees the thread wake only this often.
+const DOORMAN_NAP: Duration = Duration::from_millis(20);
 
 /// The longest the doorman spends on one newcomer.
 const BUSY_BOUND: Duration = Duration::from_secs(2);
