@@ -401,7 +401,7 @@ fn a_client_silent_after_connecting_its_data_connection_is_given_up() {
             &dev,
             "--oob",
             "--timeout",
-            "5",
+            "10",
         ],
     ));
     assert!(
