@@ -71,17 +71,19 @@ fn write_line(line: std::fmt::Arguments<'_>) -> anyhow::Result<()> {
 }
 
 /// Bytes from the network as one printable line: valid UTF-8 as is,
-/// control characters escaped (`\n`, `\u{1b}`), and bytes that are not
-/// UTF-8 as `\xNN` — a peer cannot forge lines or drive the terminal.
+/// control and format characters escaped (`\n`, `\u{1b}`, `\u{202e}`:
+/// [`crate::run::push_shown`]), a backslash doubled, and bytes that are not
+/// UTF-8 as `\xNN` — a peer cannot forge lines, drive the terminal or
+/// reorder what it shows, and every escape undoes to the bytes received.
 pub fn printable(bytes: &[u8]) -> String {
     pinpoll::wire::record("printable", bytes);
     let mut s = String::with_capacity(bytes.len());
     for chunk in bytes.utf8_chunks() {
         for c in chunk.valid().chars() {
-            if c.is_control() || c == '\\' {
-                s.extend(c.escape_debug());
+            if c == '\\' {
+                s.push_str("\\\\");
             } else {
-                s.push(c);
+                crate::run::push_shown(&mut s, c);
             }
         }
         for b in chunk.invalid() {
@@ -104,5 +106,19 @@ mod tests {
         assert_eq!(printable("héllo — wörld".as_bytes()), "héllo — wörld");
         assert_eq!(printable(b"a\nb\x1b[2Jc\0"), "a\\nb\\u{1b}[2Jc\\0");
         assert_eq!(printable(b"\xff\xfeok\\"), "\\xff\\xfeok\\\\");
+    }
+
+    /// A client's file name `invoice\u{202e}fdp.exe` would show as
+    /// "invoiceexe.pdf" on the server's terminal: the override is escaped.
+    #[test]
+    fn a_file_name_s_bidi_override_is_escaped() {
+        assert_eq!(
+            printable("invoice\u{202e}fdp.exe".as_bytes()),
+            "invoice\\u{202e}fdp.exe"
+        );
+        assert_eq!(
+            printable("\u{feff}a\u{200b}b\u{2066}c\u{2069}".as_bytes()),
+            "\\u{feff}a\\u{200b}b\\u{2066}c\\u{2069}"
+        );
     }
 }

@@ -156,7 +156,10 @@ fn received(bytes: &[u8]) {
         Msg::Params(params) => admitted(params),
         Msg::Error { message } => {
             let shown = printable(message);
-            assert!(!shown.chars().any(char::is_control), "{shown:?}");
+            assert!(
+                !shown.chars().any(pinpoll_apps::run::needs_escape),
+                "{shown:?}"
+            );
         }
         _ => {}
     }

@@ -1,12 +1,14 @@
 //! What the programs print of a peer's bytes (`output::printable`: the
 //! text a basic or readwrite peer sent, a file name a client chose): no
-//! control character reaches the terminal, so a peer can neither forge
-//! lines nor drive it, and nothing is lost — the escapes undo to exactly
+//! control or format character reaches the terminal, so a peer can
+//! neither forge lines, drive it nor reorder what it shows (U+202E), and
+//! nothing is lost — the escapes undo to exactly
 //! the bytes received.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use pinpoll_apps::output::printable;
+use pinpoll_apps::run::needs_escape;
 use pinpoll_fuzz::within_budget;
 
 /// The bytes `shown` stands for: `printable` undone.
@@ -42,10 +44,10 @@ fn unescape(shown: &str) -> Vec<u8> {
 
 fuzz_target!(|bytes: &[u8]| {
     let shown = within_budget("printable", bytes.len(), 12, || printable(bytes));
-    assert!(!shown.chars().any(char::is_control), "{shown:?}");
+    assert!(!shown.chars().any(needs_escape), "{shown:?}");
     assert_eq!(unescape(&shown), bytes, "{shown:?}");
     if let Ok(text) = std::str::from_utf8(bytes) {
-        if !text.contains(|c: char| c.is_control() || c == '\\') {
+        if !text.contains(|c: char| needs_escape(c) || c == '\\') {
             assert_eq!(shown, text, "plain text is shown as it is");
         }
     }

@@ -148,8 +148,9 @@ pub fn clap_line(text: &str) -> String {
 
 /// An error and its causes joined by `: `, on one line. A cause whose text
 /// the line already holds (an error that displays its source) is skipped.
-/// Control characters are escaped (`\u{1b}`): an error often quotes what a
-/// peer sent, and a peer must not drive the terminal.
+/// Control and format characters are escaped (`\u{1b}`, `\u{202e}`): an
+/// error often quotes what a peer sent, and a peer must not drive the
+/// terminal nor reorder what it shows.
 pub fn error_line(err: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in err.chain() {
@@ -167,18 +168,69 @@ pub fn error_line(err: &anyhow::Error) -> String {
     line
 }
 
-/// `text` with its control characters escaped (`\u{1b}`): what a peer
-/// sent reaches a terminal only as visible text.
+/// `text` with every character that could drive or mislead a terminal
+/// escaped ([`push_shown`]): what a peer sent reaches a terminal only as
+/// visible text, in the order it was sent.
 pub fn escape_controls(text: &str) -> String {
     let mut escaped = String::with_capacity(text.len());
     for c in text.chars() {
-        if c.is_control() {
-            escaped.extend(c.escape_debug());
-        } else {
-            escaped.push(c);
-        }
+        push_shown(&mut escaped, c);
     }
     escaped
+}
+
+/// Appends `c` to `out` as a terminal should show a peer's text: control
+/// characters (C0, DEL, C1) as `\n`, `\u{1b}`..., and format characters
+/// ([`is_format`]: bidi overrides and isolates, zero-width characters, the
+/// BOM) as `\u{202e}`..., since they reorder or hide what is around them;
+/// everything else as it is. Every program's printing of peer text goes
+/// through here (the error line, `output::printable`, pinpoll-perf).
+pub fn push_shown(out: &mut String, c: char) {
+    if c.is_control() {
+        out.extend(c.escape_debug());
+    } else if is_format(c) {
+        out.extend(c.escape_unicode());
+    } else {
+        out.push(c);
+    }
+}
+
+/// Whether `c` must be escaped before a terminal sees it ([`push_shown`]).
+pub fn needs_escape(c: char) -> bool {
+    c.is_control() || is_format(c)
+}
+
+/// Whether `c` is of Unicode general category Cf (format), as of Unicode
+/// 15.1 (std does not expose categories). These are invisible and act on
+/// the text around them: U+202A..U+202E (embeddings, overrides),
+/// U+2066..U+2069 (isolates), U+200E/U+200F and U+061C (marks) reorder
+/// what a terminal shows; U+200B..U+200D, U+2060.., U+FEFF hide in a name.
+pub fn is_format(c: char) -> bool {
+    const CF: &[(u32, u32)] = &[
+        (0x00AD, 0x00AD),
+        (0x0600, 0x0605),
+        (0x061C, 0x061C),
+        (0x06DD, 0x06DD),
+        (0x070F, 0x070F),
+        (0x0890, 0x0891),
+        (0x08E2, 0x08E2),
+        (0x180E, 0x180E),
+        (0x200B, 0x200F),
+        (0x202A, 0x202E),
+        (0x2060, 0x2064),
+        (0x2066, 0x206F),
+        (0xFEFF, 0xFEFF),
+        (0xFFF9, 0xFFFB),
+        (0x110BD, 0x110BD),
+        (0x110CD, 0x110CD),
+        (0x13430, 0x1343F),
+        (0x1BCA0, 0x1BCA3),
+        (0x1D173, 0x1D17A),
+        (0xE0001, 0xE0001),
+        (0xE0020, 0xE007F),
+    ];
+    let c = u32::from(c);
+    CF.iter().any(|&(first, last)| (first..=last).contains(&c))
 }
 
 #[cfg(test)]
@@ -223,6 +275,40 @@ mod tests {
             "the server refused f.bin: \\u{1b}[2J\\u{1b}]0;owned\\u{7}evil\\u{9b}31m"
         );
         assert!(!line.chars().any(char::is_control), "{line:?}");
+    }
+
+    /// U+202E (RIGHT-TO-LEFT OVERRIDE) in a server's `Fail` text would
+    /// make a terminal show what follows it backwards: "fdp.exe" reads as
+    /// "exe.pdf". Every format character (bidi controls, zero-width ones,
+    /// the BOM) is shown as an escape instead.
+    #[test]
+    fn a_peer_s_bidi_and_invisible_format_characters_are_escaped() {
+        let err = anyhow::anyhow!("refused \u{202e}fdp.exe\u{202c} for you")
+            .context("the server refused f.bin");
+        assert_eq!(
+            error_line(&err),
+            "the server refused f.bin: refused \\u{202e}fdp.exe\\u{202c} for you"
+        );
+        for c in [
+            '\u{202e}',
+            '\u{2066}',
+            '\u{2067}',
+            '\u{2068}',
+            '\u{2069}',
+            '\u{200e}',
+            '\u{200f}',
+            '\u{061c}',
+            '\u{200b}',
+            '\u{200c}',
+            '\u{200d}',
+            '\u{feff}',
+            '\u{00ad}',
+            '\u{e0041}',
+        ] {
+            let shown = escape_controls(&format!("a{c}b"));
+            assert_eq!(shown, format!("a\\u{{{:x}}}b", u32::from(c)), "{c:?}");
+        }
+        assert_eq!(escape_controls("héllo — wörld"), "héllo — wörld");
     }
 
     #[test]

@@ -229,7 +229,8 @@ pub struct PerfArgs {
     pub warmup: Option<u64>,
 
     /// Bound in seconds on every wait: connecting, each completion, the
-    /// server waiting for its client.
+    /// server waiting for its client (a client silent that long is given
+    /// up, and the server waits for the next).
     #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
     pub timeout: f64,
 }

@@ -96,8 +96,8 @@ pub fn decode(bytes: &[u8]) -> std::result::Result<Msg, BadMessage> {
     Ok(msg)
 }
 
-/// `text` with control characters escaped: what a peer sends reaches
-/// the terminal only as visible text.
+/// `text` with control and format characters escaped: what a peer sends
+/// reaches the terminal only as visible text, in the order it was sent.
 pub use pinpoll_appkit::run::escape_controls as printable;
 
 /// The control connection's own small configuration.
@@ -118,13 +118,184 @@ pub fn control_config(timeout: Duration) -> EngineConfig {
     built
 }
 
+/// A wait on the peer that its deadline ended: what was awaited, and
+/// the whole time it was given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimedOut {
+    pub waited: Duration,
+    pub what: String,
+}
+
+impl std::fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "timed out after {} s waiting for {}",
+            self.waited.as_secs_f64(),
+            self.what
+        )
+    }
+}
+
+impl std::error::Error for TimedOut {}
+
+/// Whether `err` ended a wait on a silent or too slow peer: a deadline of
+/// the control stream ([`TimedOut`]) or of the engine (a handshake, a
+/// completion, an idle data connection).
+pub fn is_timeout(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause.is::<TimedOut>()
+            || matches!(
+                cause.downcast_ref::<pinpoll::Error>(),
+                Some(pinpoll::Error::Timeout { .. })
+            )
+            || cause
+                .downcast_ref::<std::io::Error>()
+                .and_then(|e| e.get_ref())
+                .is_some_and(|inner| inner.is::<TimedOut>())
+    })
+}
+
+/// A TCP stream on which every read and write of one wait falls within
+/// one deadline. A socket timeout alone restarts with each read, so a
+/// peer sending a byte just within it could stretch one message over
+/// hours; here each read's socket timeout is what is left of the
+/// deadline, which only [`DeadlineStream::start`] moves.
+#[derive(Debug)]
+pub struct DeadlineStream {
+    stream: TcpStream,
+    budget: Duration,
+    waited: Duration,
+    deadline: Instant,
+    what: String,
+}
+
+impl DeadlineStream {
+    /// `stream`, whose waits are each given `budget` unless
+    /// [`DeadlineStream::start_within`] says otherwise.
+    pub fn new(stream: TcpStream, budget: Duration) -> DeadlineStream {
+        DeadlineStream {
+            stream,
+            budget,
+            waited: budget,
+            deadline: Instant::now() + budget,
+            what: "the peer".to_owned(),
+        }
+    }
+
+    /// Starts a wait for `what` of the stream's budget: what is read and
+    /// written until the next start must be done by then.
+    pub fn start(&mut self, what: &str) {
+        self.start_within(self.budget, what);
+    }
+
+    /// Starts a wait for `what` that must be done within `within`.
+    pub fn start_within(&mut self, within: Duration, what: &str) {
+        self.waited = within;
+        self.deadline = Instant::now() + within;
+        what.clone_into(&mut self.what);
+    }
+
+    /// The stream itself, blocking, for an exchange that sets its own
+    /// timeouts (the out-of-band handshake of a data connection).
+    pub fn get_mut(&mut self) -> &mut TcpStream {
+        &mut self.stream
+    }
+
+    /// What is left of the deadline, or the error saying it passed.
+    fn left(&self) -> std::io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                ErrorKind::TimedOut,
+                TimedOut {
+                    waited: self.waited,
+                    what: self.what.clone(),
+                },
+            ));
+        }
+        Ok(left)
+    }
+
+    /// Whether a message has begun to arrive; never waits.
+    fn has_data(&mut self) -> std::io::Result<bool> {
+        self.stream.set_nonblocking(true)?;
+        let mut first = [0u8; 1];
+        let peeked = self.stream.peek(&mut first);
+        self.stream.set_nonblocking(false)?;
+        match peeked {
+            Ok(0) => Err(std::io::Error::new(
+                ErrorKind::UnexpectedEof,
+                "the peer closed the control stream",
+            )),
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Whether `e` is a socket timeout (which the deadline then judges).
+fn socket_timed_out(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+    ) && e.get_ref().is_none()
+}
+
+impl Read for DeadlineStream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            self.stream.set_read_timeout(Some(self.left()?))?;
+            match self.stream.read(buf) {
+                Err(e) if socket_timed_out(&e) => continue,
+                done => return done,
+            }
+        }
+    }
+}
+
+impl Write for DeadlineStream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        loop {
+            self.stream.set_write_timeout(Some(self.left()?))?;
+            match self.stream.write(buf) {
+                Err(e) if socket_timed_out(&e) => continue,
+                done => return done,
+            }
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.stream.flush()
+    }
+}
+
+/// An I/O error of the control stream as the error chain should show it:
+/// a passed deadline as the [`TimedOut`] it carries.
+fn stream_error(e: std::io::Error, doing: &'static str) -> anyhow::Error {
+    if e.get_ref().is_some_and(|inner| inner.is::<TimedOut>()) {
+        if let Some(Ok(timed_out)) = e.into_inner().map(|inner| inner.downcast::<TimedOut>()) {
+            return anyhow::Error::new(*timed_out);
+        }
+        unreachable!("checked to be a TimedOut");
+    }
+    anyhow::Error::new(e).context(doing)
+}
+
 #[derive(Debug)]
 pub enum Control {
-    Tcp(TcpStream),
+    Tcp(DeadlineStream),
     Rdma(Box<Connection>),
 }
 
 impl Control {
+    /// The control stream of `--oob` on `stream`, each wait on the peer
+    /// bounded by `timeout`.
+    pub fn tcp(stream: TcpStream, timeout: Duration) -> Control {
+        Control::Tcp(DeadlineStream::new(stream, timeout))
+    }
+
     /// Sends `msg`. Over rdma_cm it returns once the message is
     /// delivered, so a side that sends and then closes (a refusal) never
     /// flushes its own last words.
@@ -132,11 +303,11 @@ impl Control {
         let bytes = encode(msg)?;
         match self {
             Control::Tcp(s) => {
-                s.set_nonblocking(false)?;
                 let mut frame = (bytes.len() as u32).to_le_bytes().to_vec();
                 frame.extend_from_slice(&bytes);
+                s.start("the peer to take a control message");
                 s.write_all(&frame)
-                    .context("sending on the control stream")?;
+                    .map_err(|e| stream_error(e, "sending on the control stream"))?;
             }
             Control::Rdma(c) => {
                 c.send(&bytes)
@@ -147,33 +318,19 @@ impl Control {
         Ok(())
     }
 
-    /// The next message, if one has arrived; never waits.
+    /// The next message, if one has begun to arrive (then the rest of it
+    /// within the stream's timeout); never waits for its start.
     pub fn try_recv(&mut self) -> Result<Option<Msg>> {
         let bytes = match self {
             Control::Tcp(s) => {
-                s.set_nonblocking(true)?;
-                let mut len = [0u8; 4];
-                match s.peek(&mut len) {
-                    Ok(0) => bail!("the peer closed the control stream"),
-                    Ok(_) => {}
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
-                    Err(e) => return Err(e).context("reading the control stream"),
+                if !s
+                    .has_data()
+                    .map_err(|e| stream_error(e, "reading the control stream"))?
+                {
+                    return Ok(None);
                 }
-                s.set_nonblocking(false)?;
-                s.set_read_timeout(Some(Duration::from_secs(10)))?;
-                s.read_exact(&mut len)
-                    .context("reading the control stream")?;
-                let len = u32::from_le_bytes(len) as usize;
-                if len > MAX_MSG {
-                    return Err(BadMessage(format!(
-                        "control message of {len} bytes is too long (at most {MAX_MSG})"
-                    ))
-                    .into());
-                }
-                let mut buf = vec![0u8; len];
-                s.read_exact(&mut buf)
-                    .context("reading the control stream")?;
-                buf
+                s.start("the rest of a control message");
+                read_frame(s)?
             }
             Control::Rdma(c) => {
                 let mut got = None;
@@ -200,33 +357,62 @@ impl Control {
         Ok(Some(decode(&bytes)?))
     }
 
-    /// The next message, waiting (napping) up to `timeout` for it.
+    /// The next message, all of it within `timeout`.
     pub fn recv(&mut self, timeout: Duration, what: &str) -> Result<Msg> {
-        let start = Instant::now();
-        loop {
-            if let Some(msg) = self.try_recv()? {
-                if let Msg::Error { message } = &msg {
-                    bail!("the peer reported: {}", printable(message));
+        let msg = match self {
+            Control::Tcp(s) => {
+                s.start_within(timeout, what);
+                decode(&read_frame(s)?)?
+            }
+            Control::Rdma(_) => {
+                let start = Instant::now();
+                loop {
+                    if let Some(msg) = self.try_recv()? {
+                        break msg;
+                    }
+                    if start.elapsed() > timeout {
+                        return Err(TimedOut {
+                            waited: timeout,
+                            what: what.to_owned(),
+                        }
+                        .into());
+                    }
+                    std::thread::sleep(NAP);
                 }
-                return Ok(msg);
             }
-            if start.elapsed() > timeout {
-                bail!("timed out after {timeout:?} waiting for {what}");
-            }
-            std::thread::sleep(NAP);
+        };
+        if let Msg::Error { message } = &msg {
+            bail!("the peer reported: {}", printable(message));
         }
+        Ok(msg)
     }
 
     /// The TCP stream, for the out-of-band exchange of a data connection.
     pub fn stream(&mut self) -> Option<&mut TcpStream> {
         match self {
-            Control::Tcp(s) => {
-                let _ = s.set_nonblocking(false);
-                Some(s)
-            }
+            Control::Tcp(s) => Some(s.get_mut()),
             Control::Rdma(_) => None,
         }
     }
+}
+
+/// One length-prefixed message of the control stream, within the wait
+/// the stream is in.
+fn read_frame(s: &mut DeadlineStream) -> Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len)
+        .map_err(|e| stream_error(e, "reading the control stream"))?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_MSG {
+        return Err(BadMessage(format!(
+            "control message of {len} bytes is too long (at most {MAX_MSG})"
+        ))
+        .into());
+    }
+    let mut buf = vec![0u8; len];
+    s.read_exact(&mut buf)
+        .map_err(|e| stream_error(e, "reading the control stream"))?;
+    Ok(buf)
 }
 
 #[cfg(test)]
@@ -234,18 +420,124 @@ mod tests {
     use super::*;
     use crate::plan::{data_config, Kind, Mode, Overrides, WireConfig};
 
+    /// Two ends of a loopback TCP connection: (ours, the peer's).
+    fn pair() -> (TcpStream, TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (peer, _) = listener.accept().unwrap();
+        (ours, peer)
+    }
+
+    /// `bytes` sent one at a time, `gap` apart, until the other end closes.
+    fn trickle(mut peer: TcpStream, bytes: usize, gap: Duration) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            for _ in 0..bytes {
+                if peer.write_all(b"x").is_err() {
+                    return;
+                }
+                std::thread::sleep(gap);
+            }
+        })
+    }
+
+    fn timed_out(e: &std::io::Error) -> &TimedOut {
+        e.get_ref()
+            .and_then(|inner| inner.downcast_ref::<TimedOut>())
+            .unwrap_or_else(|| panic!("not a passed deadline: {e}"))
+    }
+
+    #[test]
+    fn a_read_that_would_block_past_the_deadline_fails_naming_what_it_awaited() {
+        let (ours, _silent) = pair();
+        let mut s = DeadlineStream::new(ours, Duration::from_millis(200));
+        s.start("the peer's greeting");
+        let err = s.read(&mut [0; 4]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::TimedOut);
+        assert_eq!(
+            timed_out(&err).to_string(),
+            "timed out after 0.2 s waiting for the peer's greeting"
+        );
+    }
+
+    #[test]
+    fn a_slow_but_steady_peer_within_the_deadline_is_read_whole() {
+        let (ours, peer) = pair();
+        let sender = trickle(peer, 10, Duration::from_millis(20));
+        let mut s = DeadlineStream::new(ours, Duration::from_secs(60));
+        s.start("ten slow bytes");
+        let mut got = [0u8; 10];
+        s.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"xxxxxxxxxx");
+        sender.join().unwrap();
+    }
+
+    /// Each byte comes well within a socket timeout of the whole budget;
+    /// the reads share one deadline, which they pass.
+    #[test]
+    fn the_deadline_is_not_reset_by_each_read() {
+        let (ours, peer) = pair();
+        let sender = trickle(peer, 120, Duration::from_millis(25));
+        let mut s = DeadlineStream::new(ours, Duration::from_millis(500));
+        s.start("120 bytes");
+        let err = s.read_exact(&mut [0u8; 120]).unwrap_err();
+        assert_eq!(timed_out(&err).what, "120 bytes");
+        drop(s);
+        sender.join().unwrap();
+    }
+
+    /// A peer that never reads cannot hold a write either.
+    #[test]
+    fn a_write_the_peer_never_takes_fails_at_the_deadline() {
+        let (ours, _never_reads) = pair();
+        let mut s = DeadlineStream::new(ours, Duration::from_millis(300));
+        s.start("the peer to take 64 MiB");
+        let err = s.write_all(&vec![0u8; 64 << 20]).unwrap_err();
+        assert_eq!(timed_out(&err).what, "the peer to take 64 MiB");
+    }
+
+    /// A peer that sends a frame a byte at a time, each byte well within
+    /// any per-read timeout, is given up when the wait's one deadline
+    /// passes, not when the last byte comes.
+    #[test]
+    fn a_peer_trickling_a_message_is_given_up_at_the_deadline() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let trickler = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut body = encode(&Msg::Done).unwrap();
+            body.resize(120, b' ');
+            let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+            frame.extend_from_slice(&body);
+            for b in frame {
+                if s.write_all(&[b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(25));
+            }
+        });
+        let mut ctl = Control::tcp(TcpStream::connect(addr).unwrap(), Duration::from_secs(5));
+        let got = ctl.recv(Duration::from_millis(500), "the trickled message");
+        let err = format!("{:#}", got.expect_err("the whole frame takes 3 s"));
+        assert!(
+            err.contains("timed out after 0.5 s waiting for the trickled message"),
+            "{err}"
+        );
+        drop(ctl);
+        trickler.join().unwrap();
+    }
+
     #[test]
     fn messages_travel_over_a_tcp_control_stream() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let t = std::thread::spawn(move || {
             let (s, _) = listener.accept().unwrap();
-            let mut ctl = Control::Tcp(s);
+            let mut ctl = Control::tcp(s, Duration::from_secs(5));
             let got = ctl.recv(Duration::from_secs(5), "params").unwrap();
             ctl.send(&Msg::Ready { nonce: 7 }).unwrap();
             got
         });
-        let mut ctl = Control::Tcp(TcpStream::connect(addr).unwrap());
+        let mut ctl = Control::tcp(TcpStream::connect(addr).unwrap(), Duration::from_secs(5));
         assert!(ctl.try_recv().unwrap().is_none());
         let cfg = data_config(
             &EngineConfig::default(),

@@ -427,7 +427,7 @@ fn connect_control(s: &Settings, host: &str) -> Result<Control> {
             let stream = TcpStream::connect_timeout(&addr, s.timeout)
                 .with_context(|| format!("connecting to the server at {addr} (TCP)"))?;
             stream.set_nodelay(true)?;
-            Ok(Control::Tcp(stream))
+            Ok(Control::tcp(stream, s.timeout))
         }
         Transport::RdmaCm => {
             let addr = parse_socket_addr(host, s.port)?;
@@ -546,29 +546,91 @@ fn run_server(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
     }
     let base = base_config(s)?;
     let limits = Limits::new(s.kind, &base, &s.profile, s.max_registered, s.timeout)?;
-    let (mut ctl, listener) = match s.transport {
-        Transport::Tcp => (accept_tcp_control(s, &limits, emit)?, None),
-        Transport::RdmaCm => {
-            let (ctl, listener) = accept_cm_control(s, &limits, emit)?;
-            (ctl, Some(listener))
+    let door = match s.transport {
+        Transport::Tcp => Door::Tcp(listen_tcp(s, &limits, emit)?),
+        Transport::RdmaCm => Door::Cm(listen_cm(s, &limits, emit)?),
+    };
+    // One client at a time; one that goes silent (or too slow) at any
+    // step is given up, and the server waits for the next, so a peer
+    // that connects and says nothing holds the place only `--timeout`.
+    let served_sizes = loop {
+        let mut ctl = door.accept(s)?;
+        let _doorman = match &door {
+            Door::Tcp(tcp) => Some(Doorman::start(tcp, s.timeout)?),
+            Door::Cm(_) => None,
+        };
+        match serve_client(s, &limits, &base, &mut ctl, &door, emit) {
+            Ok(sizes) => break sizes,
+            Err(e) if crate::control::is_timeout(&e) => {
+                let line = pinpoll_appkit::error_line(&e.context("gave up on a silent client"));
+                tracing::warn!("{line}");
+                if !s.json {
+                    emit(&format!(" {line}; waiting for the next client"));
+                }
+            }
+            Err(e) => return Err(e),
         }
     };
+    if let Door::Cm(l) = &door {
+        refuse_waiting(l, &base);
+    }
+    if !s.json {
+        emit(&format!(" done: {served_sizes} sizes served"));
+    }
+    Ok(report)
+}
+
+/// Where clients come in: the TCP listener of `--oob`, or rdma_cm's (the
+/// control connection, then each data connection).
+enum Door {
+    Tcp(TcpListener),
+    Cm(Listener),
+}
+
+impl Door {
+    /// The next client's control channel, within `--timeout`.
+    fn accept(&self, s: &Settings) -> Result<Control> {
+        match self {
+            Door::Tcp(tcp) => {
+                let stream = accept_within(tcp, s.timeout, "a client")?;
+                stream.set_nodelay(true)?;
+                Ok(Control::tcp(stream, s.timeout))
+            }
+            Door::Cm(listener) => {
+                let conn = Connection::accept(listener, &control_config(s.timeout), s.timeout)
+                    .context("accepting the client's control connection")?;
+                Ok(Control::Rdma(Box::new(conn)))
+            }
+        }
+    }
+}
+
+/// Serves one client every size it asks for, until its `End`; returns
+/// how many sizes.
+fn serve_client(
+    s: &Settings,
+    limits: &Limits,
+    base: &EngineConfig,
+    ctl: &mut Control,
+    door: &Door,
+    emit: &mut dyn FnMut(&str),
+) -> Result<u64> {
     let mut served_sizes = 0u64;
-    while let Some(params) = next_params(&mut ctl, s.timeout)? {
-        let cfg = admit(&mut ctl, &limits, &params, &base)?;
+    while let Some(params) = next_params(ctl, s.timeout)? {
+        let cfg = admit(ctl, limits, &params, base)?;
         let nonce = data_nonce()?;
         ctl.send(&Msg::Ready { nonce })?;
-        let mut conn = match &listener {
-            Some(l) => accept_data(l, &cfg, nonce, s.timeout)
+        let mut conn = match door {
+            Door::Cm(l) => accept_data(l, &cfg, nonce, s.timeout)
                 .context("accepting the client's data connection")?,
-            None => Connection::over_tcp(
+            Door::Tcp(_) => Connection::over_tcp(
                 ctl.stream().expect("a TCP control stream"),
                 s.device.as_deref(),
                 &cfg,
             )
             .context("the TCP exchange of the data connection")?,
         };
-        let served = serve_one_size(s, &mut ctl, &mut conn, &params)?;
+        let served = serve_one_size(s, ctl, &mut conn, &params)?;
         drop(conn);
         served_sizes += 1;
         if !s.json {
@@ -578,14 +640,85 @@ fn run_server(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
             ));
         }
     }
-    if let Some(l) = &listener {
-        refuse_waiting(l, &base);
-    }
-    if !s.json {
-        emit(&format!(" done: {served_sizes} sizes served"));
-    }
-    Ok(report)
+    Ok(served_sizes)
 }
+
+/// While a client holds the server's one place, a thread of its own tells
+/// every other `--oob` client at once that the server is busy (its data
+/// connection is the control stream itself, so nobody else can take it;
+/// a newcomer left in the listen queue would wait, unanswered, for as
+/// long as the measurement takes).
+struct Doorman {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Doorman {
+    fn start(tcp: &TcpListener, timeout: Duration) -> Result<Doorman> {
+        let tcp = tcp.try_clone().context("sharing the TCP listener")?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("pinpoll-perf-busy".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    match tcp.accept() {
+                        Ok((stream, peer)) => {
+                            if let Err(e) = tell_busy(stream, timeout) {
+                                tracing::warn!(%peer, "telling a client the server is busy: {e:#}");
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(DOORMAN_NAP);
+                        }
+                        Err(e) => {
+                            tracing::warn!("accepting a client to tell it the server is busy: {e}");
+                            std::thread::sleep(DOORMAN_NAP);
+                        }
+                    }
+                }
+            })?;
+        Ok(Doorman {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Doorman {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Answers whatever the `--oob` client on `stream` asks with "server
+/// busy", then waits (bounded) for it to close, so its own message never
+/// meets a reset that would discard the answer unread.
+fn tell_busy(stream: TcpStream, timeout: Duration) -> Result<()> {
+    stream.set_nonblocking(false)?;
+    let mut ctl = Control::tcp(stream, timeout.min(BUSY_BOUND));
+    let message = String::from_utf8_lossy(BUSY.strip_suffix(b"\0").unwrap_or(BUSY)).into_owned();
+    ctl.send(&Msg::Error { message })?;
+    let Some(stream) = ctl.stream() else {
+        unreachable!("a TCP control stream");
+    };
+    stream.shutdown(std::net::Shutdown::Write)?;
+    stream.set_read_timeout(Some(timeout.min(BUSY_BOUND)))?;
+    let mut rest = [0u8; 512];
+    while std::io::Read::read(stream, &mut rest)? > 0 {}
+    Ok(())
+}
+
+/// How long the doorman naps between looks at the listener: a newcomer
+/// waits about this long for its answer, and the measurement beside it
+/// sees the thread wake only this often.
+const DOORMAN_NAP: Duration = Duration::from_millis(20);
+
+/// The longest the doorman spends on one newcomer.
+const BUSY_BOUND: Duration = Duration::from_secs(2);
 
 /// What a client that is not the one being served is told.
 const BUSY: &[u8] = b"server busy: it is measuring for another client; try again later\0";
@@ -633,13 +766,9 @@ fn refuse_waiting(listener: &Listener, cfg: &EngineConfig) {
     }
 }
 
-/// The control connection of `--oob`: one TCP client on `--bind`:port
-/// (IPv6 any, else IPv4 any, when no `--bind`).
-fn accept_tcp_control(
-    s: &Settings,
-    limits: &Limits,
-    emit: &mut dyn FnMut(&str),
-) -> Result<Control> {
+/// The TCP listener of `--oob` on `--bind`:port (IPv6 any, else IPv4
+/// any, when no `--bind`).
+fn listen_tcp(s: &Settings, limits: &Limits, emit: &mut dyn FnMut(&str)) -> Result<TcpListener> {
     let bind: SocketAddr = match &s.bind {
         Some(b) => parse_socket_addr(b, s.port)?,
         None => SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), s.port),
@@ -660,18 +789,12 @@ fn accept_tcp_control(
             allowance(limits)
         ));
     }
-    let stream = accept_within(&tcp, s.timeout, "a client")?;
-    stream.set_nodelay(true)?;
-    Ok(Control::Tcp(stream))
+    Ok(tcp)
 }
 
-/// The control connection over rdma_cm, and the listener the data
-/// connections come through after it.
-fn accept_cm_control(
-    s: &Settings,
-    limits: &Limits,
-    emit: &mut dyn FnMut(&str),
-) -> Result<(Control, Listener)> {
+/// The rdma_cm listener the control connection, then the data
+/// connections, come through.
+fn listen_cm(s: &Settings, limits: &Limits, emit: &mut dyn FnMut(&str)) -> Result<Listener> {
     let bind = match &s.bind {
         Some(b) => parse_socket_addr(b, s.port)?,
         None => SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), s.port),
@@ -683,9 +806,7 @@ fn accept_cm_control(
             allowance(limits)
         ));
     }
-    let conn = Connection::accept(&listener, &control_config(s.timeout), s.timeout)
-        .context("accepting the client's control connection")?;
-    Ok((Control::Rdma(Box::new(conn)), listener))
+    Ok(listener)
 }
 
 /// Serves one size until the client says `Done`, then tells it how many
@@ -721,6 +842,150 @@ fn serve_one_size(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read as _, Write as _};
+    use std::sync::mpsc;
+
+    use crate::cli::Cli;
+    use crate::control::{decode, encode};
+    use crate::plan::Overrides;
+    use clap::Parser as _;
+
+    /// A `send-lat --oob` server of this process on 127.0.0.1 with
+    /// `--timeout timeout`, once it waits for a client: its address, its
+    /// thread and its output lines.
+    fn oob_server(
+        timeout: &str,
+    ) -> (
+        SocketAddr,
+        JoinHandle<Result<Report>>,
+        mpsc::Receiver<String>,
+    ) {
+        // A port nobody holds now; the server binds it at once.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let port_arg = port.to_string();
+        let args = [
+            "pinpoll-perf",
+            "send-lat",
+            "--oob",
+            "--bind",
+            "127.0.0.1",
+            "-p",
+            &port_arg,
+            "--timeout",
+            timeout,
+        ];
+        let cli = Cli::try_parse_from(args).unwrap();
+        let settings = Settings::from_args(cli.command.kind(), cli.command.args(), 1).unwrap();
+        let (lines, seen) = mpsc::channel();
+        let server = std::thread::spawn(move || {
+            run(&settings, &mut |line: &str| {
+                let _ = lines.send(line.to_owned());
+            })
+        });
+        loop {
+            let line = seen
+                .recv_timeout(Duration::from_secs(60))
+                .expect("the server says it waits");
+            if line.contains("Waiting for a client") {
+                break;
+            }
+        }
+        (SocketAddr::from(([127, 0, 0, 1], port)), server, seen)
+    }
+
+    /// A client's first measurement, as the client sends it.
+    fn params() -> Msg {
+        let mut base = EngineConfig::load("latency").unwrap();
+        base.core = None;
+        let cfg = data_config(&base, Kind::SendLat, 8, &Overrides::default()).unwrap();
+        Msg::Params(Params {
+            kind: Kind::SendLat,
+            mode: Mode::Direct,
+            size: 8,
+            iters: 10,
+            warmup: 1,
+            await_sends: false,
+            config: WireConfig::from_config(&cfg),
+        })
+    }
+
+    /// Frames `msg` onto `s` as the control stream carries it.
+    fn send_raw(s: &mut TcpStream, msg: &Msg) {
+        let body = encode(msg).unwrap();
+        let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+        frame.extend_from_slice(&body);
+        s.write_all(&frame).unwrap();
+    }
+
+    /// The next message on `s` (a generous bound: only a hang trips it).
+    fn recv_raw(s: &mut TcpStream, who: &str) -> Msg {
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len)
+            .unwrap_or_else(|e| panic!("{who} got no answer: {e}"));
+        let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+        s.read_exact(&mut body).unwrap();
+        decode(&body).unwrap()
+    }
+
+    /// A client that connects its control stream and says nothing holds
+    /// the server's one place only until `--timeout`: the server gives it
+    /// up and the client after it gets its `Ready`.
+    #[test]
+    fn a_silent_control_client_is_given_up_and_the_next_is_served() {
+        let (addr, server, lines) = oob_server("1");
+        let mut silent = TcpStream::connect(addr).unwrap();
+        loop {
+            let line = lines
+                .recv_timeout(Duration::from_secs(60))
+                .expect("the server gives the silent client up and goes on");
+            if line.contains("gave up on a silent client") {
+                assert!(
+                    line.contains("timed out after 1 s waiting for the client's next parameters"),
+                    "{line}"
+                );
+                break;
+            }
+        }
+        silent
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        assert_eq!(silent.read(&mut [0; 8]).unwrap(), 0, "closed by the server");
+        let mut honest = TcpStream::connect(addr).unwrap();
+        send_raw(&mut honest, &params());
+        let answer = recv_raw(&mut honest, "the client after a silent one");
+        assert!(matches!(answer, Msg::Ready { .. }), "{answer:?}");
+        // Beyond here the data connection needs a device: the server ends
+        // on its absence, or serves.
+        drop(honest);
+        let _ = server.join().unwrap();
+    }
+
+    /// With --oob, a client that comes while another holds the place is
+    /// told "server busy" at once, and the first is served: the control
+    /// part of the race (the data connection needs a device:
+    /// `a_second_oob_client_is_told_busy_and_the_first_finishes` in
+    /// tests/device.rs).
+    #[test]
+    fn a_second_oob_client_is_told_busy_while_the_first_holds_the_place() {
+        let (addr, server, _lines) = oob_server("30");
+        let mut first = TcpStream::connect(addr).unwrap();
+        let mut second = TcpStream::connect(addr).unwrap();
+        send_raw(&mut second, &params());
+        match recv_raw(&mut second, "the second client") {
+            Msg::Error { message } => assert!(message.contains("server busy"), "{message}"),
+            other => panic!("the second client was answered {other:?}"),
+        }
+        send_raw(&mut first, &params());
+        let answer = recv_raw(&mut first, "the first client");
+        assert!(matches!(answer, Msg::Ready { .. }), "{answer:?}");
+        drop((first, second));
+        let _ = server.join().unwrap();
+    }
 
     /// A driver whose round trips succeed `left` times, then fail as a
     /// peer that went away would.

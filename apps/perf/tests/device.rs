@@ -320,3 +320,156 @@ fn a_second_client_is_told_busy_and_the_first_finishes() {
         out.stdout
     );
 }
+
+/// With --oob the data connection is the exchange on the client's own
+/// control stream, so nobody can take it; a second client that comes
+/// while the first measures is told at once that the server is busy
+/// (the listener used to be closed after the first: it was reset), and
+/// the first measures every size to the end.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_second_oob_client_is_told_busy_and_the_first_finishes() {
+    let (port, host, dev) = ("18615", addr4(), device());
+    let server = server("send-lat", port, true);
+    let args = [
+        "send-lat",
+        host.as_str(),
+        "-p",
+        port,
+        "-d",
+        &dev,
+        "--oob",
+        "--timeout",
+        "60",
+        "-a",
+        "-n",
+        "5",
+    ];
+    let first = Running::spawn(command(PERF, &args));
+    first
+        .wait_for_line(|l| l.split_whitespace().next() == Some("2"))
+        .expect("the first client measured its first size");
+    let second = run_within(PERF, &args, BOUND);
+    let line = second.assert_one_error_line("the second client");
+    assert!(line.contains("server busy"), "{line}");
+    let done = first.finish_within(BOUND);
+    assert!(
+        done.status.success(),
+        "the first client: {}\n{}",
+        done.stderr,
+        done.stdout
+    );
+    let measured = done
+        .stdout
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|w| w.parse::<u64>().is_ok())
+        })
+        .count();
+    assert_eq!(measured, 23, "every size of -a: {}", done.stdout);
+    let out = server.finish_within(BOUND);
+    assert!(out.status.success(), "server: {}", out.stderr);
+    assert!(
+        out.stdout.contains(" done: 23 sizes served"),
+        "{}",
+        out.stdout
+    );
+}
+
+/// A client that connects its data connection (--oob) and then neither
+/// sends a message nor says `Done` is given up after the server's
+/// `--timeout`, and the next client is served.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_client_silent_after_connecting_its_data_connection_is_given_up() {
+    use std::io::{Read, Write};
+
+    use pinpoll_perf::control::{decode, encode, Msg};
+    use pinpoll_perf::plan::WireConfig;
+    use pinpoll_perf::{data_config, Kind, Mode, Overrides, Params};
+
+    let (port, host, dev) = ("18616", addr4(), device());
+    let server = Running::spawn(command(
+        PERF,
+        &[
+            "send-lat",
+            "-p",
+            port,
+            "-d",
+            &dev,
+            "--oob",
+            "--timeout",
+            "10",
+        ],
+    ));
+    assert!(
+        server
+            .wait_for_line(|l| l.contains("Waiting for a client"))
+            .is_some(),
+        "the server never listened"
+    );
+    let mut base = pinpoll::EngineConfig::load("latency").unwrap();
+    base.core = None;
+    base.qp.connect_timeout = Duration::from_secs(60);
+    base.completion_timeout = Duration::from_secs(60);
+    let cfg = data_config(&base, Kind::SendLat, 8, &Overrides::default()).unwrap();
+    let params = Msg::Params(Params {
+        kind: Kind::SendLat,
+        mode: Mode::Direct,
+        size: 8,
+        iters: 10,
+        warmup: 1,
+        await_sends: false,
+        config: WireConfig::from_config(&cfg),
+    });
+    let mut ctl = std::net::TcpStream::connect((host.as_str(), port.parse::<u16>().unwrap()))
+        .expect("connecting the control stream");
+    let body = encode(&params).unwrap();
+    ctl.write_all(&(body.len() as u32).to_le_bytes()).unwrap();
+    ctl.write_all(&body).unwrap();
+    ctl.set_read_timeout(Some(BOUND)).unwrap();
+    let mut len = [0u8; 4];
+    ctl.read_exact(&mut len).unwrap();
+    let mut reply = vec![0u8; u32::from_le_bytes(len) as usize];
+    ctl.read_exact(&mut reply).unwrap();
+    assert!(matches!(decode(&reply), Ok(Msg::Ready { .. })), "{reply:?}");
+    let data =
+        pinpoll::Connection::over_tcp(&mut ctl, Some(&dev), &cfg).expect("the data connection");
+    let gave_up = server
+        .wait_for_line(|l| l.contains("gave up on a silent client"))
+        .expect("the server gives the silent client up");
+    assert!(gave_up.contains("timed out"), "{gave_up}");
+    drop((data, ctl));
+    let honest = run_within(
+        PERF,
+        &[
+            "send-lat",
+            host.as_str(),
+            "-p",
+            port,
+            "-d",
+            &dev,
+            "--oob",
+            "--timeout",
+            "60",
+            "-n",
+            "5",
+        ],
+        BOUND,
+    );
+    assert!(
+        honest.status.success(),
+        "the client after the silent one: {}\n{}",
+        honest.stderr,
+        honest.stdout
+    );
+    let out = server.finish_within(BOUND);
+    assert!(out.status.success(), "server: {}", out.stderr);
+    assert!(
+        out.stdout.contains(" done: 1 sizes served"),
+        "{}",
+        out.stdout
+    );
+}

@@ -5,6 +5,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::time::{Duration, Instant};
 
 use super::record::ConnectionRecord;
 use crate::config::QpConfig;
@@ -90,25 +91,11 @@ impl Prepared {
         stream: &mut TcpStream,
         region: Option<RemoteSlice>,
     ) -> Result<Endpoint> {
-        let io = |op: &'static str| move |source: std::io::Error| timeout_or(op, source);
-        stream
-            .set_read_timeout(Some(self.cfg.connect_timeout))
-            .map_err(io("setting the socket timeout"))?;
-        stream
-            .set_write_timeout(Some(self.cfg.connect_timeout))
-            .map_err(io("setting the socket timeout"))?;
-        stream
-            .set_nodelay(true)
-            .map_err(io("setting TCP_NODELAY"))?;
-
+        let mut exchange = Exchange::new(stream, self.cfg.connect_timeout)?;
         let mine = self.record(region);
-        stream
-            .write_all(&mine.encode())
-            .map_err(io("sending the connection record"))?;
+        exchange.send(&mine.encode(), "sending the connection record")?;
         let mut buf = [0u8; ConnectionRecord::LEN];
-        stream
-            .read_exact(&mut buf)
-            .map_err(io("receiving the peer's connection record"))?;
+        exchange.receive(&mut buf, "receiving the peer's connection record")?;
         let peer = ConnectionRecord::decode(&buf)?;
 
         let path = crate::sys::qp::PeerPath {
@@ -123,11 +110,9 @@ impl Prepared {
         self.endpoint.qp().enter_rtr(&path, &self.cfg)?;
         self.endpoint.qp().enter_rts(self.psn, &self.cfg)?;
 
-        stream.write_all(b"R").map_err(io("signalling ready"))?;
+        exchange.send(b"R", "signalling ready")?;
         let mut ready = [0u8; 1];
-        stream
-            .read_exact(&mut ready)
-            .map_err(io("waiting for the peer to be ready"))?;
+        exchange.receive(&mut ready, "waiting for the peer to be ready")?;
         if ready != *b"R" {
             return Err(Error::BadRecord(format!(
                 "expected the ready byte 'R', got {:#04x}",
@@ -139,13 +124,106 @@ impl Prepared {
     }
 }
 
-fn timeout_or(op: &'static str, source: std::io::Error) -> Error {
-    match source.kind() {
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::Timeout {
-            what: "the peer's out-of-band exchange",
-            waited: std::time::Duration::ZERO,
-        },
-        _ => Error::Exchange { op, source },
+/// The TCP stream of one out-of-band exchange, all of it within one
+/// deadline: a socket timeout alone restarts with every read, so a peer
+/// sending its record a byte at a time, each just within the connect
+/// timeout, could stretch the exchange to 65 times it.
+struct Exchange<'a> {
+    stream: &'a mut TcpStream,
+    deadline: Instant,
+    within: Duration,
+}
+
+impl<'a> Exchange<'a> {
+    fn new(stream: &'a mut TcpStream, within: Duration) -> Result<Exchange<'a>> {
+        stream.set_nodelay(true).map_err(|source| Error::Exchange {
+            op: "setting TCP_NODELAY",
+            source,
+        })?;
+        Ok(Exchange {
+            stream,
+            deadline: Instant::now() + within,
+            within,
+        })
+    }
+
+    /// What is left of the deadline, or the timeout if nothing is.
+    fn left(&self) -> Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(timed_out(self.within));
+        }
+        Ok(left)
+    }
+
+    fn send(&mut self, mut bytes: &[u8], op: &'static str) -> Result<()> {
+        while !bytes.is_empty() {
+            let left = self.left()?;
+            self.stream
+                .set_write_timeout(Some(left))
+                .map_err(|source| Error::Exchange { op, source })?;
+            match self.stream.write(bytes) {
+                Ok(0) => {
+                    return Err(Error::Exchange {
+                        op,
+                        source: std::io::ErrorKind::WriteZero.into(),
+                    })
+                }
+                Ok(n) => bytes = &bytes[n..],
+                Err(e) if waits_again(&e) => {}
+                Err(source) => return Err(Error::Exchange { op, source }),
+            }
+        }
+        Ok(())
+    }
+
+    fn receive(&mut self, mut buf: &mut [u8], op: &'static str) -> Result<()> {
+        while !buf.is_empty() {
+            let left = self.left()?;
+            self.stream
+                .set_read_timeout(Some(left))
+                .map_err(|source| Error::Exchange { op, source })?;
+            match self.stream.read(buf) {
+                Ok(0) => {
+                    return Err(Error::Exchange {
+                        op,
+                        source: std::io::ErrorKind::UnexpectedEof.into(),
+                    })
+                }
+                Ok(n) => buf = &mut buf[n..],
+                Err(e) if waits_again(&e) => {}
+                Err(source) => return Err(Error::Exchange { op, source }),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Exchange<'_> {
+    /// Leaves the stream with the connect timeout on its reads and
+    /// writes, as the exchange always has: a caller that goes on using the
+    /// stream never inherits what was left of the deadline.
+    fn drop(&mut self) {
+        let _ = self.stream.set_read_timeout(Some(self.within));
+        let _ = self.stream.set_write_timeout(Some(self.within));
+    }
+}
+
+/// Whether a read or write ended only because its socket timeout (or a
+/// signal) did: the deadline decides whether to wait again.
+fn waits_again(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock
+            | std::io::ErrorKind::TimedOut
+            | std::io::ErrorKind::Interrupted
+    )
+}
+
+fn timed_out(waited: Duration) -> Error {
+    Error::Timeout {
+        what: "the peer's out-of-band exchange",
+        waited,
     }
 }
 
@@ -169,6 +247,39 @@ fn initial_psn() -> u32 {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write as _;
+    use std::net::{TcpListener, TcpStream};
+    use std::time::Duration;
+
+    use super::Exchange;
+    use crate::error::Error;
+
+    /// A peer that sends its record a byte at a time, each byte well
+    /// within the connect timeout, is given up when the timeout has
+    /// passed for the whole exchange, not only for one read.
+    #[test]
+    fn a_record_trickled_byte_by_byte_ends_at_the_connect_timeout() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut peer, _) = listener.accept().unwrap();
+        let trickler = std::thread::spawn(move || {
+            for _ in 0..64 {
+                if peer.write_all(b"x").is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(25));
+            }
+        });
+        let mut exchange = Exchange::new(&mut ours, Duration::from_millis(500)).unwrap();
+        let got = exchange.receive(&mut [0u8; 64], "receiving the peer's connection record");
+        assert!(
+            matches!(got, Err(Error::Timeout { .. })),
+            "the whole record takes 1.6 s: {got:?}"
+        );
+        drop(exchange);
+        drop(ours);
+        trickler.join().unwrap();
+    }
     #[test]
     fn initial_psns_are_24_bits_and_spread() {
         let psns: std::collections::BTreeSet<u32> = (0..64).map(|_| super::initial_psn()).collect();
