@@ -340,9 +340,10 @@ pub enum Error {
     /// of them failed) is unknown, and the connection takes no more
     /// requests. While it was handed receives: the receives that poll took
     /// after the panicking one were consumed unseen, and the connection
-    /// hands on no more (a later message would hide the gap). Either way
-    /// closing it says so.
-    #[error("a callback of Connection::poll panicked: what that poll took was not all seen (the requests it retired got no verdict, or receives after the panic were consumed unseen); the connection is spent: abort it and connect anew")]
+    /// hands on no more (a later message would hide the gap); `poll`,
+    /// `recv` and `try_recv` return this error, while posts still go.
+    /// Either way closing it says so.
+    #[error("a callback of Connection::poll panicked: what that poll took was not all seen (the requests it retired got no verdict, or receives after the panic were consumed unseen); the connection is spent (after a panic among receives it may still send, but it hands on no message more): abort it and connect anew")]
     CallbackPanicked,
     /// The engine's worker thread has ended: it stopped on an error
     /// (which [`Engine::shutdown`](crate::Engine::shutdown) returns), or

@@ -487,7 +487,8 @@ struct Worker {
 
 /// The worker's state once its connection ended under it.
 struct AfterEnd {
-    /// When the first marker went out to retire what was in flight.
+    /// When the retirement of what was in flight began (its first step,
+    /// which posts a marker when the newest request is unsignaled).
     retiring_since: Option<Instant>,
 }
 
@@ -583,8 +584,9 @@ impl Worker {
     /// A device that stops producing completions (mlx5 after a fatal
     /// error) does not keep it: once the retirement has waited the
     /// completion timeout — counted from its first step, and only ever
-    /// judged right after a poll that found nothing, so a pause of the
-    /// application's never counts against the device — the worker ends
+    /// judged right after a poll that found nothing, so a completion that
+    /// came while the application paused is always taken first — the
+    /// worker ends
     /// the connection in place (itself bounded by the completion timeout)
     /// and says so.
     fn after_end(&mut self, after: &mut AfterEnd) -> Result<bool> {
@@ -622,10 +624,15 @@ impl Worker {
             if self.conn.outstanding() == 0 {
                 return Ok(true);
             }
-            if self.conn.failure().is_none() && !ended {
-                self.conn.flush_tail()?;
+            let retiring = if self.conn.failure().is_none() && !ended {
+                self.conn.flush_tail()
             } else {
-                self.conn.retire_after_end()?;
+                self.conn.retire_after_end()
+            };
+            if let Err(e) = retiring {
+                // As below: a drop would wait for the same requests again.
+                let _ = self.conn.abort_in_place();
+                return Err(e);
             }
         }
         if since.elapsed() > self.drain_timeout {

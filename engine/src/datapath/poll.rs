@@ -38,6 +38,8 @@ impl Connection {
     /// returns `CallbackPanicked`, and so does `close`.
     #[inline]
     pub fn poll(&mut self, mut on: impl FnMut(Event<'_>)) -> Result<usize> {
+        // Before anything is handed on: a refused poll hands on nothing.
+        self.check_receiving()?;
         let sent = self.poll_send(&mut on)?;
         let received = self.poll_recv(&mut on)?;
         Ok(sent + received)

@@ -101,7 +101,6 @@ impl Connection {
     /// re-posts the receives behind them.
     #[inline]
     pub(super) fn poll_recv(&mut self, on: &mut impl FnMut(Event<'_>)) -> Result<usize> {
-        self.check_receiving()?;
         let (failure, stats) = (&mut self.failure, &mut self.stats);
         let n = self.rq.poll(usize::MAX, |arrival, data| {
             if arrival.status == WcStatus::SUCCESS {
@@ -134,7 +133,7 @@ impl Connection {
     /// were consumed unseen, and a message handed on later would hide the
     /// gap. The connection's own end still polls (it only counts).
     #[inline]
-    fn check_receiving(&self) -> Result<()> {
+    pub(super) fn check_receiving(&self) -> Result<()> {
         if self.rq.is_unwound() && !self.closing {
             return Err(Error::CallbackPanicked);
         }
