@@ -25,11 +25,14 @@ pub struct ServerDir {
 }
 
 impl ServerDir {
-    /// Opens the directory `path` names now.
+    /// Opens the directory `path` names now. A path descriptor
+    /// (`O_PATH`): it names the directory for the `*at` calls, `fstatvfs`
+    /// and `fstat` without needing read permission, so a write-only drop
+    /// directory (mode 0300) serves as it always did.
     pub fn open(path: &Path) -> io::Result<ServerDir> {
         let fd = rustix::fs::open(
             path,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
         Ok(ServerDir {
@@ -53,9 +56,21 @@ impl ServerDir {
         }
     }
 
+    /// The directory opened for reading, relative to the held descriptor
+    /// (never by its path): to list its entries, or to fsync it. Needs
+    /// read permission on the directory.
+    pub fn reader(&self) -> io::Result<OwnedFd> {
+        Ok(rustix::fs::openat(
+            self.as_fd(),
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?)
+    }
+
     /// Makes the directory's entries durable.
     pub fn sync(&self) -> io::Result<()> {
-        Ok(rustix::fs::fsync(self.as_fd())?)
+        Ok(rustix::fs::fsync(self.reader()?)?)
     }
 }
 

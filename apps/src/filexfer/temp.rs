@@ -235,7 +235,7 @@ pub struct Orphans {
 /// one file does not stop the others.
 pub fn remove_orphans(dir: &ServerDir) -> io::Result<Orphans> {
     let mut orphans = Orphans::default();
-    for entry in rustix::fs::Dir::read_from(dir)? {
+    for entry in rustix::fs::Dir::read_from(dir.reader()?)? {
         let entry = match entry {
             Ok(entry) => entry,
             Err(e) => {
