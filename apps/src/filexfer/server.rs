@@ -494,8 +494,14 @@ impl Transfer {
         };
         send_and_wait(conn, &ready.encode(), self.cfg.completion_timeout, "client")?;
         match gathering {
-            Some(gathering) => gathering.gather(|req, left| {
-                // A handshake no longer than the joins' deadline allows.
+            Some(gathering) => gathering.gather(|req, by| {
+                // The handshake ends by the joins' deadline: the builder's
+                // connect timeout bounds the engine's wait for it.
+                // Never zero, which no configuration allows: the check that
+                // time was left came just before.
+                let left = by
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1));
                 let mut cfg = self.cfg.clone();
                 cfg.qp.connect_timeout = cfg.qp.connect_timeout.min(left);
                 Connection::builder(&cfg)
