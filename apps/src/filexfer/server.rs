@@ -711,8 +711,9 @@ impl Transfer {
     /// Links the verified temp file to its final name: without
     /// --overwrite a hard link of the file the server wrote (by its
     /// descriptor), which fails if the name exists (even if it appeared
-    /// during the transfer); with it, a rename over a regular file, of a
-    /// temp name checked to still be that file.
+    /// during the transfer); with it, an exchange with a regular file of a
+    /// temp name checked to still be that file, undone if the target then
+    /// is not ([`TempFile::rename_as`]).
     fn put_in_place(&self, temp: &mut TempFile, target: &str, shown: &str) -> anyhow::Result<()> {
         if self.overwrite {
             self.check_target(target, shown)?;
