@@ -262,6 +262,56 @@ fn a_stalled_join_never_holds_the_accept_loop() {
     assert_eq!(dst.names(), ["honest.bin"]);
 }
 
+/// A join with a valid token that comes just before the joins' deadline
+/// and never completes its handshake: the handshake is given only what is
+/// left of the deadline, not a whole --timeout more, so the transfer ends
+/// (its first stream told why) by the deadline. The bound is the raw
+/// client's own wait for that verdict: 8 s, after the join came 9 s into
+/// a --timeout of 12 s (a whole --timeout for the handshake would take 12).
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_join_just_before_the_deadline_is_given_only_what_is_left_of_it() {
+    let _g = serial();
+    let dst = Scratch::new("dst");
+    let server = start_server(dst.str(), &["--timeout", "12"]);
+    let addr = server_addr(&server);
+    let (mut first, token) = start_streams(addr, b"striped.bin", 10 << 20, 2);
+    std::thread::sleep(Duration::from_secs(9));
+    let descriptor = RegionDescriptor(RemoteSlice {
+        addr: 0x10_0000,
+        len: 1 << 20,
+        rkey: 1,
+    })
+    .encode();
+    let mut private = descriptor.to_vec();
+    private.extend_from_slice(&join_hello(token, 1));
+    let qp = engine_config(Duration::from_secs(20), false).qp;
+    let stalled = Connector::resolve(addr, &qp)
+        .expect("resolve")
+        .connect_half_open(&private)
+        .expect("the join's request");
+    first.set_completion_timeout(Duration::from_secs(8));
+    let told = first
+        .recv()
+        .expect("the server's verdict within 8 s of a join 3 s before its deadline");
+    match Msg::decode(told.data).unwrap() {
+        Msg::Fail { code, message } => {
+            assert_eq!(code, FailCode::Protocol, "{message}");
+            assert!(
+                message.contains("stream 1 could not join")
+                    || message.contains("streams joined within --timeout"),
+                "{message}"
+            );
+        }
+        other => panic!("expected Fail, got {other:?}"),
+    }
+    drop(stalled);
+    server.proc.signal("TERM");
+    let done = server.finish();
+    assert!(!done.stderr.contains("panicked"), "{done:#?}");
+    assert!(dst.names().is_empty(), "{:?}", dst.names());
+}
+
 /// Temp files of a server that died: one under the new server's very PID
 /// and serial 0 (a PID that came back), one of a live process that holds
 /// no lock. The lock alone decides: both are removed, and the first

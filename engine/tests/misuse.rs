@@ -7,8 +7,9 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
-use pinpoll::connect::cm::Listener;
-use pinpoll::{Access, Connection, Error, Event, PageSize};
+use pinpoll::connect::cm::{Connector, Listener};
+use pinpoll::connect::RegionDescriptor;
+use pinpoll::{Access, Connection, Error, Event, PageSize, RemoteSlice};
 use pinpoll_testkit::pair::{cm_pair, engine_config, WAIT};
 use pinpoll_testkit::{cm_addr, pattern};
 
@@ -164,4 +165,50 @@ fn a_panic_in_a_poll_callback_loses_no_completion() {
     let refused = client.recv().map(|m| m.data.to_vec()).unwrap_err();
     assert!(matches!(refused, Error::CallbackPanicked), "{refused}");
     client.abort().unwrap();
+}
+
+/// A client that sends its connect request and never answers the reply:
+/// `ConnectionBuilder::accept` gives up on it after the builder's own
+/// connect timeout when that is shorter than the listener's (1 s here,
+/// against the request's 30 s), as a server that bounds a handshake by a
+/// deadline of its own needs. The bound is this test's wait for the
+/// accept: 10 s.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn accept_waits_for_the_handshake_at_most_the_builder_s_connect_timeout() {
+    let cfg = engine_config();
+    let listener = Listener::bind(cm_addr()).expect("rdma_cm listen");
+    let addr = listener.local_addr().expect("bound address");
+    let client_qp = cfg.qp.clone();
+    let half_open = std::thread::spawn(move || {
+        let descriptor = RegionDescriptor(RemoteSlice {
+            addr: 0x10_0000,
+            len: 1 << 20,
+            rkey: 1,
+        })
+        .encode();
+        Connector::resolve(addr, &client_qp)
+            .expect("resolve")
+            .connect_half_open(&descriptor)
+            .expect("the connect request")
+    });
+    let mut listeners = cfg.qp.clone();
+    listeners.connect_timeout = Duration::from_secs(30);
+    let request = listener.next_request(&listeners, WAIT).expect("a request");
+    let stalled = half_open.join().expect("client thread");
+    let mut short = cfg.clone();
+    short.qp.connect_timeout = Duration::from_secs(1);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let accepted = Connection::builder(&short).accept(request).map(drop);
+        let _ = tx.send(accepted);
+    });
+    let accepted = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("accept still waits after 10 s: the builder's 1 s was not its bound");
+    match accepted {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("expected the handshake to time out, got {other:?}"),
+    }
+    drop(stalled);
 }

@@ -171,7 +171,12 @@ impl ClassicSide {
                 "{shown} already exists on the server (another client is sending it now)"
             )
         })?;
-        if job.dir.entry(&name)?.is_some() {
+        if job
+            .dir
+            .entry(&name)
+            .with_context(|| format!("checking {shown} on the server"))?
+            .is_some()
+        {
             bail!("{shown} already exists on the server");
         }
         let mut temp =

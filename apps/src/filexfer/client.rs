@@ -725,6 +725,12 @@ impl Credits {
 
     /// The server returned `count` credits.
     fn returned(&mut self, count: u32) -> anyhow::Result<()> {
+        // It frees nothing, yet answers the wait for a credit: repeated,
+        // it would hold this side past every --timeout.
+        ensure!(
+            count > 0,
+            "the server returned a credit of 0 (it frees no slot): a protocol error"
+        );
         let in_ring = self.slots - self.free;
         ensure!(
             u64::from(count) <= in_ring,
@@ -942,5 +948,22 @@ mod tests {
         credits.returned(6).unwrap();
         assert_eq!(credits.free(), 16);
         assert!(credits.returned(1).is_err(), "the ring is empty");
+    }
+
+    /// A credit of 0 returns no slot: a server repeating it with the ring
+    /// full would keep every wait of the sender answered, and the
+    /// transfer alive past every --timeout. It is a protocol error, during
+    /// the transfer and after `Finish`.
+    #[test]
+    fn a_credit_of_zero_is_a_protocol_error() {
+        let mut credits = in_ring(16);
+        let why = credits.returned(0).unwrap_err().to_string();
+        assert_eq!(
+            why,
+            "the server returned a credit of 0 (it frees no slot): a protocol error"
+        );
+        assert_eq!(credits.free(), 0, "refusals change nothing");
+        let after_finish = closing(Msg::Credit { count: 0 }, 10, "f.bin", &mut in_ring(5));
+        assert!(after_finish.is_err(), "Credit{{0}} after Finish was taken");
     }
 }

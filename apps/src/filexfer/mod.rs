@@ -62,9 +62,11 @@
 //!    the client connects N-1 more times with
 //!    [`protocol::join_hello`] (the token, the stream's index), and
 //!    stream `s` carries chunks `s, s+N, ...` into its own ring, credited
-//!    on its own connection ([`streams`]). The client counts each
-//!    stream's credits against its chunks in that ring: one more is a
-//!    protocol error.
+//!    on its own connection ([`streams`]). The client counts every
+//!    credit it reads on a stream against its chunks in that ring: one
+//!    more, or a credit of 0, is a protocol error. It reads the first
+//!    stream's up to `Complete`, a further stream's only while it waits
+//!    for room there (none after that stream's last chunk).
 //! 4. Client SENDs `Finish{size, digest}` (BLAKE3 of the whole file, as
 //!    `b3sum` prints it); once every chunk is checked and written the
 //!    server compares both, checks the file's size, fsyncs, links the file

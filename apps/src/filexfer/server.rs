@@ -100,14 +100,41 @@ pub fn check_dir(dir: &Path) -> anyhow::Result<ServerDir> {
     let absolute = dir
         .canonicalize()
         .with_context(|| format!("--dir {shown}"))?;
-    let held = ServerDir::open(&absolute).with_context(|| format!("--dir {shown}"))?;
+    let held = ServerDir::open(&absolute).map_err(|e| dir_error(e, &shown.to_string()))?;
+    // Read while no transfer runs: where the umask can only be set and set
+    // back, nothing else creates files meanwhile.
+    temp::stored_mode();
     // A temp file as a transfer creates one: a name no earlier server, not
     // even a killed one of this same PID, can have left (its NONCE), and
     // where O_TMPFILE works, never named before it is locked. Removed as
     // it is dropped.
-    TempFile::create(&held, PROBE_SERIAL)
-        .with_context(|| format!("--dir {shown}: cannot create files there"))?;
+    TempFile::create(&held, PROBE_SERIAL).map_err(|e| probe_error(e, &shown.to_string()))?;
     Ok(held)
+}
+
+/// Why `--dir` could not be opened, with what the server needs of it.
+fn dir_error(e: std::io::Error, shown: &str) -> anyhow::Error {
+    let need = match e.kind() {
+        std::io::ErrorKind::PermissionDenied => {
+            " (the server needs search permission on --dir and every directory above it)"
+        }
+        _ => "",
+    };
+    anyhow::Error::new(e).context(format!("--dir {shown}{need}"))
+}
+
+/// Why the start-up check could not create a file in `--dir`. Its lock
+/// taken by someone else means another server starting there at that
+/// instant took it for a dead server's (where O_TMPFILE is missing): the
+/// directory itself is fine.
+fn probe_error(e: std::io::Error, shown: &str) -> anyhow::Error {
+    let what = match e.kind() {
+        std::io::ErrorKind::WouldBlock => format!(
+            "--dir {shown}: another filexfer server starting there at the same instant took this one's check file for a dead server's; start again"
+        ),
+        _ => format!("--dir {shown}: cannot create files there"),
+    };
+    anyhow::Error::new(e).context(what)
 }
 
 /// Listens and serves transfers, each on its own thread, at most
@@ -467,8 +494,14 @@ impl Transfer {
         };
         send_and_wait(conn, &ready.encode(), self.cfg.completion_timeout, "client")?;
         match gathering {
-            Some(gathering) => gathering.gather(|req, left| {
-                // A handshake no longer than the joins' deadline allows.
+            Some(gathering) => gathering.gather(|req, by| {
+                // The handshake ends by the joins' deadline: the builder's
+                // connect timeout bounds the engine's wait for it.
+                // Never zero, which no configuration allows: the check that
+                // time was left came just before.
+                let left = by
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1));
                 let mut cfg = self.cfg.clone();
                 cfg.qp.connect_timeout = cfg.qp.connect_timeout.min(left);
                 Connection::builder(&cfg)
@@ -678,8 +711,9 @@ impl Transfer {
     /// Links the verified temp file to its final name: without
     /// --overwrite a hard link of the file the server wrote (by its
     /// descriptor), which fails if the name exists (even if it appeared
-    /// during the transfer); with it, a rename over a regular file, of a
-    /// temp name checked to still be that file.
+    /// during the transfer); with it, an exchange with a regular file of a
+    /// temp name checked to still be that file, undone if the target then
+    /// is not ([`TempFile::rename_as`]).
     fn put_in_place(&self, temp: &mut TempFile, target: &str, shown: &str) -> anyhow::Result<()> {
         if self.overwrite {
             self.check_target(target, shown)?;
@@ -944,6 +978,34 @@ mod tests {
         assert_eq!(names, [left.file_name().unwrap()]);
     }
 
+    /// A `--dir` the server cannot read, and a check file taken by a
+    /// server starting beside this one, each say what the server needs or
+    /// what to do. (The failures themselves cannot be made here: the
+    /// tests run as root, which every permission lets through, and the
+    /// second case is a race between two processes' system calls.)
+    #[test]
+    fn start_up_errors_say_what_the_server_needs() {
+        let denied = dir_error(std::io::ErrorKind::PermissionDenied.into(), "/srv/in");
+        assert!(
+            format!("{denied:#}").starts_with(
+                "--dir /srv/in (the server needs search permission on --dir and every directory above it): "
+            ),
+            "{denied:#}"
+        );
+        let taken = probe_error(std::io::ErrorKind::WouldBlock.into(), "/srv/in");
+        assert!(
+            taken
+                .to_string()
+                .ends_with("took this one's check file for a dead server's; start again"),
+            "{taken:#}"
+        );
+        let other = probe_error(std::io::ErrorKind::StorageFull.into(), "/srv/in");
+        assert_eq!(
+            other.to_string(),
+            "--dir /srv/in: cannot create files there"
+        );
+    }
+
     /// A transfer's receive side serving `dir`, for what runs without a
     /// connection (the store).
     fn transfer(dir: ServerDir, overwrite: bool) -> Transfer {
@@ -1011,6 +1073,35 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The temp name removed during the transfer (by a server starting in
+    /// the same directory where `O_TMPFILE` is missing, or by hand), with
+    /// or without /proc: nothing is stored, and the client is told what
+    /// happened and what to do — not a bare "No such file or directory".
+    #[test]
+    fn a_temp_file_removed_during_the_transfer_is_said_so() {
+        const WRITTEN: &[u8] = b"the transferred bytes";
+        for no_proc in [false, true] {
+            let scratch = Scratch::new("removed");
+            let mut dir = check_dir(scratch.path()).unwrap();
+            if no_proc {
+                dir = dir.with_proc(&scratch.path().join("no-proc-here"));
+            }
+            let t = transfer(dir.clone(), false);
+            let mut temp = TempFile::create(&dir, 0).unwrap();
+            std::io::Write::write_all(temp.file_mut(), WRITTEN).unwrap();
+            std::fs::remove_file(temp.path()).unwrap();
+            let err = t
+                .store(temp, WRITTEN.len() as u64, "f.bin", "f.bin")
+                .unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                "linking f.bin into place on the server: its temporary file was removed from the server's directory during the transfer (by another server starting there, or by hand); nothing was kept: send it again",
+                "without /proc: {no_proc}"
+            );
+            assert!(!dir.path().join("f.bin").exists());
         }
     }
 

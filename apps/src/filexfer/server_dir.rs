@@ -22,6 +22,9 @@ use rustix::io::Errno;
 pub struct ServerDir {
     fd: Arc<OwnedFd>,
     shown: Arc<Path>,
+    /// Where this process's descriptors are linked from: `/proc`, or, in
+    /// tests of a system without it, a path that does not exist.
+    proc: Arc<Path>,
 }
 
 impl ServerDir {
@@ -38,7 +41,22 @@ impl ServerDir {
         Ok(ServerDir {
             fd: Arc::new(fd),
             shown: path.into(),
+            proc: Path::new("/proc").into(),
         })
+    }
+
+    /// The same directory, as a server on a system whose procfs is at
+    /// `proc` (none, if nothing is there) sees it: for tests of the paths
+    /// taken without /proc, which cannot unmount it.
+    #[cfg(test)]
+    pub fn with_proc(mut self, proc: &Path) -> ServerDir {
+        self.proc = proc.into();
+        self
+    }
+
+    /// Where this process's procfs is mounted, if it is.
+    pub fn proc(&self) -> &Path {
+        &self.proc
     }
 
     /// The directory's path as it was at the start: for messages only.

@@ -213,13 +213,14 @@ impl<R: JoinRequest> Gathering<R> {
 
     /// The connections of streams `1..N`, in order, once all have joined
     /// by the deadline; `accept` completes each one's handshake, here on
-    /// the transfer's thread, given what is left until the deadline. A
+    /// the transfer's thread, by the deadline it is given (the
+    /// gathering's). A
     /// join whose handshake fails fails the transfer; so does the
     /// deadline, even with joins handed over and not yet taken (dropping
     /// the gathering refuses them).
     pub fn gather<C>(
         self,
-        mut accept: impl FnMut(R, Duration) -> anyhow::Result<C>,
+        mut accept: impl FnMut(R, Instant) -> anyhow::Result<C>,
     ) -> anyhow::Result<Vec<C>> {
         let mut streams: Vec<Option<C>> = (1..self.streams).map(|_| None).collect();
         for joined in 1..self.streams {
@@ -238,7 +239,22 @@ impl<R: JoinRequest> Gathering<R> {
                     ),
                 ));
             };
-            let conn = accept(req, left).map_err(|e| {
+            if Instant::now() >= self.deadline {
+                // Taken as the deadline passed: no time is left for its
+                // handshake.
+                req.refuse(
+                    stream,
+                    "the transfer no longer waits for its streams (not waited for)",
+                );
+                return Err(refusal(
+                    FailCode::Protocol,
+                    format!(
+                        "{} of the transfer's {} streams joined within --timeout",
+                        joined, self.streams
+                    ),
+                ));
+            }
+            let conn = accept(req, self.deadline).map_err(|e| {
                 refusal(
                     FailCode::Protocol,
                     format!("stream {stream} could not join: {}", error_line(&e)),
@@ -471,6 +487,38 @@ mod tests {
         assert!(gathered.is_err());
         assert_eq!(accepted, [1], "stream 2 was never taken");
         assert_eq!(refusals.try_iter().collect::<Vec<_>>(), [2]);
+    }
+
+    /// A join handed over late in the gathering gets for its handshake
+    /// only what is left of the deadline when it is taken, not what was
+    /// left when the transfer began to wait for it.
+    #[test]
+    fn a_join_s_handshake_ends_by_the_gathering_s_deadline() {
+        let joins = Joins::<Req>::default();
+        let timeout = Duration::from_millis(400);
+        let gathering = joins.open(None, 2, timeout).unwrap();
+        // The gathering's deadline is no later than this.
+        let latest = Instant::now() + timeout;
+        let token = gathering.token();
+        let mut ends = None;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(timeout / 2);
+                assert!(joins.hand_over(token, 1, Req(None, 1, None)).is_ok());
+            });
+            gathering
+                .gather(|_, by| {
+                    ends = Some(by);
+                    Ok(())
+                })
+                .unwrap();
+        });
+        let ends = ends.expect("the join was taken");
+        assert!(
+            ends <= latest,
+            "the handshake may run {:?} past the deadline",
+            ends - latest
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd as _, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use rustix::fs::{flock, AtFlags, FlockOperation, Mode, OFlags};
@@ -34,6 +34,8 @@ pub struct TempFile {
     dir: ServerDir,
     name: String,
     file: File,
+    /// The mode the file gets once in place; until then it is 0600.
+    mode: Mode,
     renamed: bool,
 }
 
@@ -45,6 +47,65 @@ pub struct TempFile {
     "{0} in the server's directory is no longer the file the server wrote (something replaced it)"
 )]
 pub struct Replaced(pub String);
+
+/// The temp name of a file was removed while the file was written (by a
+/// server starting in the same directory in the instant after the file
+/// was created, where `O_TMPFILE` is missing, or by hand), so the file
+/// cannot be linked into place.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "its temporary file was removed from the server's directory during the transfer (by another server starting there, or by hand); nothing was kept: send it again"
+)]
+pub struct TempRemoved;
+
+/// A rename over the target (`--overwrite`, where the file system cannot
+/// exchange two names) took a file another process swapped in under the
+/// temp name: the target's previous content is gone.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{0} on the server was replaced by a file this server did not write (something swapped it in under the temporary name); its previous content is gone"
+)]
+pub struct ReplacedByAnother(pub String);
+
+/// With `--overwrite`, a file another process swapped in under the temp
+/// name was exchanged with the target and exchanged back: the target is
+/// as it was.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "something swapped another file in under the temporary name of {0}; the upload was not kept and {0} on the server was left as it was"
+)]
+pub struct SwappedBack(pub String);
+
+/// The mode a file stored by this server gets: what creating it with 0666
+/// under the process's umask gives, as before temp files were private.
+pub fn stored_mode() -> Mode {
+    static MODE: OnceLock<Mode> = OnceLock::new();
+    *MODE.get_or_init(|| Mode::from_bits_truncate(0o666) & !umask())
+}
+
+/// The process's umask, read where it can be without changing it.
+fn umask() -> Mode {
+    let from_status = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+            u32::from_str_radix(line.trim(), 8).ok()
+        });
+    match from_status {
+        Some(mask) => Mode::from_bits_truncate(mask),
+        None => {
+            // Without /proc it can only be set and set back. Meanwhile
+            // (the server's start-up, before any transfer) it is the
+            // strictest there is, so nothing is created more open.
+            let mask = rustix::process::umask(Mode::from_bits_truncate(0o077));
+            rustix::process::umask(mask);
+            mask
+        }
+    }
+}
+
+/// A temp file's mode until it is in place.
+const PRIVATE: Mode = Mode::RUSR.union(Mode::WUSR);
 
 /// This server's NONCE (see the module docs).
 fn nonce() -> io::Result<u64> {
@@ -70,6 +131,13 @@ impl TempFile {
     /// `serial` in `dir`, locked before anyone can see it where the file
     /// system allows.
     pub fn create(dir: &ServerDir, serial: u64) -> io::Result<TempFile> {
+        Self::create_for(dir, serial, stored_mode())
+    }
+
+    /// As [`TempFile::create`], for a file that gets `mode` once in place;
+    /// until then no one but this process's user can open it (to rewrite
+    /// bytes after they were verified), whatever the umask.
+    pub fn create_for(dir: &ServerDir, serial: u64, mode: Mode) -> io::Result<TempFile> {
         let name = temp_name(serial)?;
         let file = match create_locked_unnamed(dir, &name) {
             Ok(file) => file,
@@ -82,12 +150,13 @@ impl TempFile {
                         | OFlags::EXCL
                         | OFlags::NOFOLLOW
                         | OFlags::CLOEXEC,
-                    Mode::from_bits_truncate(0o666),
+                    PRIVATE,
                 )?;
                 let temp = TempFile {
                     dir: dir.clone(),
                     name,
                     file: File::from(fd),
+                    mode,
                     renamed: false,
                 };
                 flock(&temp.file, FlockOperation::NonBlockingLockExclusive)?;
@@ -99,6 +168,7 @@ impl TempFile {
             dir: dir.clone(),
             name,
             file,
+            mode,
             renamed: false,
         })
     }
@@ -120,11 +190,14 @@ impl TempFile {
     /// Links the file this server wrote — by its descriptor, not by its
     /// temp name, which anything with write access to the directory may
     /// have given to another file meanwhile — as `target` in the server's
-    /// directory; fails if `target` exists. Without /proc, the temp name
-    /// is linked once it is checked to still be that file.
+    /// directory; fails if `target` exists. Without /proc the temp name is
+    /// linked, and `target` checked after: a file swapped in under the
+    /// temp name at that instant is removed again and the link fails
+    /// ([`Replaced`]), never taken for the one written.
     pub fn link_as(&self, target: &str) -> io::Result<()> {
         match link_fd(&self.file, &self.dir, target) {
-            Err(Errno::NOENT) if !proc_fds() => {
+            Ok(()) => {}
+            Err(Errno::NOENT) if !proc_fds(&self.dir) => {
                 self.check(&self.name)?;
                 rustix::fs::linkat(
                     &self.dir,
@@ -132,29 +205,123 @@ impl TempFile {
                     &self.dir,
                     target,
                     AtFlags::empty(),
-                )?;
-                Ok(())
+                )
+                .map_err(|e| self.removed(e))?;
+                if self.check(target).is_err() {
+                    self.unlink_if_not_held(target);
+                    return Err(io::Error::other(Replaced(self.name.clone())));
+                }
             }
-            linked => Ok(linked?),
+            Err(e) => return Err(self.removed(e)),
         }
+        self.widen();
+        Ok(())
     }
 
-    /// Renames the temp name over `target` (replacing a file there), once
-    /// it is checked to still name the file this server wrote; and checks
-    /// `target` after, so a file swapped in at that instant is reported,
-    /// not taken for the one written.
+    /// Puts the file this server wrote in place as `target`, replacing
+    /// the regular file there (`--overwrite`): exchanges the two names
+    /// (`renameat2` with `RENAME_EXCHANGE`, one step) once the temp name
+    /// is checked to still name the file written, and checks `target`
+    /// after. A file another process swapped in under the temp name at
+    /// that instant is exchanged back, so the target keeps its content
+    /// ([`SwappedBack`]). The old target is left under the temp name, and
+    /// removed with it. Where the file system cannot exchange names, a
+    /// rename, after which such a swap can only be reported
+    /// ([`ReplacedByAnother`]); a target removed meanwhile is linked anew.
     pub fn rename_as(&mut self, target: &str) -> io::Result<()> {
+        use rustix::fs::RenameFlags;
         self.check(&self.name)?;
+        let exchanged = rustix::fs::renameat_with(
+            &self.dir,
+            self.name.as_str(),
+            &self.dir,
+            target,
+            RenameFlags::EXCHANGE,
+        );
+        match exchanged {
+            Ok(()) => {}
+            Err(Errno::NOENT) => return self.link_as(target),
+            Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => return self.rename_over(target),
+            Err(e) => return Err(e.into()),
+        }
+        if self.check(target).is_err() {
+            rustix::fs::renameat_with(
+                &self.dir,
+                self.name.as_str(),
+                &self.dir,
+                target,
+                RenameFlags::EXCHANGE,
+            )
+            .map_err(|_| io::Error::other(ReplacedByAnother(target.to_owned())))?;
+            // Exchanged back: the target is the file it was before — or,
+            // if the swapping went on meanwhile, the one this server wrote.
+            return match self.check(target) {
+                Ok(()) => {
+                    self.widen();
+                    Ok(())
+                }
+                Err(_) => Err(io::Error::other(SwappedBack(target.to_owned()))),
+            };
+        }
+        self.widen();
+        Ok(())
+    }
+
+    /// A rename of the temp name over `target`, for file systems that
+    /// cannot exchange names.
+    fn rename_over(&mut self, target: &str) -> io::Result<()> {
         rustix::fs::renameat(&self.dir, self.name.as_str(), &self.dir, target)?;
         self.renamed = true;
         self.check(target)
+            .map_err(|_| io::Error::other(ReplacedByAnother(target.to_owned())))?;
+        self.widen();
+        Ok(())
+    }
+
+    /// Gives the file in place its [`stored_mode`]. A failure leaves it
+    /// readable by this server's user alone, which is logged, not failed:
+    /// the file is stored and verified.
+    fn widen(&self) {
+        if let Err(e) = rustix::fs::fchmod(&self.file, self.mode) {
+            tracing::warn!(path = %self.path().display(), error = %e, mode = format!("{:o}", self.mode.bits()), "setting the stored file's mode failed; it stays 0600");
+        }
+    }
+
+    /// A link that found no file: the temp name (or the file behind the
+    /// descriptor) was removed meanwhile.
+    fn removed(&self, e: Errno) -> io::Error {
+        match e {
+            Errno::NOENT => io::Error::new(io::ErrorKind::NotFound, TempRemoved),
+            e => e.into(),
+        }
+    }
+
+    /// Removes `name` unless it is the file this server holds: what a
+    /// link by name took in place of it.
+    fn unlink_if_not_held(&self, name: &str) {
+        let (Ok(held), Ok(named)) = (
+            rustix::fs::fstat(&self.file),
+            rustix::fs::statat(&self.dir, name, AtFlags::SYMLINK_NOFOLLOW),
+        ) else {
+            return;
+        };
+        if (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino) {
+            if let Err(e) = rustix::fs::unlinkat(&self.dir, name, AtFlags::empty()) {
+                tracing::warn!(name, error = %e, "removing a file linked in place of the one written");
+            }
+        }
     }
 
     /// Fails with [`Replaced`] unless `name` in the directory is the file
     /// this server holds.
     fn check(&self, name: &str) -> io::Result<()> {
         let held = rustix::fs::fstat(&self.file)?;
-        let named = rustix::fs::statat(&self.dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+        let named = match rustix::fs::statat(&self.dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Err(Errno::NOENT) if name == self.name => {
+                return Err(io::Error::new(io::ErrorKind::NotFound, TempRemoved))
+            }
+            named => named?,
+        };
         if (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino) {
             return Err(io::Error::other(Replaced(name.to_owned())));
         }
@@ -169,7 +336,7 @@ fn create_locked_unnamed(dir: &ServerDir, name: &str) -> Result<File, Errno> {
         dir,
         ".",
         OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC,
-        Mode::from_bits_truncate(0o666),
+        PRIVATE,
     )?;
     flock(&fd, FlockOperation::NonBlockingLockExclusive)?;
     link_fd(&fd, dir, name)?;
@@ -179,19 +346,15 @@ fn create_locked_unnamed(dir: &ServerDir, name: &str) -> Result<File, Errno> {
 /// Links the file open as `fd` as `name` in `dir`. Through /proc, which
 /// needs no privilege (AT_EMPTY_PATH would need CAP_DAC_READ_SEARCH).
 fn link_fd(fd: &impl AsFd, dir: &ServerDir, name: &str) -> Result<(), Errno> {
-    let by_fd = format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd());
-    rustix::fs::linkat(
-        rustix::fs::CWD,
-        by_fd.as_str(),
-        dir,
-        name,
-        AtFlags::SYMLINK_FOLLOW,
-    )
+    let by_fd = dir
+        .proc()
+        .join(format!("self/fd/{}", fd.as_fd().as_raw_fd()));
+    rustix::fs::linkat(rustix::fs::CWD, &by_fd, dir, name, AtFlags::SYMLINK_FOLLOW)
 }
 
 /// Whether this process sees its descriptors in /proc.
-fn proc_fds() -> bool {
-    Path::new("/proc/self/fd").is_dir()
+fn proc_fds(dir: &ServerDir) -> bool {
+    dir.proc().join("self/fd").is_dir()
 }
 
 /// Whether creating an unnamed file failed only because this system
@@ -336,6 +499,7 @@ fn dir_synced(synced: io::Result<()>, shown: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use std::fs::OpenOptions;
+    use std::path::Path;
 
     use pinpoll_testkit::Scratch;
 
@@ -530,6 +694,153 @@ mod tests {
     }
 
     use std::os::unix::fs::OpenOptionsExt as _;
+
+    const WRITTEN: &[u8] = b"the transferred bytes";
+    const PLANTED: &[u8] = b"a planted file!!!!!!!";
+    const OLD: &[u8] = b"the target before";
+
+    /// Stores `rounds` temp files as `f.bin` with `store` while another
+    /// thread swaps each one's temp name with a planted file as fast as it
+    /// can (rename with RENAME_EXCHANGE: one system call, as a local
+    /// attacker with write access to the directory would); returns what
+    /// went wrong: a store reported done for bytes not written, or a
+    /// failed one that left `f.bin` other than it was (`before`).
+    fn stores_under_a_swapper(
+        dir: &ServerDir,
+        rounds: u32,
+        before: Option<&[u8]>,
+        store: impl Fn(&mut TempFile) -> io::Result<()>,
+    ) -> Vec<String> {
+        use std::sync::Mutex;
+        let swapping: Mutex<Option<String>> = Mutex::new(None);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let path = |name: &str| dir.path().join(name);
+        let mut wrong = Vec::new();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let name = swapping.lock().unwrap();
+                    if let Some(name) = name.as_deref() {
+                        let _ = rustix::fs::renameat_with(
+                            dir,
+                            name,
+                            dir,
+                            "planted",
+                            rustix::fs::RenameFlags::EXCHANGE,
+                        );
+                    }
+                }
+            });
+            for round in 0..rounds {
+                std::fs::write(path("planted"), PLANTED).unwrap();
+                if let Some(before) = before {
+                    std::fs::write(path("f.bin"), before).unwrap();
+                }
+                let mut temp = TempFile::create(dir, u64::from(round)).unwrap();
+                std::io::Write::write_all(temp.file_mut(), WRITTEN).unwrap();
+                *swapping.lock().unwrap() = Some(temp.name.clone());
+                let stored = store(&mut temp);
+                *swapping.lock().unwrap() = None;
+                let now = std::fs::read(path("f.bin")).ok();
+                match &stored {
+                    Ok(()) if now.as_deref() != Some(WRITTEN) => wrong.push(format!(
+                        "round {round}: stored, but f.bin holds {:?}",
+                        now.map(|b| String::from_utf8_lossy(&b).into_owned())
+                    )),
+                    Err(e) if now.as_deref() != before => wrong.push(format!(
+                        "round {round}: failed ({e}), and f.bin holds {:?}",
+                        now.map(|b| String::from_utf8_lossy(&b).into_owned())
+                    )),
+                    _ => {}
+                }
+                drop(temp);
+                for name in ["f.bin", "planted"] {
+                    let _ = std::fs::remove_file(path(name));
+                }
+                // The swapped-in file's name, if the temp name moved.
+                for leftover in std::fs::read_dir(dir.path()).unwrap() {
+                    let _ = std::fs::remove_file(leftover.unwrap().path());
+                }
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        wrong
+    }
+
+    /// Without /proc the file written cannot be linked by its descriptor:
+    /// whatever its temp name names at the instant of the link is linked.
+    /// A file swapped in then is never reported stored, nor left in place.
+    #[test]
+    fn without_proc_a_file_swapped_in_at_the_link_is_never_stored() {
+        let scratch = Scratch::new("noproc");
+        let dir = open(scratch.path()).with_proc(&scratch.path().join("no-proc-here"));
+        let wrong = stores_under_a_swapper(&dir, 3_000, None, |temp| temp.link_as("f.bin"));
+        assert!(
+            wrong.is_empty(),
+            "{} wrong: {:?}",
+            wrong.len(),
+            &wrong[..wrong.len().min(5)]
+        );
+    }
+
+    /// With --overwrite: a file swapped in under the temp name at the
+    /// rename never replaces the target — the target keeps its old bytes
+    /// when the store fails.
+    #[test]
+    fn overwriting_never_loses_the_old_target_to_a_file_swapped_in() {
+        let scratch = Scratch::new("exchange");
+        let dir = open(scratch.path());
+        let wrong = stores_under_a_swapper(&dir, 3_000, Some(OLD), |temp| temp.rename_as("f.bin"));
+        assert!(
+            wrong.is_empty(),
+            "{} wrong: {:?}",
+            wrong.len(),
+            &wrong[..wrong.len().min(5)]
+        );
+    }
+
+    fn mode_of(file: &File) -> u32 {
+        rustix::fs::fstat(file).unwrap().st_mode & 0o7777
+    }
+
+    /// While bytes land in it, whatever the umask, no one but the server's
+    /// user can open a temp file (to rewrite what was verified).
+    #[test]
+    fn a_temp_file_is_the_server_s_alone_until_it_is_in_place() {
+        let scratch = Scratch::new("mode");
+        for dir in [
+            open(scratch.path()),
+            open(scratch.path()).with_proc(&scratch.path().join("no-proc-here")),
+        ] {
+            let temp = TempFile::create(&dir, 0).unwrap();
+            assert_eq!(mode_of(temp.file()), 0o600, "{:o}", mode_of(temp.file()));
+            drop(temp);
+            // Under a umask of 000 a file in place gets 0666, as it did
+            // before: only the temp file is private.
+            let open_to_all = Mode::from_bits_truncate(0o666);
+            let temp = TempFile::create_for(&dir, 1, open_to_all).unwrap();
+            assert_eq!(mode_of(temp.file()), 0o600);
+            temp.link_as("linked").unwrap();
+            assert_eq!(mode_of(temp.file()), 0o666, "once linked");
+            drop(temp);
+            std::fs::write(scratch.path().join("renamed"), OLD).unwrap();
+            let mut temp = TempFile::create_for(&dir, 2, open_to_all).unwrap();
+            temp.rename_as("renamed").unwrap();
+            assert_eq!(mode_of(temp.file()), 0o666, "once renamed");
+            drop(temp);
+            for name in ["linked", "renamed"] {
+                std::fs::remove_file(scratch.path().join(name)).unwrap();
+            }
+        }
+        // What any file created 0666 gets under the process's umask.
+        let plain = scratch.path().join("plain");
+        std::fs::write(&plain, b"").unwrap();
+        assert_eq!(
+            stored_mode().bits(),
+            mode_of(&File::open(&plain).unwrap()),
+            "a stored file's mode follows the umask"
+        );
+    }
 
     #[test]
     fn a_failed_directory_fsync_says_the_file_is_in_place() {

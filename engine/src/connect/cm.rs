@@ -169,7 +169,18 @@ impl Request {
     /// connected endpoint. The ACK timeout and retry counts are those of
     /// the configuration [`Listener::next_request`] was given; the READ
     /// depths are the lesser of its `max_rd_atomic` and the client's offer.
-    pub fn accept(mut self, private_data: &[u8]) -> Result<Endpoint> {
+    pub fn accept(self, private_data: &[u8]) -> Result<Endpoint> {
+        let timeout = self.cfg.connect_timeout;
+        self.accept_within(private_data, timeout)
+    }
+
+    /// [`Request::accept`], waiting for the handshake at most `timeout`
+    /// (or the configuration's `connect_timeout`, if that is shorter).
+    pub(crate) fn accept_within(
+        mut self,
+        private_data: &[u8],
+        timeout: std::time::Duration,
+    ) -> Result<Endpoint> {
         self.id.set_ack_timeout(self.cfg.timeout)?;
         let ours = self.cfg.max_rd_atomic;
         let param = ConnParam {
@@ -184,7 +195,7 @@ impl Request {
             &self.id,
             "rdma_accept",
             event::ESTABLISHED,
-            Instant::now() + self.cfg.connect_timeout,
+            Instant::now() + timeout.min(self.cfg.connect_timeout),
         )?;
         let data = std::mem::take(&mut self.event.private_data);
         self.endpoint.mark_connected(data, None);

@@ -247,7 +247,11 @@ impl ConnectionBuilder<'_> {
     /// descriptor: the error's text, as much as fits); for a reason of this
     /// side's (configuration, memory, device) it hears only that the server
     /// cannot serve it now, and the reason is logged here (`tracing`,
-    /// warn) and returned.
+    /// warn) and returned. The handshake is waited for at most the lesser
+    /// of this builder's `cfg.qp.connect_timeout` and the one
+    /// [`Listener::next_request`] was given, so a server can give a
+    /// request less time than its listener's default (what is left of a
+    /// deadline of its own).
     pub fn accept(self, mut request: Request) -> Result<Connection> {
         let prepared = self.cfg.validate().and_then(|()| {
             self.checks(request.endpoint())?;
@@ -262,7 +266,10 @@ impl ConnectionBuilder<'_> {
                 return Err(e);
             }
         };
-        let ep = request.accept(&rings.private_data(&self.private_data))?;
+        let ep = request.accept_within(
+            &rings.private_data(&self.private_data),
+            self.cfg.qp.connect_timeout,
+        )?;
         Ok(Connection::new(ep, rings, peer, self.cfg))
     }
 
