@@ -503,9 +503,60 @@ fn refuse(ctl: &mut Control, why: anyhow::Error) -> anyhow::Error {
     }
     message.truncate(cut);
     match ctl.send(&Msg::Error { message }) {
-        Ok(()) => why.context("refused the client"),
-        Err(e) => why.context(format!("refused the client (who could not be told: {e:#})")),
+        Ok(()) => why.context(ClientFault("refused the client".to_owned())),
+        Err(e) => why.context(ClientFault(format!(
+            "refused the client (who could not be told: {e:#})"
+        ))),
     }
+}
+
+/// A failure the client caused by what it sent or asked for; the server
+/// reports it and goes on to the next client.
+#[derive(Debug)]
+struct ClientFault(String);
+
+impl std::fmt::Display for ClientFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ClientFault {}
+
+/// Whether `err` ended the session through the client (its silence,
+/// what it sent, its leaving, its side of the data connection) rather
+/// than through this server (its device, its listener): only the
+/// latter may end the server, or any peer could end it for everyone.
+fn client_failed(err: &anyhow::Error) -> bool {
+    use std::io::ErrorKind;
+    crate::control::is_timeout(err)
+        || err.downcast_ref::<ClientFault>().is_some()
+        || err.chain().any(|cause| {
+            cause.is::<BadMessage>()
+                || cause.is::<ClientFault>()
+                || cause.downcast_ref::<std::io::Error>().is_some_and(|e| {
+                    matches!(
+                        e.kind(),
+                        ErrorKind::UnexpectedEof
+                            | ErrorKind::ConnectionReset
+                            | ErrorKind::ConnectionAborted
+                            | ErrorKind::BrokenPipe
+                    )
+                })
+                || matches!(
+                    cause.downcast_ref::<pinpoll::Error>(),
+                    Some(
+                        pinpoll::Error::Exchange { .. }
+                            | pinpoll::Error::BadRecord(_)
+                            | pinpoll::Error::Wire(_)
+                            | pinpoll::Error::Disconnected
+                            | pinpoll::Error::PeerLeft(_)
+                            | pinpoll::Error::PeerUnresponsive { .. }
+                            | pinpoll::Error::Rejected { .. }
+                            | pinpoll::Error::Timeout { .. }
+                    )
+                )
+        })
 }
 
 /// The client's next parameters, or `None` at its end. A message that
@@ -551,8 +602,9 @@ fn run_server(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
         Transport::RdmaCm => Door::Cm(listen_cm(s, &limits, emit)?),
     };
     // One client at a time; one that goes silent (or too slow) at any
-    // step is given up, and the server waits for the next, so a peer
-    // that connects and says nothing holds the place only `--timeout`.
+    // step, or fails (leaves, sends nonsense, asks too much), is given
+    // up, and the server waits for the next: no peer can end the server
+    // for the others. Only a failure of the server's own ends it.
     let served_sizes = loop {
         let mut ctl = door.accept(s)?;
         let _doorman = match &door {
@@ -563,6 +615,13 @@ fn run_server(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
             Ok(sizes) => break sizes,
             Err(e) if crate::control::is_timeout(&e) => {
                 let line = pinpoll_appkit::error_line(&e.context("gave up on a silent client"));
+                tracing::warn!("{line}");
+                if !s.json {
+                    emit(&format!(" {line}; waiting for the next client"));
+                }
+            }
+            Err(e) if client_failed(&e) => {
+                let line = pinpoll_appkit::error_line(&e.context("gave up on a client"));
                 tracing::warn!("{line}");
                 if !s.json {
                     emit(&format!(" {line}; waiting for the next client"));
@@ -664,7 +723,7 @@ impl Doorman {
                 while !flag.load(Ordering::Relaxed) {
                     match tcp.accept() {
                         Ok((stream, peer)) => {
-                            if let Err(e) = tell_busy(stream, timeout) {
+                            if let Err(e) = tell_busy(stream, timeout.min(BUSY_BOUND)) {
                                 tracing::warn!(%peer, "telling a client the server is busy: {e:#}");
                             }
                         }
@@ -695,18 +754,20 @@ impl Drop for Doorman {
 }
 
 /// Answers whatever the `--oob` client on `stream` asks with "server
-/// busy", then waits (bounded) for it to close, so its own message never
-/// meets a reset that would discard the answer unread.
-fn tell_busy(stream: TcpStream, timeout: Duration) -> Result<()> {
+/// busy", then waits for it to close, so its own message never meets a
+/// reset that would discard the answer unread. All of it, whatever the
+/// newcomer sends, takes at most `within`: the doorman, and the drop
+/// that joins it, are held no longer than that by any one newcomer.
+fn tell_busy(stream: TcpStream, within: Duration) -> Result<()> {
     stream.set_nonblocking(false)?;
-    let mut ctl = Control::tcp(stream, timeout.min(BUSY_BOUND));
+    let mut ctl = Control::tcp(stream, within);
     let message = String::from_utf8_lossy(BUSY.strip_suffix(b"\0").unwrap_or(BUSY)).into_owned();
+    // `send` starts the one wait; the drain below stays in it.
     ctl.send(&Msg::Error { message })?;
-    let Some(stream) = ctl.stream() else {
+    let Control::Tcp(stream) = &mut ctl else {
         unreachable!("a TCP control stream");
     };
-    stream.shutdown(std::net::Shutdown::Write)?;
-    stream.set_read_timeout(Some(timeout.min(BUSY_BOUND)))?;
+    stream.get_mut().shutdown(std::net::Shutdown::Write)?;
     let mut rest = [0u8; 512];
     while std::io::Read::read(stream, &mut rest)? > 0 {}
     Ok(())
@@ -827,7 +888,9 @@ fn serve_one_size(
                 stopped = true;
                 Ok(true)
             }
-            Ok(Some(other)) => Err(anyhow!("the client sent {other:?} during the measurement")),
+            Ok(Some(other)) => {
+                Err(ClientFault(format!("the client sent {other:?} during the measurement")).into())
+            }
             Ok(None) => Ok(false),
             Err(e) => Err(e),
         }
@@ -984,6 +1047,85 @@ mod tests {
         let answer = recv_raw(&mut first, "the first client");
         assert!(matches!(answer, Msg::Ready { .. }), "{answer:?}");
         drop((first, second));
+        let _ = server.join().unwrap();
+    }
+
+    /// The server's next line that contains `what`, or a panic naming
+    /// what the server did instead (its end, or nothing for a minute).
+    fn line_with(lines: &mpsc::Receiver<String>, what: &str) -> String {
+        loop {
+            match lines.recv_timeout(Duration::from_secs(60)) {
+                Ok(line) if line.contains(what) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("the server said no {what:?}: {e}"),
+            }
+        }
+    }
+
+    /// A newcomer that sends a byte every 500 ms while another client
+    /// holds the place is told "busy" and let go within the doorman's
+    /// bound, however long it trickles, so the doorman never holds the
+    /// server up and the client after a given-up one is served.
+    #[test]
+    fn a_trickling_newcomer_does_not_hold_the_server_up() {
+        let (addr, server, lines) = oob_server("1");
+        let silent = TcpStream::connect(addr).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let trickler = {
+            let stop = Arc::clone(&stop);
+            let mut t = TcpStream::connect(addr).unwrap();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) && t.write_all(b"x").is_ok() {
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            })
+        };
+        line_with(&lines, "gave up on a silent client");
+        let mut honest = TcpStream::connect(addr).unwrap();
+        send_raw(&mut honest, &params());
+        let answer = recv_raw(&mut honest, "the client after a silent one");
+        stop.store(true, Ordering::Relaxed);
+        assert!(matches!(answer, Msg::Ready { .. }), "{answer:?}");
+        drop((honest, silent));
+        trickler.join().unwrap();
+        let _ = server.join().unwrap();
+    }
+
+    /// A client that connects and closes at once (a port scan) is
+    /// reported and given up; the server answers the next.
+    #[test]
+    fn a_client_that_connects_and_closes_does_not_end_the_server() {
+        let (addr, server, lines) = oob_server("5");
+        drop(TcpStream::connect(addr).unwrap());
+        let line = line_with(&lines, "gave up on a client");
+        assert!(line.contains("closed"), "{line}");
+        let mut honest = TcpStream::connect(addr).unwrap();
+        send_raw(&mut honest, &params());
+        let answer = recv_raw(&mut honest, "the client after one that closed");
+        assert!(matches!(answer, Msg::Ready { .. }), "{answer:?}");
+        drop(honest);
+        let _ = server.join().unwrap();
+    }
+
+    /// A client whose first frame claims 4 GiB is told why, reported and
+    /// given up; the server answers the next.
+    #[test]
+    fn a_client_s_bad_frame_does_not_end_the_server() {
+        let (addr, server, lines) = oob_server("5");
+        let mut bad = TcpStream::connect(addr).unwrap();
+        bad.write_all(&[0xff; 4]).unwrap();
+        match recv_raw(&mut bad, "the client of a bad frame") {
+            Msg::Error { message } => assert!(message.contains("too long"), "{message}"),
+            other => panic!("a bad frame was answered {other:?}"),
+        }
+        let line = line_with(&lines, "gave up on a client");
+        assert!(line.contains("too long"), "{line}");
+        drop(bad);
+        let mut honest = TcpStream::connect(addr).unwrap();
+        send_raw(&mut honest, &params());
+        let answer = recv_raw(&mut honest, "the client after a bad frame");
+        assert!(matches!(answer, Msg::Ready { .. }), "{answer:?}");
+        drop(honest);
         let _ = server.join().unwrap();
     }
 
