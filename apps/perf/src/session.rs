@@ -95,7 +95,8 @@ impl ServerThread {
                 // the client's own waits are bounded; the server waits
                 // only for the stop flag.
                 let idle = Duration::from_secs(24 * 3600);
-                let served = driver::serve(&mut conn, plan, timeout, idle, &mut || {
+                let until = driver::Until(None);
+                let served = driver::serve(&mut conn, plan, timeout, idle, until, &mut || {
                     Ok(flag.load(Ordering::Relaxed))
                 })?;
                 // The connection goes back to the caller, who drops it
@@ -559,10 +560,27 @@ fn client_failed(err: &anyhow::Error) -> bool {
         })
 }
 
+/// The most sizes one client may ask for in a session (`-a` asks 23): with
+/// `--max-session`, what bounds how long one client holds the server.
+pub const MAX_SESSION_SIZES: u64 = 32;
+
 /// The client's next parameters, or `None` at its end. A message that
-/// is not one gets the client told why.
-fn next_params(ctl: &mut Control, timeout: Duration) -> Result<Option<Params>> {
+/// is not one, parameters past the session's end (`until`) or beyond
+/// [`MAX_SESSION_SIZES`] (`served` so far) get the client told why.
+fn next_params(
+    ctl: &mut Control,
+    timeout: Duration,
+    until: Instant,
+    served: u64,
+) -> Result<Option<Params>> {
     match ctl.recv(timeout, "the client's next parameters") {
+        Ok(Msg::Params(_)) if Instant::now() >= until => {
+            Err(refuse(ctl, driver::SessionLimit.into()))
+        }
+        Ok(Msg::Params(_)) if served >= MAX_SESSION_SIZES => Err(refuse(
+            ctl,
+            anyhow!("the client asked for more than {MAX_SESSION_SIZES} sizes in one session"),
+        )),
         Ok(Msg::Params(p)) => Ok(Some(p)),
         Ok(Msg::End) => Ok(None),
         Ok(other) => Err(refuse(
@@ -674,8 +692,11 @@ fn serve_client(
     door: &Door,
     emit: &mut dyn FnMut(&str),
 ) -> Result<u64> {
+    let until = Instant::now()
+        .checked_add(s.max_session)
+        .context("--max-session is too long for this clock")?;
     let mut served_sizes = 0u64;
-    while let Some(params) = next_params(ctl, s.timeout)? {
+    while let Some(params) = next_params(ctl, s.timeout, until, served_sizes)? {
         let cfg = admit(ctl, limits, &params, base)?;
         let nonce = data_nonce()?;
         ctl.send(&Msg::Ready { nonce })?;
@@ -689,7 +710,12 @@ fn serve_client(
             )
             .context("the TCP exchange of the data connection")?,
         };
-        let served = serve_one_size(s, ctl, &mut conn, &params)?;
+        let served = match serve_one_size(s, ctl, &mut conn, &params, until) {
+            Err(e) if e.downcast_ref::<driver::SessionLimit>().is_some() => {
+                return Err(refuse(ctl, e));
+            }
+            served => served?,
+        };
         drop(conn);
         served_sizes += 1;
         if !s.json {
@@ -877,24 +903,34 @@ fn serve_one_size(
     ctl: &mut Control,
     conn: &mut Connection,
     params: &Params,
+    until: Instant,
 ) -> Result<u64> {
     let mut stopped = false;
-    let served = driver::serve(conn, params.plan(), s.timeout, s.timeout, &mut || {
-        if stopped {
-            return Ok(true);
-        }
-        match ctl.try_recv() {
-            Ok(Some(Msg::Done)) => {
-                stopped = true;
-                Ok(true)
+    let until = driver::Until(Some(until));
+    let served = driver::serve(
+        conn,
+        params.plan(),
+        s.timeout,
+        s.timeout,
+        until,
+        &mut || {
+            if stopped {
+                return Ok(true);
             }
-            Ok(Some(other)) => {
-                Err(ClientFault(format!("the client sent {other:?} during the measurement")).into())
+            match ctl.try_recv() {
+                Ok(Some(Msg::Done)) => {
+                    stopped = true;
+                    Ok(true)
+                }
+                Ok(Some(other)) => Err(ClientFault(format!(
+                    "the client sent {other:?} during the measurement"
+                ))
+                .into()),
+                Ok(None) => Ok(false),
+                Err(e) => Err(e),
             }
-            Ok(None) => Ok(false),
-            Err(e) => Err(e),
-        }
-    })
+        },
+    )
     .with_context(|| format!("serving {} at {} bytes", params.kind.name(), params.size))?;
     ctl.send(&Msg::Served {
         messages: served.messages,
@@ -1127,6 +1163,83 @@ mod tests {
         assert!(matches!(answer, Msg::Ready { .. }), "{answer:?}");
         drop(honest);
         let _ = server.join().unwrap();
+    }
+
+    /// The server's control stream of a client on `peer` (the client's
+    /// end), over loopback TCP.
+    fn control_pair() -> (Control, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (server, _) = l.accept().unwrap();
+        (Control::tcp(server, Duration::from_secs(60)), peer)
+    }
+
+    /// Parameters that come after the session's end are refused, and the
+    /// client is told "session limit reached".
+    #[test]
+    fn parameters_past_the_session_limit_are_refused_and_the_client_told() {
+        let (mut ctl, mut client) = control_pair();
+        let timeout = Duration::from_secs(60);
+        let until = Instant::now() + Duration::from_millis(1);
+        std::thread::sleep(Duration::from_millis(2));
+        send_raw(&mut client, &params());
+        let err = next_params(&mut ctl, timeout, until, 0).expect_err("past the end");
+        assert!(client_failed(&err), "{err:#}");
+        assert!(
+            format!("{err:#}").contains("session limit reached"),
+            "{err:#}"
+        );
+        match recv_raw(&mut client, "the client past its session") {
+            Msg::Error { message } => {
+                assert!(message.contains("session limit reached"), "{message}")
+            }
+            other => panic!("answered {other:?}"),
+        }
+        // Before the end, the same parameters are taken.
+        let until = Instant::now() + Duration::from_secs(3600);
+        send_raw(&mut client, &params());
+        let got = next_params(&mut ctl, timeout, until, 0).unwrap();
+        assert!(got.is_some());
+    }
+
+    /// A client may ask for MAX_SESSION_SIZES sizes, and no more.
+    #[test]
+    fn a_client_asking_more_sizes_than_the_cap_is_refused() {
+        let (mut ctl, mut client) = control_pair();
+        let (timeout, until) = (
+            Duration::from_secs(60),
+            Instant::now() + Duration::from_secs(3600),
+        );
+        send_raw(&mut client, &params());
+        assert!(next_params(&mut ctl, timeout, until, MAX_SESSION_SIZES - 1)
+            .unwrap()
+            .is_some());
+        send_raw(&mut client, &params());
+        let err =
+            next_params(&mut ctl, timeout, until, MAX_SESSION_SIZES).expect_err("over the cap");
+        assert!(client_failed(&err), "{err:#}");
+        match recv_raw(&mut client, "the client over the cap") {
+            Msg::Error { message } => assert!(
+                message.contains(&format!("more than {MAX_SESSION_SIZES} sizes")),
+                "{message}"
+            ),
+            other => panic!("answered {other:?}"),
+        }
+    }
+
+    /// The session's end stops a server busy serving, not only one that
+    /// waits (`Until` is checked on the fast path too), and no end never
+    /// stops it.
+    #[test]
+    fn the_session_end_is_seen_while_serving() {
+        let past = driver::Until(Some(Instant::now()));
+        std::thread::sleep(Duration::from_millis(1));
+        let err = past.check(0).expect_err("the end has passed");
+        assert!(err.is::<driver::SessionLimit>(), "{err}");
+        assert!(past.check(1).is_ok(), "between two looks at the clock");
+        assert!(driver::Until(None).check(0).is_ok());
+        let ahead = driver::Until(Some(Instant::now() + Duration::from_secs(3600)));
+        assert!(ahead.check(0).is_ok());
     }
 
     /// A driver whose round trips succeed `left` times, then fail as a
