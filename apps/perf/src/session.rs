@@ -480,6 +480,16 @@ fn client_point(
         params.iters,
         params.warmup,
     );
+    // A server that ends the measurement (its --max-session) says why on
+    // the control channel before it drops the data connection: that
+    // reason, not only the data path's failure it caused.
+    let figures = figures.map_err(|e| match ctl.try_recv() {
+        Ok(Some(Msg::Error { message })) => e.context(format!(
+            "the server reported: {}",
+            crate::control::printable(&message)
+        )),
+        _ => e,
+    });
     let figures = figures.with_context(|| format!("{} at {} bytes", s.kind.name(), params.size))?;
     // Everything acknowledged before the server closes its side.
     driver
