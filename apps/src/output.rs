@@ -120,5 +120,9 @@ mod tests {
             printable("\u{feff}a\u{200b}b\u{2066}c\u{2069}".as_bytes()),
             "\\u{feff}a\\u{200b}b\\u{2066}c\\u{2069}"
         );
+        assert_eq!(
+            printable("a\u{2028}b\u{3164}c".as_bytes()),
+            "a\\u{2028}b\\u{3164}c"
+        );
     }
 }

@@ -424,8 +424,9 @@ pub enum Error {
     Timeout {
         /// What the wait was for, e.g. `a message from the peer`.
         what: &'static str,
-        /// How long it waited; zero when a socket's own timeout ended it
-        /// (the out-of-band exchange).
+        /// How long it waited: the whole budget of the wait, which has
+        /// passed (for the out-of-band exchange, its connect timeout,
+        /// which covers all its steps; `what` names the step it ended in).
         waited: Duration,
     },
     /// The TCP socket of the out-of-band exchange failed.

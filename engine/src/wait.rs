@@ -37,6 +37,17 @@ pub(crate) const YIELD_AFTER: Duration = Duration::from_millis(1);
 pub(crate) const NAP_AFTER: Duration = Duration::from_millis(10);
 pub(crate) const NAP: Duration = Duration::from_micros(50);
 
+/// The instant `within` from now; a `within` past what the clock can hold
+/// (a public `connect_timeout` of `Duration::MAX`) is as far as a century,
+/// not a panic of `Instant + Duration`.
+pub(crate) fn deadline_after(within: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(100 * 365 * 86_400);
+    let now = Instant::now();
+    now.checked_add(within)
+        .or_else(|| now.checked_add(FAR))
+        .unwrap_or(now)
+}
+
 /// One bounded wait for `what`.
 #[derive(Debug)]
 pub(crate) struct BoundedWait {

@@ -169,12 +169,17 @@ pub fn error_line(err: &anyhow::Error) -> String {
 }
 
 /// `text` with every character that could drive or mislead a terminal
-/// escaped ([`push_shown`]): what a peer sent reaches a terminal only as
-/// visible text, in the order it was sent.
+/// escaped ([`push_shown`]), and a backslash doubled (so a peer's literal
+/// `\u{202e}` never reads as an escaped U+202E): what a peer sent reaches
+/// a terminal only as visible text, in the order it was sent.
 pub fn escape_controls(text: &str) -> String {
     let mut escaped = String::with_capacity(text.len());
     for c in text.chars() {
-        push_shown(&mut escaped, c);
+        if c == '\\' {
+            escaped.push_str("\\\\");
+        } else {
+            push_shown(&mut escaped, c);
+        }
     }
     escaped
 }
@@ -182,13 +187,14 @@ pub fn escape_controls(text: &str) -> String {
 /// Appends `c` to `out` as a terminal should show a peer's text: control
 /// characters (C0, DEL, C1) as `\n`, `\u{1b}`..., and format characters
 /// ([`is_format`]: bidi overrides and isolates, zero-width characters, the
-/// BOM) as `\u{202e}`..., since they reorder or hide what is around them;
-/// everything else as it is. Every program's printing of peer text goes
+/// BOM) and the other invisibles ([`is_invisible`]: line and paragraph
+/// separators, fillers, variation selectors) as `\u{202e}`..., since they
+/// reorder, break or hide what is around them; everything else as it is. Every program's printing of peer text goes
 /// through here (the error line, `output::printable`, pinpoll-perf).
 pub fn push_shown(out: &mut String, c: char) {
     if c.is_control() {
         out.extend(c.escape_debug());
-    } else if is_format(c) {
+    } else if is_format(c) || is_invisible(c) {
         out.extend(c.escape_unicode());
     } else {
         out.push(c);
@@ -197,7 +203,30 @@ pub fn push_shown(out: &mut String, c: char) {
 
 /// Whether `c` must be escaped before a terminal sees it ([`push_shown`]).
 pub fn needs_escape(c: char) -> bool {
-    c.is_control() || is_format(c)
+    c.is_control() || is_format(c) || is_invisible(c)
+}
+
+/// Whether `c` is, outside Cf, a line break a viewer honours (U+2028 LINE
+/// and U+2029 PARAGRAPH SEPARATOR, Zl/Zp) or default-ignorable and so
+/// shown as nothing: the combining grapheme joiner, the Hangul fillers,
+/// the Khmer inherent vowels, the Mongolian and the other variation
+/// selectors. A peer could forge a line or hide in a name with them.
+pub fn is_invisible(c: char) -> bool {
+    const HIDDEN: &[(u32, u32)] = &[
+        (0x034F, 0x034F),
+        (0x115F, 0x1160),
+        (0x17B4, 0x17B5),
+        (0x180B, 0x180F),
+        (0x2028, 0x2029),
+        (0x3164, 0x3164),
+        (0xFE00, 0xFE0F),
+        (0xFFA0, 0xFFA0),
+        (0xE0100, 0xE01EF),
+    ];
+    let c = u32::from(c);
+    HIDDEN
+        .iter()
+        .any(|&(first, last)| (first..=last).contains(&c))
 }
 
 /// Whether `c` is of Unicode general category Cf (format), as of Unicode
@@ -309,6 +338,47 @@ mod tests {
             assert_eq!(shown, format!("a\\u{{{:x}}}b", u32::from(c)), "{c:?}");
         }
         assert_eq!(escape_controls("héllo — wörld"), "héllo — wörld");
+    }
+
+    /// LINE and PARAGRAPH SEPARATOR break lines in editors and log
+    /// viewers, and the default-ignorable fillers and selectors (not Cf)
+    /// are invisible, so they could forge a line or hide in a name.
+    #[test]
+    fn separators_and_invisible_fillers_are_escaped() {
+        for c in [
+            '\u{2028}',
+            '\u{2029}',
+            '\u{034f}',
+            '\u{115f}',
+            '\u{1160}',
+            '\u{3164}',
+            '\u{ffa0}',
+            '\u{17b4}',
+            '\u{17b5}',
+            '\u{180b}',
+            '\u{180d}',
+            '\u{180f}',
+            '\u{fe00}',
+            '\u{fe0f}',
+            '\u{e0100}',
+            '\u{e01ef}',
+        ] {
+            let shown = escape_controls(&format!("a{c}b"));
+            assert_eq!(shown, format!("a\\u{{{:x}}}b", u32::from(c)), "{c:?}");
+            assert!(needs_escape(c), "{c:?}");
+        }
+        assert_eq!(escape_controls("\u{fe10}\u{3165}"), "\u{fe10}\u{3165}");
+    }
+
+    /// A peer's literal text `\u{202e}` must not read as the escape of a
+    /// real U+202E: a backslash is doubled, so every escape undoes.
+    #[test]
+    fn a_peer_s_literal_escape_cannot_pass_for_an_escaped_character() {
+        let literal = error_line(&anyhow::anyhow!("x\\u{{202e}}y"));
+        let real = error_line(&anyhow::anyhow!("x\u{202e}y"));
+        assert_eq!(literal, "x\\\\u{202e}y");
+        assert_eq!(real, "x\\u{202e}y");
+        assert_eq!(escape_controls("a\\b"), "a\\\\b");
     }
 
     #[test]

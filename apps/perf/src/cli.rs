@@ -233,6 +233,13 @@ pub struct PerfArgs {
     /// up, and the server waits for the next).
     #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
     pub timeout: f64,
+
+    /// Server: the longest one client may hold the server (which serves
+    /// one at a time), all its sizes together; then it is told "session
+    /// limit reached" and the next client is served. A client also asks
+    /// for at most 32 sizes per session (-a asks 23).
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_MAX_SESSION_SECS)]
+    pub max_session: u64,
 }
 
 /// Which side this process plays.
@@ -283,11 +290,19 @@ pub struct Settings {
     pub timeout: Duration,
     /// Server: `--max-registered`, if given.
     pub max_registered: Option<u64>,
+    /// Server: `--max-session`, the longest one client holds the server.
+    pub max_session: Duration,
     /// `--await-sends`: every send signaled and awaited.
     pub await_sends: bool,
     /// `--raw-samples`: every round trip's ticks in the JSON report.
     pub raw_samples: bool,
 }
+
+/// `--max-session`'s default: an hour.
+pub const DEFAULT_MAX_SESSION_SECS: u64 = 3600;
+
+/// Longest `--max-session`: a week.
+pub const MAX_SESSION_SECS: u64 = 7 * 86_400;
 
 /// Most iterations `--raw-samples` prints (per size).
 pub const MAX_RAW_SAMPLES: u64 = 1_000_000;
@@ -302,10 +317,18 @@ impl Settings {
     /// may use. The error is one line, for `error: ...`.
     pub fn from_args(kind: Kind, a: &PerfArgs, cores: usize) -> Result<Settings, String> {
         let role = role_of(a)?;
-        if !a.timeout.is_finite() || a.timeout <= 0.0 || a.timeout > 86_400.0 {
+        // Under a millisecond would become a zero Duration: every wait
+        // would fail at once, naming something else.
+        if !a.timeout.is_finite() || a.timeout < 0.001 || a.timeout > 86_400.0 {
             return Err(format!(
-                "--timeout {} is out of range: give 0 < SECONDS <= 86400",
+                "--timeout {} is out of range: give 0.001 <= SECONDS <= 86400",
                 a.timeout
+            ));
+        }
+        if !(1..=MAX_SESSION_SECS).contains(&a.max_session) {
+            return Err(format!(
+                "--max-session {} is out of range: give 1 <= SECONDS <= {MAX_SESSION_SECS}",
+                a.max_session
             ));
         }
         check_role_flags(a, &role)?;
@@ -355,6 +378,7 @@ impl Settings {
             server_core,
             timeout: Duration::from_secs_f64(a.timeout),
             max_registered: a.max_registered,
+            max_session: Duration::from_secs(a.max_session),
             await_sends: a.await_sends,
             raw_samples: a.raw_samples,
         })
@@ -380,6 +404,9 @@ fn check_role_flags(a: &PerfArgs, role: &Role) -> Result<(), String> {
         }
         if a.max_registered.is_some() {
             return Err("--max-registered is for the server (run without HOST)".into());
+        }
+        if a.max_session != DEFAULT_MAX_SESSION_SECS {
+            return Err("--max-session is for the server (run without HOST)".into());
         }
         return Ok(());
     }

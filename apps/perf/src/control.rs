@@ -347,7 +347,11 @@ impl Control {
                     Some(bytes) => bytes,
                     None => {
                         if c.peer_gone()? {
-                            bail!("the peer closed the control connection");
+                            return Err(std::io::Error::new(
+                                ErrorKind::UnexpectedEof,
+                                "the peer closed the control connection",
+                            )
+                            .into());
                         }
                         return Ok(None);
                     }
@@ -400,8 +404,18 @@ impl Control {
 /// the stream is in.
 fn read_frame(s: &mut DeadlineStream) -> Result<Vec<u8>> {
     let mut len = [0u8; 4];
-    s.read_exact(&mut len)
-        .map_err(|e| stream_error(e, "reading the control stream"))?;
+    s.read_exact(&mut len).map_err(|e| {
+        // std's "failed to fill whole buffer" would not say who ended it.
+        let e = if e.kind() == ErrorKind::UnexpectedEof {
+            std::io::Error::new(
+                ErrorKind::UnexpectedEof,
+                "the peer closed the control stream",
+            )
+        } else {
+            e
+        };
+        stream_error(e, "reading the control stream")
+    })?;
     let len = u32::from_le_bytes(len) as usize;
     if len > MAX_MSG {
         return Err(BadMessage(format!(

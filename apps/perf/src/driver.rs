@@ -3,7 +3,7 @@
 //! side ([`serve`]), which is always direct. Nothing here allocates once
 //! a driver is built, and every wait is bounded.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
 use pinpoll::datapath::Stats;
@@ -813,15 +813,54 @@ const PASSIVE_NAP: Duration = Duration::from_millis(1);
 /// How long nothing must arrive before the server asks `stop`.
 const QUIET: Duration = Duration::from_millis(1);
 
+/// The end of a client's session on the server (`--max-session`): serving
+/// past it fails with [`SessionLimit`].
+#[derive(Debug, Clone, Copy)]
+pub struct Until(pub Option<Instant>);
+
+/// How many messages the server serves between two looks at the clock
+/// for [`Until`]: rare enough to cost nothing per message, and at any
+/// rate a device reaches, a small fraction of a second.
+const SESSION_CHECK: u64 = 1024;
+
+impl Until {
+    /// Fails once the session is over; on the fast path (`served`
+    /// messages so far) it looks at the clock every [`SESSION_CHECK`].
+    #[inline]
+    pub fn check(self, served: u64) -> Result<()> {
+        match self.0 {
+            Some(end) if served.is_multiple_of(SESSION_CHECK) && Instant::now() >= end => {
+                Err(SessionLimit.into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The client's session reached the server's `--max-session`.
+#[derive(Debug)]
+pub struct SessionLimit;
+
+impl std::fmt::Display for SessionLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("session limit reached (the server's --max-session)")
+    }
+}
+
+impl std::error::Error for SessionLimit {}
+
 /// The server's side of `plan`, until `stop` says so. `stop` is asked only
 /// when nothing arrived for a while (never on the fast path); `idle_limit`
 /// bounds how long the server waits with nothing arriving. `timeout`
-/// bounds each of its own completion waits.
+/// bounds each of its own completion waits; `until` the whole of it, busy
+/// or not (else a client pinging within `idle_limit` would hold the
+/// server as long as it liked).
 pub fn serve(
     conn: &mut Connection,
     plan: Plan,
     timeout: Duration,
     idle_limit: Duration,
+    until: Until,
     stop: &mut dyn FnMut() -> Result<bool>,
 ) -> Result<Served> {
     // Calibrated before serving, not at an idle wait's second clock check
@@ -832,10 +871,12 @@ pub fn serve(
     // server asks `stop`, after idle_limit it gives up.
     let mut idle = Spin::new(idle_limit, "the client's next operation (server idle)");
     let served = match plan.kind {
-        Kind::WriteLat => serve_write_lat(conn, &plan, buf, timeout, &mut idle, stop)?,
-        Kind::SendLat => serve_send_lat(conn, &plan, &buf, timeout, &mut idle, stop)?,
-        Kind::ReadLat | Kind::WriteBw | Kind::ReadBw => serve_passively(conn, stop)?,
-        Kind::SendBw | Kind::WriteImmBw => serve_stream(conn, &plan, timeout, &mut idle, stop)?,
+        Kind::WriteLat => serve_write_lat(conn, &plan, buf, timeout, &mut idle, until, stop)?,
+        Kind::SendLat => serve_send_lat(conn, &plan, &buf, timeout, &mut idle, until, stop)?,
+        Kind::ReadLat | Kind::WriteBw | Kind::ReadBw => serve_passively(conn, until, stop)?,
+        Kind::SendBw | Kind::WriteImmBw => {
+            serve_stream(conn, &plan, timeout, &mut idle, until, stop)?
+        }
     };
     conn.set_completion_timeout(timeout);
     conn.wait_idle(|_| {})?;
@@ -853,6 +894,7 @@ fn serve_write_lat(
     mut buf: Vec<u8>,
     timeout: Duration,
     idle: &mut Spin,
+    until: Until,
     stop: &mut dyn FnMut() -> Result<bool>,
 ) -> Result<u64> {
     let last = plan.size - 1;
@@ -871,9 +913,10 @@ fn serve_write_lat(
             }
             served += 1;
             idle.reset();
+            until.check(served)?;
             continue;
         }
-        if quiet_turn(conn, idle, stop)? {
+        if quiet_turn(conn, idle, until, stop)? {
             return Ok(served);
         }
     }
@@ -885,9 +928,11 @@ fn serve_write_lat(
 fn quiet_turn(
     conn: &mut Connection,
     idle: &mut Spin,
+    until: Until,
     stop: &mut dyn FnMut() -> Result<bool>,
 ) -> Result<bool> {
     if idle.tick()? && idle.waited() > QUIET {
+        until.check(0)?;
         if stop()? {
             return Ok(true);
         }
@@ -903,6 +948,7 @@ fn serve_send_lat(
     buf: &[u8],
     timeout: Duration,
     idle: &mut Spin,
+    until: Until,
     stop: &mut dyn FnMut() -> Result<bool>,
 ) -> Result<u64> {
     let mut served = 0u64;
@@ -915,9 +961,10 @@ fn serve_send_lat(
             }
             served += 1;
             idle.reset();
+            until.check(served)?;
             continue;
         }
-        if quiet_turn(conn, idle, stop)? {
+        if quiet_turn(conn, idle, until, stop)? {
             return Ok(served);
         }
     }
@@ -926,8 +973,13 @@ fn serve_send_lat(
 /// read-lat, write-bw, read-bw: the client's READs and WRITEs need nothing
 /// from this CPU, so the server naps (the core stays free for the device,
 /// rxe runs in the kernel, and for the client) until `stop`.
-fn serve_passively(conn: &mut Connection, stop: &mut dyn FnMut() -> Result<bool>) -> Result<u64> {
+fn serve_passively(
+    conn: &mut Connection,
+    until: Until,
+    stop: &mut dyn FnMut() -> Result<bool>,
+) -> Result<u64> {
     loop {
+        until.check(0)?;
         if stop()? {
             return Ok(0);
         }
@@ -946,6 +998,7 @@ fn serve_stream(
     plan: &Plan,
     timeout: Duration,
     idle: &mut Spin,
+    until: Until,
     stop: &mut dyn FnMut() -> Result<bool>,
 ) -> Result<u64> {
     let (mut served, mut credited) = (0u64, 0u64);
@@ -961,6 +1014,10 @@ fn serve_stream(
             return Err(Error::Completion(e).into());
         }
         if got > 0 {
+            // `got` may step over a multiple of SESSION_CHECK.
+            if (served + got) / SESSION_CHECK != served / SESSION_CHECK {
+                until.check(0)?;
+            }
             served += got;
             idle.reset();
             if served - credited >= plan.credit_window {
@@ -970,8 +1027,11 @@ fn serve_stream(
             }
             continue;
         }
-        if idle.tick()? && idle.waited() > QUIET && stop()? {
-            return Ok(served);
+        if idle.tick()? && idle.waited() > QUIET {
+            until.check(0)?;
+            if stop()? {
+                return Ok(served);
+            }
         }
     }
 }

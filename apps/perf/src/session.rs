@@ -95,7 +95,8 @@ impl ServerThread {
                 // the client's own waits are bounded; the server waits
                 // only for the stop flag.
                 let idle = Duration::from_secs(24 * 3600);
-                let served = driver::serve(&mut conn, plan, timeout, idle, &mut || {
+                let until = driver::Until(None);
+                let served = driver::serve(&mut conn, plan, timeout, idle, until, &mut || {
                     Ok(flag.load(Ordering::Relaxed))
                 })?;
                 // The connection goes back to the caller, who drops it
@@ -479,6 +480,16 @@ fn client_point(
         params.iters,
         params.warmup,
     );
+    // A server that ends the measurement (its --max-session) says why on
+    // the control channel before it drops the data connection: that
+    // reason, not only the data path's failure it caused.
+    let figures = figures.map_err(|e| match ctl.try_recv() {
+        Ok(Some(Msg::Error { message })) => e.context(format!(
+            "the server reported: {}",
+            crate::control::printable(&message)
+        )),
+        _ => e,
+    });
     let figures = figures.with_context(|| format!("{} at {} bytes", s.kind.name(), params.size))?;
     // Everything acknowledged before the server closes its side.
     driver
@@ -503,15 +514,83 @@ fn refuse(ctl: &mut Control, why: anyhow::Error) -> anyhow::Error {
     }
     message.truncate(cut);
     match ctl.send(&Msg::Error { message }) {
-        Ok(()) => why.context("refused the client"),
-        Err(e) => why.context(format!("refused the client (who could not be told: {e:#})")),
+        Ok(()) => why.context(ClientFault("refused the client".to_owned())),
+        Err(e) => why.context(ClientFault(format!(
+            "refused the client (who could not be told: {e:#})"
+        ))),
     }
 }
 
+/// A failure the client caused by what it sent or asked for; the server
+/// reports it and goes on to the next client.
+#[derive(Debug)]
+struct ClientFault(String);
+
+impl std::fmt::Display for ClientFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ClientFault {}
+
+/// Whether `err` ended the session through the client (its silence,
+/// what it sent, its leaving, its side of the data connection) rather
+/// than through this server (its device, its listener): only the
+/// latter may end the server, or any peer could end it for everyone.
+fn client_failed(err: &anyhow::Error) -> bool {
+    use std::io::ErrorKind;
+    crate::control::is_timeout(err)
+        || err.downcast_ref::<ClientFault>().is_some()
+        || err.chain().any(|cause| {
+            cause.is::<BadMessage>()
+                || cause.is::<ClientFault>()
+                || cause.downcast_ref::<std::io::Error>().is_some_and(|e| {
+                    matches!(
+                        e.kind(),
+                        ErrorKind::UnexpectedEof
+                            | ErrorKind::ConnectionReset
+                            | ErrorKind::ConnectionAborted
+                            | ErrorKind::BrokenPipe
+                    )
+                })
+                || matches!(
+                    cause.downcast_ref::<pinpoll::Error>(),
+                    Some(
+                        pinpoll::Error::Exchange { .. }
+                            | pinpoll::Error::BadRecord(_)
+                            | pinpoll::Error::Wire(_)
+                            | pinpoll::Error::Disconnected
+                            | pinpoll::Error::PeerLeft(_)
+                            | pinpoll::Error::PeerUnresponsive { .. }
+                            | pinpoll::Error::Rejected { .. }
+                            | pinpoll::Error::Timeout { .. }
+                    )
+                )
+        })
+}
+
+/// The most sizes one client may ask for in a session (`-a` asks 23): with
+/// `--max-session`, what bounds how long one client holds the server.
+pub const MAX_SESSION_SIZES: u64 = 32;
+
 /// The client's next parameters, or `None` at its end. A message that
-/// is not one gets the client told why.
-fn next_params(ctl: &mut Control, timeout: Duration) -> Result<Option<Params>> {
+/// is not one, parameters past the session's end (`until`) or beyond
+/// [`MAX_SESSION_SIZES`] (`served` so far) get the client told why.
+fn next_params(
+    ctl: &mut Control,
+    timeout: Duration,
+    until: Instant,
+    served: u64,
+) -> Result<Option<Params>> {
     match ctl.recv(timeout, "the client's next parameters") {
+        Ok(Msg::Params(_)) if Instant::now() >= until => {
+            Err(refuse(ctl, driver::SessionLimit.into()))
+        }
+        Ok(Msg::Params(_)) if served >= MAX_SESSION_SIZES => Err(refuse(
+            ctl,
+            anyhow!("the client asked for more than {MAX_SESSION_SIZES} sizes in one session"),
+        )),
         Ok(Msg::Params(p)) => Ok(Some(p)),
         Ok(Msg::End) => Ok(None),
         Ok(other) => Err(refuse(
@@ -551,8 +630,9 @@ fn run_server(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
         Transport::RdmaCm => Door::Cm(listen_cm(s, &limits, emit)?),
     };
     // One client at a time; one that goes silent (or too slow) at any
-    // step is given up, and the server waits for the next, so a peer
-    // that connects and says nothing holds the place only `--timeout`.
+    // step, or fails (leaves, sends nonsense, asks too much), is given
+    // up, and the server waits for the next: no peer can end the server
+    // for the others. Only a failure of the server's own ends it.
     let served_sizes = loop {
         let mut ctl = door.accept(s)?;
         let _doorman = match &door {
@@ -563,6 +643,13 @@ fn run_server(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
             Ok(sizes) => break sizes,
             Err(e) if crate::control::is_timeout(&e) => {
                 let line = pinpoll_appkit::error_line(&e.context("gave up on a silent client"));
+                tracing::warn!("{line}");
+                if !s.json {
+                    emit(&format!(" {line}; waiting for the next client"));
+                }
+            }
+            Err(e) if client_failed(&e) => {
+                let line = pinpoll_appkit::error_line(&e.context("gave up on a client"));
                 tracing::warn!("{line}");
                 if !s.json {
                     emit(&format!(" {line}; waiting for the next client"));
@@ -615,8 +702,11 @@ fn serve_client(
     door: &Door,
     emit: &mut dyn FnMut(&str),
 ) -> Result<u64> {
+    let until = Instant::now()
+        .checked_add(s.max_session)
+        .context("--max-session is too long for this clock")?;
     let mut served_sizes = 0u64;
-    while let Some(params) = next_params(ctl, s.timeout)? {
+    while let Some(params) = next_params(ctl, s.timeout, until, served_sizes)? {
         let cfg = admit(ctl, limits, &params, base)?;
         let nonce = data_nonce()?;
         ctl.send(&Msg::Ready { nonce })?;
@@ -630,7 +720,12 @@ fn serve_client(
             )
             .context("the TCP exchange of the data connection")?,
         };
-        let served = serve_one_size(s, ctl, &mut conn, &params)?;
+        let served = match serve_one_size(s, ctl, &mut conn, &params, until) {
+            Err(e) if e.downcast_ref::<driver::SessionLimit>().is_some() => {
+                return Err(refuse(ctl, e));
+            }
+            served => served?,
+        };
         drop(conn);
         served_sizes += 1;
         if !s.json {
@@ -664,7 +759,7 @@ impl Doorman {
                 while !flag.load(Ordering::Relaxed) {
                     match tcp.accept() {
                         Ok((stream, peer)) => {
-                            if let Err(e) = tell_busy(stream, timeout) {
+                            if let Err(e) = tell_busy(stream, timeout.min(BUSY_BOUND)) {
                                 tracing::warn!(%peer, "telling a client the server is busy: {e:#}");
                             }
                         }
@@ -695,18 +790,20 @@ impl Drop for Doorman {
 }
 
 /// Answers whatever the `--oob` client on `stream` asks with "server
-/// busy", then waits (bounded) for it to close, so its own message never
-/// meets a reset that would discard the answer unread.
-fn tell_busy(stream: TcpStream, timeout: Duration) -> Result<()> {
+/// busy", then waits for it to close, so its own message never meets a
+/// reset that would discard the answer unread. All of it, whatever the
+/// newcomer sends, takes at most `within`: the doorman, and the drop
+/// that joins it, are held no longer than that by any one newcomer.
+fn tell_busy(stream: TcpStream, within: Duration) -> Result<()> {
     stream.set_nonblocking(false)?;
-    let mut ctl = Control::tcp(stream, timeout.min(BUSY_BOUND));
+    let mut ctl = Control::tcp(stream, within);
     let message = String::from_utf8_lossy(BUSY.strip_suffix(b"\0").unwrap_or(BUSY)).into_owned();
+    // `send` starts the one wait; the drain below stays in it.
     ctl.send(&Msg::Error { message })?;
-    let Some(stream) = ctl.stream() else {
+    let Control::Tcp(stream) = &mut ctl else {
         unreachable!("a TCP control stream");
     };
-    stream.shutdown(std::net::Shutdown::Write)?;
-    stream.set_read_timeout(Some(timeout.min(BUSY_BOUND)))?;
+    stream.get_mut().shutdown(std::net::Shutdown::Write)?;
     let mut rest = [0u8; 512];
     while std::io::Read::read(stream, &mut rest)? > 0 {}
     Ok(())
@@ -816,22 +913,34 @@ fn serve_one_size(
     ctl: &mut Control,
     conn: &mut Connection,
     params: &Params,
+    until: Instant,
 ) -> Result<u64> {
     let mut stopped = false;
-    let served = driver::serve(conn, params.plan(), s.timeout, s.timeout, &mut || {
-        if stopped {
-            return Ok(true);
-        }
-        match ctl.try_recv() {
-            Ok(Some(Msg::Done)) => {
-                stopped = true;
-                Ok(true)
+    let until = driver::Until(Some(until));
+    let served = driver::serve(
+        conn,
+        params.plan(),
+        s.timeout,
+        s.timeout,
+        until,
+        &mut || {
+            if stopped {
+                return Ok(true);
             }
-            Ok(Some(other)) => Err(anyhow!("the client sent {other:?} during the measurement")),
-            Ok(None) => Ok(false),
-            Err(e) => Err(e),
-        }
-    })
+            match ctl.try_recv() {
+                Ok(Some(Msg::Done)) => {
+                    stopped = true;
+                    Ok(true)
+                }
+                Ok(Some(other)) => Err(ClientFault(format!(
+                    "the client sent {other:?} during the measurement"
+                ))
+                .into()),
+                Ok(None) => Ok(false),
+                Err(e) => Err(e),
+            }
+        },
+    )
     .with_context(|| format!("serving {} at {} bytes", params.kind.name(), params.size))?;
     ctl.send(&Msg::Served {
         messages: served.messages,
@@ -985,6 +1094,162 @@ mod tests {
         assert!(matches!(answer, Msg::Ready { .. }), "{answer:?}");
         drop((first, second));
         let _ = server.join().unwrap();
+    }
+
+    /// The server's next line that contains `what`, or a panic naming
+    /// what the server did instead (its end, or nothing for a minute).
+    fn line_with(lines: &mpsc::Receiver<String>, what: &str) -> String {
+        loop {
+            match lines.recv_timeout(Duration::from_secs(60)) {
+                Ok(line) if line.contains(what) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("the server said no {what:?}: {e}"),
+            }
+        }
+    }
+
+    /// A newcomer that sends a byte every 500 ms while another client
+    /// holds the place is told "busy" and let go within the doorman's
+    /// bound, however long it trickles, so the doorman never holds the
+    /// server up and the client after a given-up one is served.
+    #[test]
+    fn a_trickling_newcomer_does_not_hold_the_server_up() {
+        let (addr, server, lines) = oob_server("1");
+        let silent = TcpStream::connect(addr).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let trickler = {
+            let stop = Arc::clone(&stop);
+            let mut t = TcpStream::connect(addr).unwrap();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) && t.write_all(b"x").is_ok() {
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            })
+        };
+        line_with(&lines, "gave up on a silent client");
+        let mut honest = TcpStream::connect(addr).unwrap();
+        send_raw(&mut honest, &params());
+        let answer = recv_raw(&mut honest, "the client after a silent one");
+        stop.store(true, Ordering::Relaxed);
+        assert!(matches!(answer, Msg::Ready { .. }), "{answer:?}");
+        drop((honest, silent));
+        trickler.join().unwrap();
+        let _ = server.join().unwrap();
+    }
+
+    /// A client that connects and closes at once (a port scan) is
+    /// reported and given up; the server answers the next.
+    #[test]
+    fn a_client_that_connects_and_closes_does_not_end_the_server() {
+        let (addr, server, lines) = oob_server("5");
+        drop(TcpStream::connect(addr).unwrap());
+        let line = line_with(&lines, "gave up on a client");
+        assert!(line.contains("closed"), "{line}");
+        let mut honest = TcpStream::connect(addr).unwrap();
+        send_raw(&mut honest, &params());
+        let answer = recv_raw(&mut honest, "the client after one that closed");
+        assert!(matches!(answer, Msg::Ready { .. }), "{answer:?}");
+        drop(honest);
+        let _ = server.join().unwrap();
+    }
+
+    /// A client whose first frame claims 4 GiB is told why, reported and
+    /// given up; the server answers the next.
+    #[test]
+    fn a_client_s_bad_frame_does_not_end_the_server() {
+        let (addr, server, lines) = oob_server("5");
+        let mut bad = TcpStream::connect(addr).unwrap();
+        bad.write_all(&[0xff; 4]).unwrap();
+        match recv_raw(&mut bad, "the client of a bad frame") {
+            Msg::Error { message } => assert!(message.contains("too long"), "{message}"),
+            other => panic!("a bad frame was answered {other:?}"),
+        }
+        let line = line_with(&lines, "gave up on a client");
+        assert!(line.contains("too long"), "{line}");
+        drop(bad);
+        let mut honest = TcpStream::connect(addr).unwrap();
+        send_raw(&mut honest, &params());
+        let answer = recv_raw(&mut honest, "the client after a bad frame");
+        assert!(matches!(answer, Msg::Ready { .. }), "{answer:?}");
+        drop(honest);
+        let _ = server.join().unwrap();
+    }
+
+    /// The server's control stream of a client on `peer` (the client's
+    /// end), over loopback TCP.
+    fn control_pair() -> (Control, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (server, _) = l.accept().unwrap();
+        (Control::tcp(server, Duration::from_secs(60)), peer)
+    }
+
+    /// Parameters that come after the session's end are refused, and the
+    /// client is told "session limit reached".
+    #[test]
+    fn parameters_past_the_session_limit_are_refused_and_the_client_told() {
+        let (mut ctl, mut client) = control_pair();
+        let timeout = Duration::from_secs(60);
+        let until = Instant::now() + Duration::from_millis(1);
+        std::thread::sleep(Duration::from_millis(2));
+        send_raw(&mut client, &params());
+        let err = next_params(&mut ctl, timeout, until, 0).expect_err("past the end");
+        assert!(client_failed(&err), "{err:#}");
+        assert!(
+            format!("{err:#}").contains("session limit reached"),
+            "{err:#}"
+        );
+        match recv_raw(&mut client, "the client past its session") {
+            Msg::Error { message } => {
+                assert!(message.contains("session limit reached"), "{message}")
+            }
+            other => panic!("answered {other:?}"),
+        }
+        // Before the end, the same parameters are taken.
+        let until = Instant::now() + Duration::from_secs(3600);
+        send_raw(&mut client, &params());
+        let got = next_params(&mut ctl, timeout, until, 0).unwrap();
+        assert!(got.is_some());
+    }
+
+    /// A client may ask for MAX_SESSION_SIZES sizes, and no more.
+    #[test]
+    fn a_client_asking_more_sizes_than_the_cap_is_refused() {
+        let (mut ctl, mut client) = control_pair();
+        let (timeout, until) = (
+            Duration::from_secs(60),
+            Instant::now() + Duration::from_secs(3600),
+        );
+        send_raw(&mut client, &params());
+        assert!(next_params(&mut ctl, timeout, until, MAX_SESSION_SIZES - 1)
+            .unwrap()
+            .is_some());
+        send_raw(&mut client, &params());
+        let err =
+            next_params(&mut ctl, timeout, until, MAX_SESSION_SIZES).expect_err("over the cap");
+        assert!(client_failed(&err), "{err:#}");
+        match recv_raw(&mut client, "the client over the cap") {
+            Msg::Error { message } => assert!(
+                message.contains(&format!("more than {MAX_SESSION_SIZES} sizes")),
+                "{message}"
+            ),
+            other => panic!("answered {other:?}"),
+        }
+    }
+
+    /// The session's end stops a server busy serving, not only one that
+    /// waits (`Until` is checked on the fast path too), and no end never
+    /// stops it.
+    #[test]
+    fn the_session_end_is_seen_while_serving() {
+        let past = driver::Until(Some(Instant::now()));
+        std::thread::sleep(Duration::from_millis(1));
+        let err = past.check(0).expect_err("the end has passed");
+        assert!(err.is::<driver::SessionLimit>(), "{err}");
+        assert!(past.check(1).is_ok(), "between two looks at the clock");
+        assert!(driver::Until(None).check(0).is_ok());
+        let ahead = driver::Until(Some(Instant::now() + Duration::from_secs(3600)));
+        assert!(ahead.check(0).is_ok());
     }
 
     /// A driver whose round trips succeed `left` times, then fail as a

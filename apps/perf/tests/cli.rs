@@ -64,6 +64,7 @@ fn help_explains_every_flag_and_exits_zero() {
         "--await-sends",
         "-x, --gid-index",
         "--raw-samples",
+        "--max-session",
     ] {
         assert!(
             text.contains(flag),
@@ -161,6 +162,20 @@ fn bad_command_lines_fail_with_one_error_line() {
             "give -n 1000000 or fewer",
         ),
         (&[], "requires a subcommand"),
+        // Below a millisecond the Duration was zero: every wait failed
+        // at once, with errors naming other things.
+        (
+            &["write-lat", "--loopback", "--timeout", "0.0000001"],
+            "--timeout 0.0000001 is out of range: give 0.001 <= SECONDS <= 86400",
+        ),
+        (
+            &["write-lat", "10.0.0.1", "--max-session", "60"],
+            "--max-session is for the server",
+        ),
+        (
+            &["write-lat", "--max-session", "0"],
+            "--max-session 0 is out of range",
+        ),
     ];
     for (args, expected) in cases {
         let out = perf(args);
@@ -214,6 +229,8 @@ fn settings_follow_perftest_defaults_and_the_role() {
     );
     assert_eq!(s.profile, "latency");
     assert_eq!(s.port, 18515);
+    let server = settings(&["write-lat"]).unwrap();
+    assert_eq!(server.max_session, Duration::from_secs(3600));
 
     let s = settings(&[
         "read-bw",

@@ -473,3 +473,58 @@ fn a_client_silent_after_connecting_its_data_connection_is_given_up() {
         out.stdout
     );
 }
+
+/// A client that would measure for ever (`-n 2^40`) holds the server only
+/// its `--max-session`: it is told "session limit reached" and given up.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_client_past_the_session_limit_is_told_and_given_up() {
+    let (port, host, dev) = ("18619", addr4(), device());
+    let server = Running::spawn(command(
+        PERF,
+        &[
+            "send-lat",
+            "-p",
+            port,
+            "-d",
+            &dev,
+            "--oob",
+            "--timeout",
+            "10",
+            "--max-session",
+            "2",
+        ],
+    ));
+    assert!(
+        server
+            .wait_for_line(|l| l.contains("Waiting for a client"))
+            .is_some(),
+        "the server never listened"
+    );
+    let client = run_within(
+        PERF,
+        &[
+            "send-lat",
+            host.as_str(),
+            "-p",
+            port,
+            "-d",
+            &dev,
+            "--oob",
+            "--timeout",
+            "10",
+            "-n",
+            "1099511627776",
+        ],
+        BOUND,
+    );
+    let line = client.assert_one_error_line("the client past its session");
+    assert!(line.contains("session limit reached"), "{line}");
+    // No client comes next: the server ends after its --timeout.
+    let out = server.finish_within(BOUND);
+    assert!(
+        out.stdout.contains("gave up on a client") && out.stdout.contains("session limit reached"),
+        "{}",
+        out.stdout
+    );
+}

@@ -90,7 +90,7 @@ impl Listener {
     /// Waits for the next connect request and builds its endpoint. A
     /// request whose resources cannot be created is rejected.
     pub fn next_request(&self, cfg: &QpConfig, timeout: Duration) -> Result<Request> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::wait::deadline_after(timeout);
         // The request's own channel comes first: once its event is taken,
         // a failure here (out of descriptors) would leave the request
         // neither accepted nor rejected, and its id never destroyed.
@@ -195,7 +195,7 @@ impl Request {
             &self.id,
             "rdma_accept",
             event::ESTABLISHED,
-            Instant::now() + timeout.min(self.cfg.connect_timeout),
+            crate::wait::deadline_after(timeout.min(self.cfg.connect_timeout)),
         )?;
         let data = std::mem::take(&mut self.event.private_data);
         self.endpoint.mark_connected(data, None);
@@ -225,7 +225,7 @@ impl Connector {
     /// not active.
     pub fn resolve(dst: SocketAddr, cfg: &QpConfig) -> Result<Connector> {
         cfg.validate()?;
-        let deadline = Instant::now() + cfg.connect_timeout;
+        let deadline = crate::wait::deadline_after(cfg.connect_timeout);
         let channel = EventChannel::new()?;
         let id = CmId::new(&channel)?;
         id.resolve_addr(dst, ms(cfg.connect_timeout))?;
@@ -256,7 +256,7 @@ impl Connector {
             &self.id,
             "rdma_connect",
             event::ESTABLISHED,
-            Instant::now() + self.cfg.connect_timeout,
+            crate::wait::deadline_after(self.cfg.connect_timeout),
         )?;
         self.endpoint.mark_connected(ev.private_data, None);
         Ok(self.endpoint)

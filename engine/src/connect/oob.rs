@@ -93,9 +93,17 @@ impl Prepared {
     ) -> Result<Endpoint> {
         let mut exchange = Exchange::new(stream, self.cfg.connect_timeout)?;
         let mine = self.record(region);
-        exchange.send(&mine.encode(), "sending the connection record")?;
+        exchange.send(
+            &mine.encode(),
+            "sending the connection record",
+            "the peer to take our connection record",
+        )?;
         let mut buf = [0u8; ConnectionRecord::LEN];
-        exchange.receive(&mut buf, "receiving the peer's connection record")?;
+        exchange.receive(
+            &mut buf,
+            "receiving the peer's connection record",
+            "the peer's connection record",
+        )?;
         let peer = ConnectionRecord::decode(&buf)?;
 
         let path = crate::sys::qp::PeerPath {
@@ -110,9 +118,13 @@ impl Prepared {
         self.endpoint.qp().enter_rtr(&path, &self.cfg)?;
         self.endpoint.qp().enter_rts(self.psn, &self.cfg)?;
 
-        exchange.send(b"R", "signalling ready")?;
+        exchange.send(b"R", "signalling ready", "the peer to take our ready byte")?;
         let mut ready = [0u8; 1];
-        exchange.receive(&mut ready, "waiting for the peer to be ready")?;
+        exchange.receive(
+            &mut ready,
+            "waiting for the peer to be ready",
+            "the peer's ready byte",
+        )?;
         if ready != *b"R" {
             return Err(Error::BadRecord(format!(
                 "expected the ready byte 'R', got {:#04x}",
@@ -142,23 +154,29 @@ impl<'a> Exchange<'a> {
         })?;
         Ok(Exchange {
             stream,
-            deadline: Instant::now() + within,
+            deadline: crate::wait::deadline_after(within),
             within,
         })
     }
 
-    /// What is left of the deadline, or the timeout if nothing is.
-    fn left(&self) -> Result<Duration> {
+    /// What is left of the deadline, or the timeout of the step awaiting
+    /// `what` if nothing is.
+    fn left(&self, what: &'static str) -> Result<Duration> {
         let left = self.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(timed_out(self.within));
+            return Err(Error::Timeout {
+                what,
+                waited: self.within,
+            });
         }
         Ok(left)
     }
 
-    fn send(&mut self, mut bytes: &[u8], op: &'static str) -> Result<()> {
+    /// Sends `bytes` in the step `op`, whose timeout names `what` it
+    /// awaited.
+    fn send(&mut self, mut bytes: &[u8], op: &'static str, what: &'static str) -> Result<()> {
         while !bytes.is_empty() {
-            let left = self.left()?;
+            let left = self.left(what)?;
             self.stream
                 .set_write_timeout(Some(left))
                 .map_err(|source| Error::Exchange { op, source })?;
@@ -177,9 +195,11 @@ impl<'a> Exchange<'a> {
         Ok(())
     }
 
-    fn receive(&mut self, mut buf: &mut [u8], op: &'static str) -> Result<()> {
+    /// Fills `buf` in the step `op`, whose timeout names `what` it
+    /// awaited.
+    fn receive(&mut self, mut buf: &mut [u8], op: &'static str, what: &'static str) -> Result<()> {
         while !buf.is_empty() {
-            let left = self.left()?;
+            let left = self.left(what)?;
             self.stream
                 .set_read_timeout(Some(left))
                 .map_err(|source| Error::Exchange { op, source })?;
@@ -218,13 +238,6 @@ fn waits_again(e: &std::io::Error) -> bool {
             | std::io::ErrorKind::TimedOut
             | std::io::ErrorKind::Interrupted
     )
-}
-
-fn timed_out(waited: Duration) -> Error {
-    Error::Timeout {
-        what: "the peer's out-of-band exchange",
-        waited,
-    }
 }
 
 /// A 24-bit initial packet sequence number that differs between
@@ -271,15 +284,46 @@ mod tests {
             }
         });
         let mut exchange = Exchange::new(&mut ours, Duration::from_millis(500)).unwrap();
-        let got = exchange.receive(&mut [0u8; 64], "receiving the peer's connection record");
+        let got = exchange.receive(
+            &mut [0u8; 64],
+            "receiving the peer's connection record",
+            "the peer's connection record",
+        );
         assert!(
             matches!(got, Err(Error::Timeout { .. })),
             "the whole record takes 1.6 s: {got:?}"
         );
+        let Err(Error::Timeout { what, waited }) = got else {
+            unreachable!()
+        };
+        // The step, not only "the exchange"; and the whole budget.
+        assert_eq!(what, "the peer's connection record");
+        assert_eq!(waited, Duration::from_millis(500));
         drop(exchange);
         drop(ours);
         trickler.join().unwrap();
     }
+    /// A connect timeout past what the clock can add (`Duration::MAX`,
+    /// through the public `QpConfig`) is no panic: the deadline is as far
+    /// as the clock goes, and the exchange runs.
+    #[test]
+    fn a_connect_timeout_past_the_clock_s_range_does_not_panic() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut peer, _) = listener.accept().unwrap();
+        peer.write_all(b"rec").unwrap();
+        let mut exchange = Exchange::new(&mut ours, Duration::MAX).unwrap();
+        let mut got = [0u8; 3];
+        exchange
+            .receive(
+                &mut got,
+                "receiving the peer's connection record",
+                "the peer's connection record",
+            )
+            .unwrap();
+        assert_eq!(&got, b"rec");
+    }
+
     #[test]
     fn initial_psns_are_24_bits_and_spread() {
         let psns: std::collections::BTreeSet<u32> = (0..64).map(|_| super::initial_psn()).collect();
