@@ -635,11 +635,17 @@ fn run_server(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
     // for the others. Only a failure of the server's own ends it.
     let served_sizes = loop {
         let mut ctl = door.accept(s)?;
-        let _doorman = match &door {
-            Door::Tcp(tcp) => Some(Doorman::start(tcp, s.timeout)?),
-            Door::Cm(_) => None,
+        // The doorman goes before the outcome is reported: once the
+        // server says it waits for the next client, the next one to
+        // come is served, never told "busy" by a doorman still at work.
+        let served = {
+            let _doorman = match &door {
+                Door::Tcp(tcp) => Some(Doorman::start(tcp, s.timeout)?),
+                Door::Cm(_) => None,
+            };
+            serve_client(s, &limits, &base, &mut ctl, &door, emit)
         };
-        match serve_client(s, &limits, &base, &mut ctl, &door, emit) {
+        match served {
             Ok(sizes) => break sizes,
             Err(e) if crate::control::is_timeout(&e) => {
                 let line = pinpoll_appkit::error_line(&e.context("gave up on a silent client"));
@@ -969,6 +975,19 @@ mod tests {
         JoinHandle<Result<Report>>,
         mpsc::Receiver<String>,
     ) {
+        oob_server_with(timeout, |_, _| {})
+    }
+
+    /// [`oob_server`], with `on_line` run on each line the server emits,
+    /// in the server's thread, before the test sees the line.
+    fn oob_server_with(
+        timeout: &str,
+        mut on_line: impl FnMut(SocketAddr, &str) + Send + 'static,
+    ) -> (
+        SocketAddr,
+        JoinHandle<Result<Report>>,
+        mpsc::Receiver<String>,
+    ) {
         // A port nobody holds now; the server binds it at once.
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -990,8 +1009,10 @@ mod tests {
         let cli = Cli::try_parse_from(args).unwrap();
         let settings = Settings::from_args(cli.command.kind(), cli.command.args(), 1).unwrap();
         let (lines, seen) = mpsc::channel();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let server = std::thread::spawn(move || {
             run(&settings, &mut |line: &str| {
+                on_line(addr, line);
                 let _ = lines.send(line.to_owned());
             })
         });
@@ -1003,7 +1024,7 @@ mod tests {
                 break;
             }
         }
-        (SocketAddr::from(([127, 0, 0, 1], port)), server, seen)
+        (addr, server, seen)
     }
 
     /// A client's first measurement, as the client sends it.
@@ -1172,6 +1193,39 @@ mod tests {
         let answer = recv_raw(&mut honest, "the client after a bad frame");
         assert!(matches!(answer, Msg::Ready { .. }), "{answer:?}");
         drop(honest);
+        let _ = server.join().unwrap();
+    }
+
+    /// A client that connects the moment the server says it waits for
+    /// the next one is served, never told "busy": the doorman of the
+    /// client given up is gone before the server says so. (The client
+    /// connects from within the server's report and lingers there for
+    /// many of the doorman's naps, so a doorman still at work would
+    /// take it.)
+    #[test]
+    fn the_client_that_comes_as_the_server_says_it_waits_is_served() {
+        let (arrived, came) = mpsc::channel();
+        let (addr, server, lines) = oob_server_with("5", move |addr, line| {
+            if line.contains("waiting for the next client") {
+                let next = TcpStream::connect(addr).unwrap();
+                std::thread::sleep(DOORMAN_NAP * 10);
+                let _ = arrived.send(next);
+            }
+        });
+        let mut bad = TcpStream::connect(addr).unwrap();
+        bad.write_all(&[0xff; 4]).unwrap();
+        line_with(&lines, "gave up on a client");
+        drop(bad);
+        let mut next = came
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the next client connected");
+        send_raw(&mut next, &params());
+        let answer = recv_raw(
+            &mut next,
+            "the client that came as the server said it waits",
+        );
+        assert!(matches!(answer, Msg::Ready { .. }), "{answer:?}");
+        drop(next);
         let _ = server.join().unwrap();
     }
 
