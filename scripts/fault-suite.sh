@@ -84,6 +84,18 @@ port=7600
 TOTAL_LOSS_ERROR="timed out after [0-9.]*s waiting for rdma_connect"
 
 SUITE_T0=$SECONDS
+# The rig before any case: the peer answers ping over both families.
+# This also settles each family's neighbour entry before rdma_cm needs
+# it: once (2026-12-03), the suite's first IPv6 connect "timed out after
+# 9.77s waiting for rdma_resolve_addr" while IPv4 had just worked, and
+# later connects over IPv6 did not. messages_cross_the_link shows the
+# neighbour table if it fails again.
+command -v ping >/dev/null && PING=ping || PING="busybox ping"
+for peer in "$PEER4" "$PEER6"; do
+    $PING -c 1 -W 5 -I "$NETDEV" "${peer%%%*}" >/dev/null 2>&1 ||
+        $PING -c 3 -W 5 -I "$NETDEV" "${peer%%%*}" >/dev/null 2>&1 ||
+        { echo "error: the rig's link is down: $peer does not answer ping on $NETDEV" >&2; exit 2; }
+done
 armed || echo "DISARMED (FAULT_SUITE_DISARM=1): no case injects its fault; every fault case must fail"
 for ((k = 0; k < ${#FAULT_CASES[@]}; k += 2)); do
     c=${FAULT_CASES[k]}
