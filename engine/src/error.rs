@@ -424,9 +424,11 @@ pub enum Error {
     Timeout {
         /// What the wait was for, e.g. `a message from the peer`.
         what: &'static str,
-        /// How long it waited: the whole budget of the wait, which has
-        /// passed (for the out-of-band exchange, its connect timeout,
-        /// which covers all its steps; `what` names the step it ended in).
+        /// How long the wait that ended it waited. For most waits that is
+        /// their whole budget (for the out-of-band exchange, its connect
+        /// timeout, which covers all its steps; `what` names the step it
+        /// ended in); an rdma_cm step counts only its own wait, which may
+        /// be short when earlier steps used most of a shared deadline.
         waited: Duration,
     },
     /// The TCP socket of the out-of-band exchange failed.

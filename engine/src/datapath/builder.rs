@@ -266,10 +266,16 @@ impl ConnectionBuilder<'_> {
                 return Err(e);
             }
         };
-        let ep = request.accept_within(
-            &rings.private_data(&self.private_data),
-            self.cfg.qp.connect_timeout,
-        )?;
+        let ep = request
+            .accept_within(
+                &rings.private_data(&self.private_data),
+                self.cfg.qp.connect_timeout,
+            )
+            .inspect_err(|e| {
+                // The client sees only the kernel's reject (or nothing):
+                // the reason stays here.
+                tracing::warn!(error = %with_causes(e), "accepting a connect request failed");
+            })?;
         Ok(Connection::new(ep, rings, peer, self.cfg))
     }
 
