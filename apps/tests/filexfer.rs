@@ -482,9 +482,11 @@ impl Raw {
     }
 }
 
-/// A filexfer server of one transfer of one chunk, on a thread, that
-/// returns `credits` credits for that chunk and then says `Complete`.
-fn server_crediting(credits: u32) -> (u16, std::thread::JoinHandle<()>) {
+/// A fake filexfer server of one client, on a thread: `serve` gets the
+/// accepted connection and the size the client's `Start` announced.
+fn fake_server(
+    serve: impl FnOnce(&mut Connection, u64) + Send + 'static,
+) -> (u16, std::thread::JoinHandle<()>) {
     use pinpoll::connect::cm::Listener;
     let addr = pinpoll::connect::parse_socket_addr("::", 0).unwrap();
     let listener = Listener::bind(addr).expect("bind");
@@ -501,6 +503,15 @@ fn server_crediting(credits: u32) -> (u16, std::thread::JoinHandle<()>) {
         let Msg::Start { size, .. } = next_msg(&mut conn) else {
             panic!("expected Start")
         };
+        serve(&mut conn, size);
+    });
+    (port, handle)
+}
+
+/// A filexfer server of one transfer of one chunk, on a thread, that
+/// returns `credits` credits for that chunk and then says `Complete`.
+fn server_crediting(credits: u32) -> (u16, std::thread::JoinHandle<()>) {
+    fake_server(move |conn, size| {
         assert!(size <= CHUNK, "one chunk");
         let ready = Msg::Ready {
             slots: 16,
@@ -512,14 +523,52 @@ fn server_crediting(credits: u32) -> (u16, std::thread::JoinHandle<()>) {
         assert_eq!(chunk.imm, Some(0), "the chunk, into slot 0");
         conn.send(&Msg::Credit { count: credits }.encode()).unwrap();
         // The client reads the credits only after its Finish.
-        let finish = next_msg(&mut conn);
+        let finish = next_msg(conn);
         assert!(matches!(finish, Msg::Finish { .. }), "{finish:?}");
         // A client that refused the credits may be gone already.
         let _ = conn.send(&Msg::Complete { size }.encode());
         // Until the client leaves.
         while conn.recv().is_ok() {}
+    })
+}
+
+/// A client that failed the transfer waits for the server's verdict at
+/// most its --timeout, however many credits the server keeps sending:
+/// here, after a credit too many (the client's failure), one more every
+/// 200 ms until the client leaves.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn credits_sent_forever_do_not_keep_a_failed_client_waiting_for_the_verdict() {
+    let src = Scratch::new("src");
+    let file = src.join("two-chunks.bin");
+    random_file(&file, CHUNK as usize + 1000, 25);
+    let (port, server) = fake_server(|conn, _| {
+        let ready = Msg::Ready {
+            slots: 1,
+            slot_size: SLOT_SIZE,
+            token: 0,
+        };
+        conn.send(&ready.encode()).unwrap();
+        assert_eq!(conn.recv().expect("chunk 0").imm, Some(0));
+        let mut sent = 0u64;
+        let mut credit = Msg::Credit { count: 2 };
+        while conn.send(&credit.encode()).is_ok() {
+            sent += 1;
+            credit = Msg::Credit { count: 1 };
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        // The fault happened: the client was still being credited after
+        // its verdict wait began (its --timeout is 3 s).
+        assert!(sent > 5, "only {sent} credits went before the client left");
     });
-    (port, handle)
+    let port = port.to_string();
+    let path = file.display().to_string();
+    let host = addr4();
+    let args = ["send", &host, &path, "--port", &port, "--timeout", "3"];
+    let done = run_within(FILEXFER, &args, Duration::from_secs(120));
+    let line = done.assert_one_error_line("send to a server that credits forever");
+    assert!(line.contains("more credits than it holds chunks"), "{line}");
+    server.join().unwrap();
 }
 
 /// A server that returns two credits for the one chunk in its ring is

@@ -245,7 +245,7 @@ impl Native<'_> {
         };
         let (digest, mut credits) = match sending.send(&mut conn, &mut others) {
             Ok(sent) => sent,
-            Err(e) => return Err(await_verdict(&mut conn, &shown).unwrap_or(e)),
+            Err(e) => return Err(await_verdict(&mut conn, &shown, timeout).unwrap_or(e)),
         };
         if let Err(changed) = source.check_unchanged() {
             // Every chunk is sent; instead of Finish, the server is told
@@ -269,7 +269,7 @@ impl Native<'_> {
             timeout,
             "server",
         ) {
-            return Err(server_verdict(&mut conn, &shown)
+            return Err(server_verdict(&mut conn, &shown, Instant::now() + timeout)
                 .unwrap_or_else(|| e.context("sending the file's BLAKE3 digest")));
         }
         await_complete(&mut conn, size, &shown, &mut credits)?;
@@ -757,14 +757,19 @@ fn await_credit(conn: &mut Connection, credits: &mut Credits) -> anyhow::Result<
 }
 
 /// After a stream failed: the server's verdict on the first stream — its
-/// `Fail`, waited for (up to the connection's timeout) since the server
-/// sends it only once all its streams stopped. `None` if the server left
-/// without one.
-fn await_verdict(conn: &mut Connection, shown: &str) -> Option<anyhow::Error> {
-    if let Some(verdict) = server_verdict(conn, shown) {
+/// `Fail`, waited for up to `timeout` in all since the server sends it
+/// only once all its streams stopped. `None` if the server left without
+/// one, or sent none by then: credits the server sends meanwhile are
+/// skipped, but never extend the wait.
+fn await_verdict(conn: &mut Connection, shown: &str, timeout: Duration) -> Option<anyhow::Error> {
+    let deadline = Instant::now() + timeout;
+    if let Some(verdict) = server_verdict(conn, shown, deadline) {
         return Some(verdict);
     }
     loop {
+        if Instant::now() >= deadline {
+            return None;
+        }
         let message = match conn.recv() {
             Ok(m) if m.imm.is_none() => Msg::decode(m.data).ok(),
             Ok(_) => None,
@@ -842,10 +847,11 @@ fn wait_for_file(conn: &mut Connection, path: &Path, limit: Duration) -> anyhow:
 /// acknowledged before it leaves, so the message is already in this side's
 /// receive queue, ahead of the flushes; it says why, the link error only
 /// that the server went away.
-fn server_verdict(conn: &mut Connection, shown: &str) -> Option<anyhow::Error> {
+fn server_verdict(conn: &mut Connection, shown: &str, until: Instant) -> Option<anyhow::Error> {
     let mut verdict = None;
-    // Credits may be queued ahead of it: poll until the queue is empty.
-    while verdict.is_none() {
+    // Credits may be queued ahead of it: poll until the queue is empty,
+    // or `until` (a server that keeps sending would keep it full).
+    while verdict.is_none() && Instant::now() < until {
         let polled = conn.poll(|ev| {
             if let Event::Received { data } = ev {
                 if let Ok(Msg::Fail { message, .. }) = Msg::decode(data) {
