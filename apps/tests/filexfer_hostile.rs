@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{
     addr4, random_file, run_within, serial, sha256, Finished, Running, Scratch, Server, FILEXFER,
 };
-use pinpoll::connect::cm::Connector;
+use pinpoll::connect::cm::{Connector, HalfOpen};
 use pinpoll::connect::{parse_socket_addr, RegionDescriptor};
 use pinpoll::{Access, Connection, RemoteSlice};
 use pinpoll_apps::filexfer::protocol::{join_hello, FailCode, Msg, HELLO};
@@ -205,6 +205,40 @@ fn start(addr: SocketAddr, name: &[u8], size: u64, streams: u16) -> (Connection,
     (conn, answer)
 }
 
+/// Stream 1's join of the transfer whose `Ready` gave `token`, sent as a
+/// connect request whose handshake this side never completes.
+fn stalled_join(addr: SocketAddr, token: u64) -> HalfOpen {
+    let descriptor = RegionDescriptor(RemoteSlice {
+        addr: 0x10_0000,
+        len: 1 << 20,
+        rkey: 1,
+    })
+    .encode();
+    let mut private = descriptor.to_vec();
+    private.extend_from_slice(&join_hello(token, 1));
+    let qp = engine_config(Duration::from_secs(20), false).qp;
+    Connector::resolve(addr, &qp)
+        .expect("resolve")
+        .connect_half_open(&private)
+        .expect("the join's request")
+}
+
+/// `told` is the server's `Fail` of a transfer whose stream 1 never
+/// joined.
+fn assert_join_failed(told: &[u8]) {
+    match Msg::decode(told).unwrap() {
+        Msg::Fail { code, message } => {
+            assert_eq!(code, FailCode::Protocol, "{message}");
+            assert!(
+                message.contains("stream 1 could not join")
+                    || message.contains("streams joined within --timeout"),
+                "{message}"
+            );
+        }
+        other => panic!("expected Fail, got {other:?}"),
+    }
+}
+
 /// A join with a valid token that never completes its handshake (its
 /// rdma_cm events are never read): it holds its own transfer, never the
 /// accept loop — an honest client with a 5 s budget connects and sends
@@ -218,19 +252,7 @@ fn a_stalled_join_never_holds_the_accept_loop() {
     let server = start_server(dst.str(), &["--timeout", "30"]);
     let addr = server_addr(&server);
     let (mut first, token) = start_streams(addr, b"striped.bin", 10 << 20, 2);
-    let descriptor = RegionDescriptor(RemoteSlice {
-        addr: 0x10_0000,
-        len: 1 << 20,
-        rkey: 1,
-    })
-    .encode();
-    let mut private = descriptor.to_vec();
-    private.extend_from_slice(&join_hello(token, 1));
-    let qp = engine_config(Duration::from_secs(20), false).qp;
-    let stalled = Connector::resolve(addr, &qp)
-        .expect("resolve")
-        .connect_half_open(&private)
-        .expect("the join's request");
+    let stalled = stalled_join(addr, token);
     // Its REP reached us before the honest client comes, or at least the
     // request is on the server's listener.
     std::thread::sleep(Duration::from_millis(500));
@@ -244,17 +266,7 @@ fn a_stalled_join_never_holds_the_accept_loop() {
     // The stalled transfer fails on its own (the server tells its first
     // stream why) once its join's handshake fails or the wait runs out.
     let told = first.recv().expect("the server's verdict");
-    match Msg::decode(told.data).unwrap() {
-        Msg::Fail { code, message } => {
-            assert_eq!(code, FailCode::Protocol, "{message}");
-            assert!(
-                message.contains("stream 1 could not join")
-                    || message.contains("streams joined within --timeout"),
-                "{message}"
-            );
-        }
-        other => panic!("expected Fail, got {other:?}"),
-    }
+    assert_join_failed(told.data);
     drop(stalled);
     server.proc.signal("TERM");
     let done = server.finish();
@@ -277,34 +289,12 @@ fn a_join_just_before_the_deadline_is_given_only_what_is_left_of_it() {
     let addr = server_addr(&server);
     let (mut first, token) = start_streams(addr, b"striped.bin", 10 << 20, 2);
     std::thread::sleep(Duration::from_secs(9));
-    let descriptor = RegionDescriptor(RemoteSlice {
-        addr: 0x10_0000,
-        len: 1 << 20,
-        rkey: 1,
-    })
-    .encode();
-    let mut private = descriptor.to_vec();
-    private.extend_from_slice(&join_hello(token, 1));
-    let qp = engine_config(Duration::from_secs(20), false).qp;
-    let stalled = Connector::resolve(addr, &qp)
-        .expect("resolve")
-        .connect_half_open(&private)
-        .expect("the join's request");
+    let stalled = stalled_join(addr, token);
     first.set_completion_timeout(Duration::from_secs(8));
     let told = first
         .recv()
         .expect("the server's verdict within 8 s of a join 3 s before its deadline");
-    match Msg::decode(told.data).unwrap() {
-        Msg::Fail { code, message } => {
-            assert_eq!(code, FailCode::Protocol, "{message}");
-            assert!(
-                message.contains("stream 1 could not join")
-                    || message.contains("streams joined within --timeout"),
-                "{message}"
-            );
-        }
-        other => panic!("expected Fail, got {other:?}"),
-    }
+    assert_join_failed(told.data);
     drop(stalled);
     server.proc.signal("TERM");
     let done = server.finish();

@@ -33,15 +33,37 @@ fn run(args: &[&str]) -> Value {
 
 /// A pinpoll-perf server for `test` on `port`, once it says it listens.
 fn server(test: &str, port: &str, oob: bool) -> Running {
+    let oob: &[&str] = if oob { &["--oob"] } else { &[] };
+    server_with(test, port, &[&["--timeout", "60"], oob].concat())
+}
+
+/// A pinpoll-perf server for `test` on `port` on the device with `more`
+/// arguments, once it says it listens.
+fn server_with(test: &str, port: &str, more: &[&str]) -> Running {
     let dev = device();
-    let mut args = vec![test, "-p", port, "-d", &dev, "--timeout", "60"];
-    if oob {
-        args.push("--oob");
-    }
+    let mut args = vec![test, "-p", port, "-d", &dev];
+    args.extend(more);
     let server = Running::spawn(command(PERF, &args));
     let listening = server.wait_for_line(|l| l.contains("Waiting for a client"));
     assert!(listening.is_some(), "the {test} server never listened");
     server
+}
+
+/// The arguments of a `test` client of the server on `port` of this
+/// guest, on the device, with `more`.
+fn client_args(test: &str, port: &str, more: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [test, &addr4(), "-p", port, "-d", &device()]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    args.extend(more.iter().map(|a| a.to_string()));
+    args
+}
+
+/// [`run_within`] [`BOUND`] of `pinpoll-perf args`.
+fn run_perf(args: &[String]) -> pinpoll_testkit::Finished {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    run_within(PERF, &args, BOUND)
 }
 
 fn check_latency(v: &Value, iters: u64, measure: &str) {
@@ -272,53 +294,7 @@ fn await_sends_without_inline_reports_raw_samples() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn a_second_client_is_told_busy_and_the_first_finishes() {
-    let (port, host, dev) = ("18613", addr4(), device());
-    let server = server("send-lat", port, false);
-    let sizes = ["-a", "-n", "5"];
-    let mut args = vec![
-        "send-lat",
-        host.as_str(),
-        "-p",
-        port,
-        "-d",
-        &dev,
-        "--timeout",
-        "60",
-    ];
-    args.extend(sizes);
-    let first = Running::spawn(command(PERF, &args));
-    // The first client measures its first size: its data connection is
-    // taken; the second comes while it has 22 more to go.
-    first
-        .wait_for_line(|l| l.split_whitespace().next() == Some("2"))
-        .expect("the first client measured its first size");
-    let second = run_within(PERF, &args, BOUND);
-    let line = second.assert_one_error_line("the second client");
-    assert!(line.contains("server busy"), "{line}");
-    let done = first.finish_within(BOUND);
-    assert!(
-        done.status.success(),
-        "the first client: {}\n{}",
-        done.stderr,
-        done.stdout
-    );
-    let measured = done
-        .stdout
-        .lines()
-        .filter(|l| {
-            l.split_whitespace()
-                .next()
-                .is_some_and(|w| w.parse::<u64>().is_ok())
-        })
-        .count();
-    assert_eq!(measured, 23, "every size of -a: {}", done.stdout);
-    let out = server.finish_within(BOUND);
-    assert!(out.status.success(), "server: {}", out.stderr);
-    assert!(
-        out.stdout.contains(" done: 23 sizes served"),
-        "{}",
-        out.stdout
-    );
+    second_client_is_told_busy_while_the_first_finishes("18613", false);
 }
 
 /// With --oob the data connection is the exchange on the client's own
@@ -329,27 +305,27 @@ fn a_second_client_is_told_busy_and_the_first_finishes() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn a_second_oob_client_is_told_busy_and_the_first_finishes() {
-    let (port, host, dev) = ("18615", addr4(), device());
-    let server = server("send-lat", port, true);
-    let args = [
+    second_client_is_told_busy_while_the_first_finishes("18615", true);
+}
+
+fn second_client_is_told_busy_while_the_first_finishes(port: &str, oob: bool) {
+    let server = server("send-lat", port, oob);
+    let oob_arg: &[&str] = if oob { &["--oob"] } else { &[] };
+    let args = client_args(
         "send-lat",
-        host.as_str(),
-        "-p",
         port,
-        "-d",
-        &dev,
-        "--oob",
-        "--timeout",
-        "60",
-        "-a",
-        "-n",
-        "5",
-    ];
-    let first = Running::spawn(command(PERF, &args));
+        &[&["--timeout", "60", "-a", "-n", "5"], oob_arg].concat(),
+    );
+    let first = Running::spawn(command(
+        PERF,
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    ));
+    // The first client measures its first size: its data connection is
+    // taken; the second comes while it has 22 more to go.
     first
         .wait_for_line(|l| l.split_whitespace().next() == Some("2"))
         .expect("the first client measured its first size");
-    let second = run_within(PERF, &args, BOUND);
+    let second = run_perf(&args);
     let line = second.assert_one_error_line("the second client");
     assert!(line.contains("server busy"), "{line}");
     let done = first.finish_within(BOUND);
@@ -391,25 +367,7 @@ fn a_client_silent_after_connecting_its_data_connection_is_given_up() {
     use pinpoll_perf::{data_config, Kind, Mode, Overrides, Params};
 
     let (port, host, dev) = ("18616", addr4(), device());
-    let server = Running::spawn(command(
-        PERF,
-        &[
-            "send-lat",
-            "-p",
-            port,
-            "-d",
-            &dev,
-            "--oob",
-            "--timeout",
-            "10",
-        ],
-    ));
-    assert!(
-        server
-            .wait_for_line(|l| l.contains("Waiting for a client"))
-            .is_some(),
-        "the server never listened"
-    );
+    let server = server_with("send-lat", port, &["--oob", "--timeout", "10"]);
     let mut base = pinpoll::EngineConfig::load("latency").unwrap();
     base.core = None;
     base.qp.connect_timeout = Duration::from_secs(60);
@@ -442,23 +400,11 @@ fn a_client_silent_after_connecting_its_data_connection_is_given_up() {
         .expect("the server gives the silent client up");
     assert!(gave_up.contains("timed out"), "{gave_up}");
     drop((data, ctl));
-    let honest = run_within(
-        PERF,
-        &[
-            "send-lat",
-            host.as_str(),
-            "-p",
-            port,
-            "-d",
-            &dev,
-            "--oob",
-            "--timeout",
-            "60",
-            "-n",
-            "5",
-        ],
-        BOUND,
-    );
+    let honest = run_perf(&client_args(
+        "send-lat",
+        port,
+        &["--oob", "--timeout", "60", "-n", "5"],
+    ));
     assert!(
         honest.status.success(),
         "the client after the silent one: {}\n{}",
@@ -479,45 +425,17 @@ fn a_client_silent_after_connecting_its_data_connection_is_given_up() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn a_client_past_the_session_limit_is_told_and_given_up() {
-    let (port, host, dev) = ("18619", addr4(), device());
-    let server = Running::spawn(command(
-        PERF,
-        &[
-            "send-lat",
-            "-p",
-            port,
-            "-d",
-            &dev,
-            "--oob",
-            "--timeout",
-            "10",
-            "--max-session",
-            "2",
-        ],
+    let port = "18619";
+    let server = server_with(
+        "send-lat",
+        port,
+        &["--oob", "--timeout", "10", "--max-session", "2"],
+    );
+    let client = run_perf(&client_args(
+        "send-lat",
+        port,
+        &["--oob", "--timeout", "10", "-n", "1099511627776"],
     ));
-    assert!(
-        server
-            .wait_for_line(|l| l.contains("Waiting for a client"))
-            .is_some(),
-        "the server never listened"
-    );
-    let client = run_within(
-        PERF,
-        &[
-            "send-lat",
-            host.as_str(),
-            "-p",
-            port,
-            "-d",
-            &dev,
-            "--oob",
-            "--timeout",
-            "10",
-            "-n",
-            "1099511627776",
-        ],
-        BOUND,
-    );
     let line = client.assert_one_error_line("the client past its session");
     assert!(line.contains("session limit reached"), "{line}");
     // No client comes next: the server ends after its --timeout.
