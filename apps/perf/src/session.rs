@@ -634,7 +634,13 @@ fn run_server(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
     // up, and the server waits for the next: no peer can end the server
     // for the others. Only a failure of the server's own ends it.
     let served_sizes = loop {
-        let mut ctl = door.accept(s)?;
+        let mut ctl = match door.accept(s)? {
+            Ok(ctl) => ctl,
+            Err(e) => {
+                give_up(s, &e.context("gave up on a client"), emit);
+                continue;
+            }
+        };
         // The doorman goes before the outcome is reported: once the
         // server says it waits for the next client, the next one to
         // come is served, never told "busy" by a doorman still at work.
@@ -648,19 +654,9 @@ fn run_server(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
         match served {
             Ok(sizes) => break sizes,
             Err(e) if crate::control::is_timeout(&e) => {
-                let line = pinpoll_appkit::error_line(&e.context("gave up on a silent client"));
-                tracing::warn!("{line}");
-                if !s.json {
-                    emit(&format!(" {line}; waiting for the next client"));
-                }
+                give_up(s, &e.context("gave up on a silent client"), emit);
             }
-            Err(e) if client_failed(&e) => {
-                let line = pinpoll_appkit::error_line(&e.context("gave up on a client"));
-                tracing::warn!("{line}");
-                if !s.json {
-                    emit(&format!(" {line}; waiting for the next client"));
-                }
-            }
+            Err(e) if client_failed(&e) => give_up(s, &e.context("gave up on a client"), emit),
             Err(e) => return Err(e),
         }
     };
@@ -673,6 +669,16 @@ fn run_server(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
     Ok(report)
 }
 
+/// Says why the server gave a client up (`why`), and that it waits for
+/// the next.
+fn give_up(s: &Settings, why: &anyhow::Error, emit: &mut dyn FnMut(&str)) {
+    let line = pinpoll_appkit::error_line(why);
+    tracing::warn!("{line}");
+    if !s.json {
+        emit(&format!(" {line}; waiting for the next client"));
+    }
+}
+
 /// Where clients come in: the TCP listener of `--oob`, or rdma_cm's (the
 /// control connection, then each data connection).
 enum Door {
@@ -681,18 +687,35 @@ enum Door {
 }
 
 impl Door {
-    /// The next client's control channel, within `--timeout`.
-    fn accept(&self, s: &Settings) -> Result<Control> {
+    /// The next client's control channel, within `--timeout`. The outer
+    /// error is the door's own (no client came: the server ends); the
+    /// inner one is a client's that came and failed to connect (its
+    /// private data no ring descriptor, a handshake it rejected or never
+    /// finished): that client is given up, and the server goes on.
+    fn accept(&self, s: &Settings) -> Result<Result<Control>> {
         match self {
             Door::Tcp(tcp) => {
                 let stream = accept_within(tcp, s.timeout, "a client")?;
                 stream.set_nodelay(true)?;
-                Ok(Control::tcp(stream, s.timeout))
+                Ok(Ok(Control::tcp(stream, s.timeout)))
             }
             Door::Cm(listener) => {
-                let conn = Connection::accept(listener, &control_config(s.timeout), s.timeout)
-                    .context("accepting the client's control connection")?;
-                Ok(Control::Rdma(Box::new(conn)))
+                let cfg = control_config(s.timeout);
+                let request = listener
+                    .next_request(&cfg.qp, s.timeout)
+                    .context("waiting for a client's control connection")?;
+                match Connection::builder(&cfg).accept(request) {
+                    Ok(conn) => Ok(Ok(Control::Rdma(Box::new(conn)))),
+                    Err(e) => {
+                        let e = anyhow::Error::new(e)
+                            .context("accepting the client's control connection");
+                        if client_failed(&e) {
+                            Ok(Err(e))
+                        } else {
+                            Err(e)
+                        }
+                    }
+                }
             }
         }
     }

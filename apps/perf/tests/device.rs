@@ -446,3 +446,59 @@ fn a_client_past_the_session_limit_is_told_and_given_up() {
         out.stdout
     );
 }
+
+/// A stranger's rdma_cm connect to a server without --oob — private data
+/// that is no ring descriptor (what `rping -c` sends), or a descriptor
+/// and then a handshake it never finishes — is refused and given up; it
+/// never ends the server, and the next client is served.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_bad_or_unfinished_rdma_cm_connect_does_not_end_the_server() {
+    use pinpoll::connect::cm::Connector;
+    use pinpoll::connect::RegionDescriptor;
+    use pinpoll::RemoteSlice;
+
+    let port = "18620";
+    let server = server_with("send-lat", port, &["--timeout", "10"]);
+    let addr = std::net::SocketAddr::new(addr4().parse().unwrap(), port.parse().unwrap());
+    let qp = pinpoll::EngineConfig::load("latency").unwrap().qp;
+    let rping_like = Connector::resolve(addr, &qp)
+        .expect("resolve")
+        .connect_half_open(b"not a ring descriptor")
+        .expect("the stranger's request");
+    let descriptor = RegionDescriptor(RemoteSlice {
+        addr: 0x10_0000,
+        len: 1 << 20,
+        rkey: 1,
+    })
+    .encode();
+    let unfinished = Connector::resolve(addr, &qp)
+        .expect("resolve")
+        .connect_half_open(&descriptor)
+        .expect("the unfinished request");
+    for _ in 0..2 {
+        let gave_up = server
+            .wait_for_line(|l| l.contains("gave up on a client"))
+            .expect("the server gives each stranger up and goes on");
+        assert!(gave_up.contains("control connection"), "{gave_up}");
+    }
+    drop((rping_like, unfinished));
+    let honest = run_perf(&client_args(
+        "send-lat",
+        port,
+        &["--timeout", "60", "-n", "5"],
+    ));
+    assert!(
+        honest.status.success(),
+        "the client after the strangers: {}\n{}",
+        honest.stderr,
+        honest.stdout
+    );
+    let out = server.finish_within(BOUND);
+    assert!(out.status.success(), "server: {}", out.stderr);
+    assert!(
+        out.stdout.contains(" done: 1 sizes served"),
+        "{}",
+        out.stdout
+    );
+}
