@@ -247,11 +247,14 @@ impl ConnectionBuilder<'_> {
     /// descriptor: the error's text, as much as fits); for a reason of this
     /// side's (configuration, memory, device) it hears only that the server
     /// cannot serve it now, and the reason is logged here (`tracing`,
-    /// warn) and returned. The handshake is waited for at most the lesser
-    /// of this builder's `cfg.qp.connect_timeout` and the one
-    /// [`Listener::next_request`] was given, so a server can give a
-    /// request less time than its listener's default (what is left of a
-    /// deadline of its own).
+    /// warn) and returned. A handshake that fails after this side's answer
+    /// went (the client rejected it, left, or never finished it) is logged
+    /// and returned too; the client hears whatever its own side saw. The
+    /// handshake is waited for at most the lesser of this builder's
+    /// `cfg.qp.connect_timeout` and the `connect_timeout` of the
+    /// [`QpConfig`](crate::QpConfig) [`Listener::next_request`]
+    /// was given, so a server can give a request less time than its
+    /// listener's default (what is left of a deadline of its own).
     pub fn accept(self, mut request: Request) -> Result<Connection> {
         let prepared = self.cfg.validate().and_then(|()| {
             self.checks(request.endpoint())?;
@@ -273,8 +276,9 @@ impl ConnectionBuilder<'_> {
             )
             .inspect_err(|e| {
                 // The client sees only the kernel's reject (or nothing):
-                // the reason stays here.
-                tracing::warn!(error = %with_causes(e), "accepting a connect request failed");
+                // the reason stays here. Debug-formatted: a client's own
+                // reject text is in it, and must not forge log lines.
+                tracing::warn!(error = ?with_causes(e), "accepting a connect request failed");
             })?;
         Ok(Connection::new(ep, rings, peer, self.cfg))
     }
