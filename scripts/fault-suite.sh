@@ -94,7 +94,7 @@ command -v ping >/dev/null && PING=ping || PING="busybox ping"
 for peer in "$PEER4" "$PEER6"; do
     $PING -c 1 -W 5 -I "$NETDEV" "${peer%%%*}" >/dev/null 2>&1 ||
         $PING -c 3 -W 5 -I "$NETDEV" "${peer%%%*}" >/dev/null 2>&1 ||
-        { echo "error: the rig's link is down: $peer does not answer ping on $NETDEV" >&2; exit 2; }
+        { echo "error: '$PING -I $NETDEV ${peer%%%*}' gets no answer: the rig's link (or that ping) does not work" >&2; exit 2; }
 done
 armed || echo "DISARMED (FAULT_SUITE_DISARM=1): no case injects its fault; every fault case must fail"
 for ((k = 0; k < ${#FAULT_CASES[@]}; k += 2)); do

@@ -297,11 +297,16 @@ stopped_receiver_times_out() {
         hit_mid_transfer /tmp/k4 "--count 1 --timeout 60" "--timeout 5" stop_receiver
 }
 stop_receiver() {
+    local rc state
     inject on1 "kill -STOP $spid"
+    state=$(on1 "sed -n 's/^State:\t//p' /proc/$spid/status")
     wait_bounded "$cpid" 60
-    why=$(check_error $? /tmp/client.out "within --timeout\|timed out\|RNR")
-    # Still stopped: its log is as it was at the stop.
+    rc=$?
+    # The fault seen first: the server stopped, and (its log is as it was
+    # at the stop) not yet done with big.bin.
+    [[ $state == T* ]] || why="the server was not stopped (state '$state')"
     mid_transfer || fail_if "big.bin was complete before SIGSTOP: not mid-transfer"
+    fail_if "$(check_error "$rc" /tmp/client.out "within --timeout\|timed out\|RNR")"
     on1 "kill -CONT $spid"
     finish >/dev/null 2>&1
     [[ " $(remote_names /tmp/k4) " != *" big.bin "* ]] || fail_if "big.bin exists on the server"
