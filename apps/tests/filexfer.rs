@@ -14,6 +14,7 @@ use common::{
 use pinpoll::{Access, Connection, EngineConfig};
 use pinpoll_apps::filexfer::digest::{ChainingValue, ChunkGeometry};
 use pinpoll_apps::filexfer::protocol::{join_hello, FailCode, Msg, HELLO};
+use pinpoll_apps::filexfer::server::settle;
 use pinpoll_apps::filexfer::{engine_config, CHUNK, SLOT_SIZE};
 
 /// Large transfers of an unoptimized build take minutes in the TCG guest.
@@ -532,6 +533,61 @@ fn server_crediting(credits: u32) -> (u16, std::thread::JoinHandle<()>) {
     })
 }
 
+/// Sends `Credit{1}` every `every`, at most `most` times, until the
+/// client's side no longer takes one; returns how many it took (their
+/// sends completed: a post alone says nothing of the peer).
+fn credit_until_gone(conn: &mut Connection, most: u64, every: Duration) -> u64 {
+    let mut taken = 0;
+    while taken < most
+        && conn.send(&Msg::Credit { count: 1 }.encode()).is_ok()
+        && settle(conn, Duration::from_secs(20), "client").is_ok()
+    {
+        taken += 1;
+        std::thread::sleep(every);
+    }
+    taken
+}
+
+/// After its digest (`Finish`) the client waits for the server's
+/// `Complete` at most twice its --timeout in all, however the server
+/// spaces out the credits of the chunks still in its ring: here 15 chunks
+/// are left in a ring of 16, returned one a second (each well within the
+/// --timeout of 3 s), and no `Complete` ever comes.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn credits_returned_one_by_one_after_the_digest_do_not_stretch_the_wait_for_complete() {
+    const CHUNKS: u64 = 15;
+    let src = Scratch::new("src");
+    let file = src.join("fifteen-chunks.bin");
+    random_file(&file, (CHUNKS * CHUNK) as usize, 26);
+    let (port, server) = fake_server(|conn, _| {
+        let ready = Msg::Ready {
+            slots: 16,
+            slot_size: SLOT_SIZE,
+            token: 0,
+        };
+        conn.send(&ready.encode()).unwrap();
+        for i in 0..CHUNKS {
+            let chunk = conn.recv().expect("a chunk");
+            assert_eq!(chunk.imm, Some(i as u32), "chunk {i}, into its slot");
+        }
+        let finish = next_msg(conn);
+        assert!(matches!(finish, Msg::Finish { .. }), "{finish:?}");
+        // The fault happened: the client's side took (acknowledged)
+        // credits after its digest.
+        let taken = credit_until_gone(conn, CHUNKS, Duration::from_secs(1));
+        assert!(taken >= 2, "only {taken} credits were taken after Finish");
+    });
+    let port = port.to_string();
+    let path = file.display().to_string();
+    let host = addr4();
+    let args = ["send", &host, &path, "--port", &port, "--timeout", "3"];
+    let done = run_within(FILEXFER, &args, Duration::from_secs(300));
+    let line = done.assert_one_error_line("send to a server that never completes");
+    assert!(line.contains("did not confirm"), "{line}");
+    server.join().unwrap();
+}
+
 /// A client that failed the transfer waits for the server's verdict at
 /// most its --timeout, however many credits the server keeps sending:
 /// here, after a credit too many (the client's failure), one more every
@@ -550,16 +606,14 @@ fn credits_sent_forever_do_not_keep_a_failed_client_waiting_for_the_verdict() {
         };
         conn.send(&ready.encode()).unwrap();
         assert_eq!(conn.recv().expect("chunk 0").imm, Some(0));
-        let mut sent = 0u64;
-        let mut credit = Msg::Credit { count: 2 };
-        while conn.send(&credit.encode()).is_ok() {
-            sent += 1;
-            credit = Msg::Credit { count: 1 };
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        // The fault happened: the client was still being credited after
+        conn.send(&Msg::Credit { count: 2 }.encode()).unwrap();
+        // The fault happened: the client's side still took credits after
         // its verdict wait began (its --timeout is 3 s).
-        assert!(sent > 5, "only {sent} credits went before the client left");
+        let taken = credit_until_gone(conn, u64::MAX, Duration::from_millis(200));
+        assert!(
+            taken > 5,
+            "only {taken} credits were taken before the client left"
+        );
     });
     let port = port.to_string();
     let path = file.display().to_string();

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use pinpoll::{Access, Connection, EngineConfig, Event, MemoryRegion, PageSize};
+use pinpoll::{Access, Connection, EngineConfig, Event, Incoming, MemoryRegion, PageSize};
 
 use crate::cli::{socket_addr, CommonArgs};
 use crate::filexfer::chunk_pool::BufferPool;
@@ -272,7 +272,7 @@ impl Native<'_> {
             return Err(server_verdict(&mut conn, &shown, Instant::now() + timeout)
                 .unwrap_or_else(|| e.context("sending the file's BLAKE3 digest")));
         }
-        await_complete(&mut conn, size, &shown, &mut credits)?;
+        await_complete(&mut conn, size, &shown, &mut credits, timeout)?;
         let elapsed = began.elapsed();
         if let Some(bar) = bar {
             bar.finish_and_clear();
@@ -355,17 +355,28 @@ fn start_transfer(
 }
 
 /// Waits for the server's `Complete` (the credits of the chunks still in
-/// the first stream's ring may come first; `credits` counts them).
+/// the first stream's ring may come first; `credits` counts them), at most
+/// twice `timeout` in all: one for the credits, one for the server to
+/// verify and store the file. A credit does not start a new wait, or a
+/// server returning the chunks of a large ring one by one would hold
+/// this side for as many timeouts.
 fn await_complete(
     conn: &mut Connection,
     size: u64,
     shown: &str,
     credits: &mut Credits,
+    timeout: Duration,
 ) -> anyhow::Result<()> {
+    let deadline = Instant::now() + 2 * timeout;
     loop {
         let msg = {
-            let m = conn
-                .recv()
+            let Some(m) = recv_by(conn, deadline) else {
+                bail!(
+                    "the server did not confirm {shown} within twice --timeout of its digest \
+                     (is it stuck or gone?); the file may or may not be stored"
+                );
+            };
+            let m = m
                 .map_err(|e| explain_link(e, "server"))
                 .context("waiting for the server to store the file")?;
             ensure!(m.imm.is_none(), "the server wrote into this side's memory");
@@ -767,10 +778,7 @@ fn await_verdict(conn: &mut Connection, shown: &str, timeout: Duration) -> Optio
         return Some(verdict);
     }
     loop {
-        if Instant::now() >= deadline {
-            return None;
-        }
-        let message = match conn.recv() {
+        let message = match recv_by(conn, deadline)? {
             Ok(m) if m.imm.is_none() => Msg::decode(m.data).ok(),
             Ok(_) => None,
             Err(_) => return None,
@@ -784,6 +792,23 @@ fn await_verdict(conn: &mut Connection, shown: &str, timeout: Duration) -> Optio
             }
             _ => return None,
         }
+    }
+}
+
+/// The next message on `conn` by `deadline`, or `None` once it has
+/// passed (a wait that timed out was cut to what was left, so it ended
+/// at the deadline): no sequence of messages stretches a wait meant as a
+/// whole. (The connection's completion timeout stays cut: only waits
+/// that end the transfer use this.)
+fn recv_by(conn: &mut Connection, deadline: Instant) -> Option<pinpoll::Result<Incoming<'_>>> {
+    let left = deadline.checked_duration_since(Instant::now())?;
+    if left.is_zero() {
+        return None;
+    }
+    conn.set_completion_timeout(left);
+    match conn.recv() {
+        Err(pinpoll::Error::Timeout { .. }) => None,
+        received => Some(received),
     }
 }
 
