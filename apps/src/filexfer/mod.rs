@@ -88,6 +88,7 @@ pub mod pace;
 pub mod protocol;
 pub mod read_ahead;
 pub mod server;
+pub mod server_core;
 pub mod server_dir;
 pub mod source;
 pub mod space;
