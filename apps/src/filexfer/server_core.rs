@@ -524,3 +524,564 @@ impl ServerCore {
 fn protocol(message: impl Into<String>) -> Failure {
     Failure::new(FailCode::Protocol, message)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::filexfer::{CHUNK, SLOT_SIZE};
+
+    const DIGEST: [u8; 32] = [7; 32];
+
+    /// A client and the server's I/O, as far as a test needs: every action
+    /// the machine asked for is kept, and a chunk's hand-off to the
+    /// verifier follows it at once, as in the server.
+    struct Peer {
+        core: ServerCore,
+        actions: Vec<Action>,
+        now: Instant,
+    }
+
+    impl Peer {
+        fn with(cfg: Config) -> Self {
+            Peer {
+                core: ServerCore::new(cfg),
+                actions: Vec::new(),
+                now: Instant::now(),
+            }
+        }
+
+        fn new(slots: u32) -> Self {
+            Self::with(Config {
+                slots,
+                slot_size: SLOT_SIZE,
+                min_rate: 0,
+                deadline: Duration::ZERO,
+            })
+        }
+
+        /// A transfer of `size` bytes on `streams` streams, Ready given
+        /// and every stream joined.
+        fn started(slots: u32, size: u64, streams: u16) -> Self {
+            let mut p = Self::new(slots);
+            let start = p.message(0, start(size, streams));
+            assert!(matches!(&start[..], [Action::Admit { .. }]), "{start:?}");
+            let ready = p.feed(Event::Admitted { token: 9 });
+            assert!(
+                matches!(
+                    &ready[..],
+                    [Action::Send {
+                        stream: 0,
+                        msg: Msg::Ready { token: 9, .. }
+                    }]
+                ),
+                "{ready:?}"
+            );
+            assert_eq!(p.feed(Event::Joined { now: p.now }), []);
+            p
+        }
+
+        fn feed(&mut self, event: Event) -> Vec<Action> {
+            let actions = self.core.handle(event);
+            self.actions.extend(actions.iter().cloned());
+            actions
+        }
+
+        fn message(&mut self, stream: u16, msg: Msg) -> Vec<Action> {
+            self.feed(Event::Message { stream, msg })
+        }
+
+        fn raw_chunk(&mut self, stream: u16, slot: u32, len: u32) -> Vec<Action> {
+            let now = self.now;
+            self.feed(Event::Chunk {
+                stream,
+                slot,
+                len,
+                now,
+            })
+        }
+
+        /// Chunk `index` of a `size`-byte file over `streams` streams, in
+        /// its slot with its length; handed off when the machine asks.
+        fn chunk(&mut self, size: u64, streams: u16, index: u64) -> Vec<Action> {
+            let stream = (index % u64::from(streams)) as u16;
+            let position = index / u64::from(streams);
+            let slot = (position % u64::from(self.core.cfg.slots)) as u32;
+            let mut actions = self.raw_chunk(stream, slot, chunk_len(size, index));
+            if let [Action::Verify { index: asked, .. }] = &actions[..] {
+                assert_eq!(*asked, index);
+                actions.extend(self.feed(Event::HandedOff { stream, slot }));
+            }
+            actions
+        }
+
+        fn all_chunks(&mut self, size: u64, streams: u16) {
+            for index in 0..ChunkGeometry::v3(size).chunk_count() {
+                let got = self.chunk(size, streams, index);
+                assert!(matches!(got[0], Action::Verify { .. }), "{index}: {got:?}");
+            }
+        }
+
+        /// The transfer's failure, checked to be the last action and
+        /// never to follow a store.
+        fn failure(&self) -> &Failure {
+            assert!(!self.actions.contains(&Action::Store), "{:?}", self.actions);
+            match (self.actions.last(), self.core.outcome()) {
+                (Some(Action::Fail(f)), Some(Outcome::Failed(g))) if f == g => f,
+                other => panic!("no failure: {other:?}"),
+            }
+        }
+
+        fn assert_fails(&self, code: FailCode, says: &str) {
+            let f = self.failure();
+            assert_eq!(f.code, code, "{f:?}");
+            assert!(
+                f.message.contains(says),
+                "{:?} does not say {says:?}",
+                f.message
+            );
+        }
+    }
+
+    fn start(size: u64, streams: u16) -> Msg {
+        Msg::Start {
+            size,
+            streams,
+            name: b"f.bin".to_vec(),
+        }
+    }
+
+    fn finish(size: u64) -> Msg {
+        Msg::Finish {
+            size,
+            digest: DIGEST,
+        }
+    }
+
+    fn chunk_len(size: u64, index: u64) -> u32 {
+        let range = ChunkGeometry::v3(size).chunk_range(index).unwrap();
+        (range.end - range.start) as u32 + TRAILER as u32
+    }
+
+    #[test]
+    fn a_transfer_by_the_rules_is_stored_then_completed_and_nothing_follows() {
+        let size = 2 * CHUNK + 5;
+        let mut p = Peer::started(2, size, 1);
+        for index in 0..3 {
+            let slot = (index % 2) as u32;
+            let got = p.chunk(size, 1, index);
+            let start = slot as usize * SLOT_SIZE as usize;
+            let len = chunk_len(size, index) as usize;
+            assert_eq!(
+                got,
+                [
+                    Action::Verify {
+                        stream: 0,
+                        slot,
+                        index,
+                        range: start..start + len
+                    },
+                    Action::Credit { stream: 0 }
+                ]
+            );
+            assert_eq!(p.core.credits(0), 2);
+        }
+        assert_eq!(p.core.received(), size);
+        assert!(!p.core.stream_done(0));
+        assert_eq!(p.message(0, finish(size)), [Action::CollectDigest]);
+        assert!(p.core.stream_done(0));
+        assert_eq!(p.feed(Event::Digest(Ok(DIGEST))), [Action::Store]);
+        assert_eq!(
+            p.feed(Event::Stored(Ok(()))),
+            [Action::Send {
+                stream: 0,
+                msg: Msg::Complete { size }
+            }]
+        );
+        assert_eq!(p.core.outcome(), Some(&Outcome::Complete { size }));
+        // The end is the end, whatever comes.
+        let now = p.now;
+        for event in [
+            Event::Message {
+                stream: 0,
+                msg: finish(size),
+            },
+            Event::Chunk {
+                stream: 0,
+                slot: 0,
+                len: 1,
+                now,
+            },
+            Event::Stored(Ok(())),
+            Event::Failed(Failure::new(FailCode::Io, "late")),
+            Event::Gone,
+        ] {
+            assert_eq!(p.feed(event), []);
+        }
+        assert_eq!(p.core.outcome(), Some(&Outcome::Complete { size }));
+    }
+
+    #[test]
+    fn an_empty_file_needs_only_finish() {
+        let mut p = Peer::started(4, 0, 1);
+        assert_eq!(p.message(0, finish(0)), [Action::CollectDigest]);
+        assert_eq!(p.feed(Event::Digest(Ok(DIGEST))), [Action::Store]);
+    }
+
+    /// Finish on the first stream may overtake the other streams' last
+    /// chunks: the digest is collected after the last of them.
+    #[test]
+    fn striped_streams_are_collected_after_the_last_chunk_of_any_stream() {
+        let size = 5 * CHUNK;
+        let mut p = Peer::started(2, size, 3);
+        for index in [0, 1, 3, 2] {
+            p.chunk(size, 3, index);
+        }
+        assert!(p.core.stream_done(2), "stream 2 has all its chunks");
+        assert!(!p.core.stream_done(1));
+        assert_eq!(p.message(0, finish(size)), []);
+        assert_eq!(
+            p.chunk(size, 3, 4),
+            [
+                Action::Verify {
+                    stream: 1,
+                    slot: 1,
+                    index: 4,
+                    range: SLOT_SIZE as usize..SLOT_SIZE as usize + chunk_len(size, 4) as usize
+                },
+                Action::Credit { stream: 1 },
+                Action::CollectDigest
+            ]
+        );
+    }
+
+    /// Every way a client can break the protocol fails the transfer with
+    /// the code it deserves, and nothing is stored.
+    #[test]
+    fn every_protocol_violation_fails_with_its_code_and_stores_nothing() {
+        use FailCode::*;
+        type Case = (&'static str, fn(&mut Peer), FailCode, &'static str);
+        let cases: &[Case] = &[
+            (
+                "a chunk first",
+                |p| {
+                    p.raw_chunk(0, 0, 10);
+                },
+                Protocol,
+                "a chunk before Start",
+            ),
+            (
+                "Finish first",
+                |p| {
+                    p.message(0, finish(0));
+                },
+                Protocol,
+                "Finish before Start",
+            ),
+            (
+                "undecodable",
+                |p| {
+                    p.feed(Event::Undecodable {
+                        stream: 0,
+                        why: "unknown message kind 42".into(),
+                    });
+                },
+                Protocol,
+                "unknown message kind 42",
+            ),
+            (
+                "a bad name",
+                |p| {
+                    p.message(
+                        0,
+                        Msg::Start {
+                            size: 1,
+                            streams: 1,
+                            name: b"../x".to_vec(),
+                        },
+                    );
+                },
+                BadRequest,
+                "",
+            ),
+            (
+                "no streams",
+                |p| {
+                    p.message(0, start(1, 0));
+                },
+                Protocol,
+                "0 streams",
+            ),
+            (
+                "a message before Ready",
+                |p| {
+                    p.message(0, start(1, 1));
+                    p.message(0, finish(1));
+                },
+                Protocol,
+                "Finish before Ready",
+            ),
+            (
+                "a chunk before Ready",
+                |p| {
+                    p.message(0, start(1, 1));
+                    p.raw_chunk(0, 0, 1 + TRAILER as u32);
+                },
+                Protocol,
+                "a chunk before Ready",
+            ),
+            (
+                "a slot beyond the ring",
+                |p| {
+                    *p = Peer::started(4, 3 * CHUNK, 1);
+                    p.raw_chunk(0, 4, chunk_len(3 * CHUNK, 0));
+                },
+                Protocol,
+                "chunk for slot 4; the ring has 4 slots",
+            ),
+            (
+                "the wrong slot",
+                |p| {
+                    *p = Peer::started(4, 3 * CHUNK, 1);
+                    p.raw_chunk(0, 1, chunk_len(3 * CHUNK, 0));
+                },
+                Protocol,
+                "chunk for slot 1, expected slot 0",
+            ),
+            (
+                "a slot with no credit",
+                |p| {
+                    *p = Peer::started(1, 3 * CHUNK, 1);
+                    let len = chunk_len(3 * CHUNK, 0);
+                    p.raw_chunk(0, 0, len);
+                    p.raw_chunk(0, 0, len);
+                },
+                Protocol,
+                "no credit",
+            ),
+            (
+                "a chunk too short",
+                |p| {
+                    *p = Peer::started(4, 3 * CHUNK, 1);
+                    p.raw_chunk(0, 0, 100);
+                },
+                Protocol,
+                "chunk 0 has 100 bytes",
+            ),
+            (
+                "a chunk past the size (one sent twice)",
+                |p| {
+                    *p = Peer::started(4, 3 * CHUNK, 1);
+                    p.all_chunks(3 * CHUNK, 1);
+                    // The last chunk again, into the slot next in turn.
+                    p.raw_chunk(0, 3, chunk_len(3 * CHUNK, 2));
+                },
+                Protocol,
+                "a chunk after all 786432 declared bytes",
+            ),
+            (
+                "a chunk on a stream the transfer lacks",
+                |p| {
+                    *p = Peer::started(4, 3 * CHUNK, 2);
+                    p.raw_chunk(2, 0, chunk_len(3 * CHUNK, 0));
+                },
+                Protocol,
+                "stream 2; the transfer has 2",
+            ),
+            (
+                "a message on a further stream",
+                |p| {
+                    *p = Peer::started(4, 3 * CHUNK, 2);
+                    p.message(1, finish(3 * CHUNK));
+                },
+                Protocol,
+                "Finish on stream 1",
+            ),
+            (
+                "Start during the transfer",
+                |p| {
+                    *p = Peer::started(4, 3 * CHUNK, 1);
+                    p.message(0, start(1, 1));
+                },
+                Protocol,
+                "Start during the transfer",
+            ),
+            (
+                "Credit during the transfer",
+                |p| {
+                    *p = Peer::started(4, 3 * CHUNK, 1);
+                    p.message(0, Msg::Credit { count: 1 });
+                },
+                Protocol,
+                "Credit during the transfer",
+            ),
+            (
+                "Finish with another size",
+                |p| {
+                    *p = Peer::started(4, 3 * CHUNK, 1);
+                    p.all_chunks(3 * CHUNK, 1);
+                    p.message(0, finish(3 * CHUNK - 1));
+                },
+                Integrity,
+                "declared 786432 bytes, finished with 786431, and 786432 arrived",
+            ),
+            (
+                "Finish before every byte",
+                |p| {
+                    *p = Peer::started(4, 3 * CHUNK, 1);
+                    p.chunk(3 * CHUNK, 1, 0);
+                    p.message(0, finish(3 * CHUNK));
+                },
+                Integrity,
+                "and 262144 arrived",
+            ),
+            (
+                "a message after Finish",
+                |p| {
+                    *p = Peer::started(4, 3 * CHUNK, 2);
+                    p.chunk(3 * CHUNK, 2, 0);
+                    p.chunk(3 * CHUNK, 2, 2);
+                    p.message(0, finish(3 * CHUNK));
+                    p.message(0, finish(3 * CHUNK));
+                },
+                Protocol,
+                "Finish after Finish",
+            ),
+            (
+                "a chunk after Finish",
+                |p| {
+                    *p = Peer::started(4, 3 * CHUNK, 1);
+                    p.all_chunks(3 * CHUNK, 1);
+                    p.message(0, finish(3 * CHUNK));
+                    p.raw_chunk(0, 3, 10);
+                },
+                Protocol,
+                "a chunk after Finish",
+            ),
+            (
+                "the wrong digest",
+                |p| {
+                    *p = Peer::started(4, 3 * CHUNK, 1);
+                    p.all_chunks(3 * CHUNK, 1);
+                    p.message(0, finish(3 * CHUNK));
+                    p.feed(Event::Digest(Ok([8; 32])));
+                },
+                Integrity,
+                "BLAKE3 digest does not match",
+            ),
+            (
+                "the client gives up",
+                |p| {
+                    *p = Peer::started(4, 3 * CHUNK, 1);
+                    p.message(
+                        0,
+                        Msg::Fail {
+                            code: Io,
+                            message: "changed\n".into(),
+                        },
+                    );
+                },
+                Io,
+                "the client stopped sending f.bin: changed\\n; nothing was kept",
+            ),
+        ];
+        for (what, act, code, says) in cases {
+            let mut p = Peer::new(4);
+            act(&mut p);
+            let f = p.failure();
+            assert_eq!(f.code, *code, "{what}: {f:?}");
+            assert!(f.message.contains(says), "{what}: {:?}", f.message);
+        }
+    }
+
+    #[test]
+    fn a_failure_of_the_servers_own_work_is_told_and_nothing_is_stored() {
+        let size = CHUNK;
+        let refused = Failure::new(FailCode::TooLarge, "too large");
+        let mut p = Peer::new(4);
+        p.message(0, start(size, 1));
+        assert_eq!(
+            p.feed(Event::Failed(refused.clone())),
+            [Action::Fail(refused)]
+        );
+        assert_eq!(p.feed(Event::Admitted { token: 1 }), []);
+
+        let mismatch = Failure::new(FailCode::Integrity, "chunk 0 does not match");
+        let mut p = Peer::started(4, size, 1);
+        p.all_chunks(size, 1);
+        p.message(0, finish(size));
+        p.feed(Event::Digest(Err(mismatch)));
+        p.assert_fails(FailCode::Integrity, "chunk 0 does not match");
+
+        let mut p = Peer::started(4, size, 1);
+        p.all_chunks(size, 1);
+        p.message(0, finish(size));
+        p.feed(Event::Digest(Ok(DIGEST)));
+        p.feed(Event::Stored(Err(Failure::new(
+            FailCode::Exists,
+            "appeared",
+        ))));
+        assert_eq!(
+            p.core.outcome(),
+            Some(&Outcome::Failed(Failure::new(FailCode::Exists, "appeared")))
+        );
+        assert_eq!(
+            p.actions.last(),
+            Some(&Action::Fail(Failure::new(FailCode::Exists, "appeared")))
+        );
+
+        let mut p = Peer::started(4, size, 1);
+        assert_eq!(p.feed(Event::Gone), []);
+        assert_eq!(p.core.outcome(), Some(&Outcome::Gone));
+        assert_eq!(p.message(0, finish(size)), []);
+    }
+
+    /// The server's I/O out of turn is ignored: it never stores, credits
+    /// a slot it does not hold, or answers before its time.
+    #[test]
+    fn events_out_of_turn_change_nothing() {
+        let size = 2 * CHUNK;
+        let mut p = Peer::started(2, size, 1);
+        assert_eq!(p.feed(Event::Digest(Ok(DIGEST))), []);
+        assert_eq!(p.feed(Event::Stored(Ok(()))), []);
+        assert_eq!(p.feed(Event::Admitted { token: 1 }), []);
+        assert_eq!(p.feed(Event::HandedOff { stream: 0, slot: 0 }), []);
+        assert_eq!(p.feed(Event::HandedOff { stream: 5, slot: 0 }), []);
+        assert_eq!(p.core.credits(0), 2);
+        let held = p.raw_chunk(0, 0, chunk_len(size, 0));
+        assert!(matches!(held[..], [Action::Verify { .. }]), "{held:?}");
+        assert_eq!(p.core.credits(0), 1);
+        assert_eq!(p.feed(Event::HandedOff { stream: 0, slot: 1 }), []);
+        assert_eq!(
+            p.feed(Event::HandedOff { stream: 0, slot: 0 }),
+            [Action::Credit { stream: 0 }]
+        );
+        assert_eq!(p.feed(Event::HandedOff { stream: 0, slot: 0 }), []);
+        assert_eq!(p.core.credits(0), 2);
+        assert!(p.core.outcome().is_none());
+        assert!(!p.actions.contains(&Action::Store));
+    }
+
+    #[test]
+    fn a_client_too_slow_or_past_the_deadline_is_cut_off() {
+        let size = 4 * CHUNK;
+        for (min_rate, deadline, says) in [
+            (1 << 20, Duration::from_secs(3600), "--min-rate"),
+            (0, Duration::from_secs(5), "--deadline 5 s"),
+        ] {
+            let mut p = Peer::with(Config {
+                slots: 4,
+                slot_size: SLOT_SIZE,
+                min_rate,
+                deadline,
+            });
+            p.message(0, start(size, 1));
+            p.feed(Event::Admitted { token: 0 });
+            p.feed(Event::Joined { now: p.now });
+            p.chunk(size, 1, 0);
+            // One chunk in 11 s: 24 KiB/s, and past a 5 s deadline.
+            p.now += Duration::from_secs(11);
+            p.chunk(size, 1, 1);
+            p.assert_fails(FailCode::TooSlow, says);
+        }
+    }
+}
