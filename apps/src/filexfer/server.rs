@@ -390,14 +390,23 @@ impl Transfer {
     }
 
     fn receive(&self, conn: &mut Connection, others: &mut Vec<Connection>) -> anyhow::Result<()> {
-        let core = Mutex::new(ServerCore::new(server_core::Config {
+        let cfg = server_core::Config {
             slots: SLOTS,
             slot_size: conn.slot_size() as u32,
             min_rate: self.min_rate,
             deadline: self.deadline,
-        }));
-        self.receive_with(&core, conn, others)
-            .map_err(|e| ended_by(&core, e))
+        };
+        let core = Mutex::new(match recording() {
+            true => ServerCore::recording(cfg),
+            false => ServerCore::new(cfg),
+        });
+        let result = self
+            .receive_with(&core, conn, others)
+            .map_err(|e| ended_by(&core, e));
+        if let Some(script) = lock(&core).script() {
+            pinpoll::wire::record("filexfer_server", script);
+        }
+        result
     }
 
     /// [`receive`](Self::receive), each step what `core` asks for.
@@ -797,6 +806,14 @@ fn settle_lanes(
         Some(e) => Err(e),
         None => Ok(collect),
     }
+}
+
+/// Whether a transfer's events are recorded as a seed of the
+/// `filexfer_server` fuzz target: in debug builds, where
+/// `pinpoll::wire::record` saves what it is given
+/// (`scripts/record-corpus.sh`).
+fn recording() -> bool {
+    cfg!(debug_assertions) && std::env::var_os("PINPOLL_RECORD_WIRE").is_some()
 }
 
 /// Test hook, debug builds only: `PINPOLL_FX_AWAIT_REWRITE=N` makes the

@@ -22,6 +22,7 @@ use super::name;
 use super::pace::Pace;
 use super::protocol::{FailCode, Msg, MAX_STREAMS};
 use super::read_ahead::Lane;
+use super::server_script::Recorder;
 use super::TRAILER;
 use crate::output::printable;
 
@@ -150,8 +151,9 @@ struct Stream {
     lane: Lane,
     /// Chunks of this lane that arrived.
     position: u64,
-    /// The slot whose chunk is not yet handed to the verifier, if any.
-    held: Option<u32>,
+    /// The slots whose chunk is not yet handed to the verifier: the
+    /// server's I/O may take more than one chunk before it hands them off.
+    held: Vec<bool>,
     /// Credits the client holds for this ring.
     credits: u32,
     received: u64,
@@ -169,6 +171,8 @@ pub struct ServerCore {
     /// `Finish`'s digest, once it came.
     finish: Option<[u8; 32]>,
     pace: Option<Pace>,
+    /// The events fed, as a script, when recording.
+    recorder: Option<Recorder>,
 }
 
 impl ServerCore {
@@ -182,7 +186,22 @@ impl ServerCore {
             streams: Vec::new(),
             finish: None,
             pace: None,
+            recorder: None,
         }
+    }
+
+    /// A machine that keeps the events it is fed as a script
+    /// ([`script`](Self::script)).
+    pub fn recording(cfg: Config) -> Self {
+        ServerCore {
+            recorder: Some(Recorder::new(&cfg)),
+            ..Self::new(cfg)
+        }
+    }
+
+    /// The events fed so far as a script, when recording.
+    pub fn script(&self) -> Option<&[u8]> {
+        self.recorder.as_ref().map(Recorder::bytes)
     }
 
     /// How the transfer ended, once it has.
@@ -241,6 +260,9 @@ impl ServerCore {
     pub fn handle(&mut self, event: Event) -> Vec<Action> {
         if matches!(self.phase, Phase::Ended(_)) {
             return Vec::new();
+        }
+        if let Some(recorder) = &mut self.recorder {
+            recorder.record(&event);
         }
         let done = match event {
             Event::Gone => {
@@ -327,7 +349,7 @@ impl ServerCore {
             .map(|index| Stream {
                 lane: Lane { index, count },
                 position: 0,
-                held: None,
+                held: Vec::new(),
                 credits: 0,
                 received: 0,
             })
@@ -347,6 +369,7 @@ impl ServerCore {
         }
         for s in &mut self.streams {
             s.credits = self.cfg.slots;
+            s.held = vec![false; self.cfg.slots as usize];
         }
         self.phase = Phase::Receiving;
         vec![Action::Send {
@@ -393,7 +416,7 @@ impl ServerCore {
                 "chunk for slot {slot}, expected slot {expected_slot}"
             )));
         }
-        if s.held == Some(slot) || s.credits == 0 {
+        if s.held[slot as usize] || s.credits == 0 {
             return Err(protocol(format!(
                 "chunk for slot {slot} while its previous chunk is still there (no credit for it)"
             )));
@@ -428,7 +451,7 @@ impl ServerCore {
         s.position += 1;
         s.received += data;
         s.credits -= 1;
-        s.held = Some(slot);
+        s.held[slot as usize] = true;
         let start = slot as usize * slot_size as usize;
         Ok(vec![Action::Verify {
             stream,
@@ -446,10 +469,10 @@ impl ServerCore {
         // Only a slot the server holds has a credit to give back: anything
         // else is a caller's slip, and a credit for it would let the
         // client overrun the ring.
-        if s.held != Some(slot) || s.credits >= slots {
+        if !s.held.get(slot as usize).copied().unwrap_or(false) || s.credits >= slots {
             return Vec::new();
         }
-        s.held = None;
+        s.held[slot as usize] = false;
         s.credits += 1;
         let mut actions = vec![Action::Credit { stream }];
         actions.extend(self.collect_if_all_in());
@@ -459,7 +482,7 @@ impl ServerCore {
     fn finished(&mut self, size: u64, digest: [u8; 32]) -> Result<Vec<Action>, Failure> {
         // The first stream's chunks all come before its Finish (a queue
         // pair delivers in order): a chunk of it missing is one never sent.
-        if size != self.size || !self.lane_in(&self.streams[0]) {
+        if size != self.size || !self.lane_arrived(&self.streams[0]) {
             return Err(Failure::new(
                 FailCode::Integrity,
                 format!(
@@ -473,9 +496,14 @@ impl ServerCore {
         Ok(self.collect_if_all_in().into_iter().collect())
     }
 
+    /// Whether every chunk of `s`'s lane arrived.
+    fn lane_arrived(&self, s: &Stream) -> bool {
+        s.position == s.lane.len(self.geometry.chunk_count())
+    }
+
     /// Whether every chunk of `s`'s lane arrived and was handed over.
     fn lane_in(&self, s: &Stream) -> bool {
-        s.held.is_none() && s.position == s.lane.len(self.geometry.chunk_count())
+        self.lane_arrived(s) && !s.held.contains(&true)
     }
 
     fn collect_if_all_in(&mut self) -> Option<Action> {
@@ -1059,6 +1087,29 @@ mod tests {
         assert_eq!(p.core.credits(0), 2);
         assert!(p.core.outcome().is_none());
         assert!(!p.actions.contains(&Action::Store));
+    }
+
+    /// Found by the fuzz target: chunks taken out of two slots before
+    /// either is handed off must both be handed off before the digest is
+    /// collected, and each slot credited once.
+    #[test]
+    fn every_chunk_still_in_its_slot_holds_back_the_digest() {
+        let size = 2 * CHUNK;
+        let mut p = Peer::started(4, size, 1);
+        p.raw_chunk(0, 0, chunk_len(size, 0));
+        p.raw_chunk(0, 1, chunk_len(size, 1));
+        assert_eq!(p.core.credits(0), 2);
+        assert_eq!(
+            p.feed(Event::HandedOff { stream: 0, slot: 1 }),
+            [Action::Credit { stream: 0 }]
+        );
+        assert_eq!(p.message(0, finish(size)), [], "slot 0 is still held");
+        assert_eq!(
+            p.feed(Event::HandedOff { stream: 0, slot: 0 }),
+            [Action::Credit { stream: 0 }, Action::CollectDigest]
+        );
+        assert_eq!(p.feed(Event::HandedOff { stream: 0, slot: 0 }), []);
+        assert_eq!(p.core.credits(0), 4);
     }
 
     #[test]
