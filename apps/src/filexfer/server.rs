@@ -250,19 +250,27 @@ fn lock(core: &Mutex<ServerCore>) -> MutexGuard<'_, ServerCore> {
     core.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Feeds `event` to the transfer's protocol state and returns the actions
-/// to perform, but a `Fail`, which ends the transfer: it comes back as the
-/// transfer's error, which [`Transfer::run`] tells the client.
-fn feed(core: &Mutex<ServerCore>, event: Event) -> anyhow::Result<Vec<Action>> {
-    let mut actions = lock(core).handle(event);
-    match actions.pop() {
+/// Feeds `event` to the transfer's protocol state and leaves in `out` the
+/// actions to perform, but a `Fail`, which ends the transfer: it comes
+/// back as the transfer's error, which [`Transfer::run`] tells the client.
+/// Allocates nothing once `out` has room for an event's actions.
+fn feed_into(core: &Mutex<ServerCore>, event: Event, out: &mut Vec<Action>) -> anyhow::Result<()> {
+    lock(core).handle_into(event, out);
+    match out.pop() {
         Some(Action::Fail(failure)) => Err(failure.into()),
         Some(last) => {
-            actions.push(last);
-            Ok(actions)
+            out.push(last);
+            Ok(())
         }
-        None => Ok(actions),
+        None => Ok(()),
     }
+}
+
+/// [`feed_into`] a new vector: for the steps that come once a transfer.
+fn feed(core: &Mutex<ServerCore>, event: Event) -> anyhow::Result<Vec<Action>> {
+    let mut out = Vec::new();
+    feed_into(core, event, &mut out)?;
+    Ok(out)
 }
 
 /// The one action the protocol state answers at a step whose answer is
@@ -659,6 +667,8 @@ impl Transfer {
         let count = lock(core).stream_count();
         let rewritten = await_rewrite_chunk();
         let mut collect = false;
+        // Kept across chunks: an event asks for two actions at most.
+        let (mut arrived, mut handed) = (Vec::with_capacity(2), Vec::with_capacity(2));
         while !lock(core).stream_done(stream) {
             let arrival =
                 next_arrival(conn, stop, self.cfg.completion_timeout).with_context(|| {
@@ -670,7 +680,8 @@ impl Transfer {
                         }
                     }
                 })?;
-            for action in feed(core, arrival_event(stream, arrival))? {
+            feed_into(core, arrival_event(stream, arrival), &mut arrived)?;
+            for action in arrived.drain(..) {
                 let (slot, index, range) = match action {
                     Action::Verify {
                         slot, index, range, ..
@@ -691,7 +702,8 @@ impl Transfer {
                 target.copy_to(range.start, copy.bytes_mut(data_len).map_err(failed)?)?;
                 target.copy_to(range.start + data_len, &mut cv)?;
                 pool.submit(index, cv, copy).map_err(failed)?;
-                for action in feed(core, Event::HandedOff { stream, slot })? {
+                feed_into(core, Event::HandedOff { stream, slot }, &mut handed)?;
+                for action in handed.drain(..) {
                     match action {
                         Action::Credit { .. } => {
                             conn.send(&protocol::credit(1))

@@ -258,8 +258,18 @@ impl ServerCore {
     /// Feeds one event; returns what to do, in order. Nothing once the
     /// transfer ended.
     pub fn handle(&mut self, event: Event) -> Vec<Action> {
+        let mut out = Vec::new();
+        self.handle_into(event, &mut out);
+        out
+    }
+
+    /// [`handle`](Self::handle), the actions into `out` (emptied first):
+    /// a caller that keeps `out` allocates nothing per chunk, as the
+    /// server's busy-poll threads must not.
+    pub fn handle_into(&mut self, event: Event, out: &mut Vec<Action>) {
+        out.clear();
         if matches!(self.phase, Phase::Ended(_)) {
-            return Vec::new();
+            return;
         }
         if let Some(recorder) = &mut self.recorder {
             recorder.record(&event);
@@ -267,37 +277,44 @@ impl ServerCore {
         let done = match event {
             Event::Gone => {
                 self.phase = Phase::Ended(Outcome::Gone);
-                return Vec::new();
+                Ok(())
             }
             Event::Failed(failure) => Err(failure),
             Event::Undecodable { why, .. } => Err(protocol(why)),
-            Event::Message { stream, msg } => self.message(stream, msg),
+            Event::Message { stream, msg } => self.message(stream, msg, out),
             Event::Chunk {
                 stream,
                 slot,
                 len,
                 now,
-            } => self.chunk(stream, slot, len, now),
-            Event::Admitted { token } => Ok(self.admitted(token)),
+            } => self.chunk(stream, slot, len, now, out),
+            Event::Admitted { token } => {
+                self.admitted(token, out);
+                Ok(())
+            }
             Event::Joined { now } => {
                 if matches!(self.phase, Phase::Receiving) && self.pace.is_none() {
                     self.pace = Some(Pace::starting_at(self.cfg.min_rate, self.cfg.deadline, now));
                 }
-                Ok(Vec::new())
+                Ok(())
             }
-            Event::HandedOff { stream, slot } => Ok(self.handed_off(stream, slot)),
-            Event::Digest(digest) => self.digest(digest),
-            Event::Stored(stored) => Ok(self.stored(stored)),
+            Event::HandedOff { stream, slot } => {
+                self.handed_off(stream, slot, out);
+                Ok(())
+            }
+            Event::Digest(digest) => self.digest(digest, out),
+            Event::Stored(stored) => self.stored(stored, out),
         };
-        done.unwrap_or_else(|failure| {
+        if let Err(failure) = done {
             self.phase = Phase::Ended(Outcome::Failed(failure.clone()));
-            vec![Action::Fail(failure)]
-        })
+            out.clear();
+            out.push(Action::Fail(failure));
+        }
     }
 
-    fn message(&mut self, stream: u16, msg: Msg) -> Result<Vec<Action>, Failure> {
+    fn message(&mut self, stream: u16, msg: Msg, out: &mut Vec<Action>) -> Result<(), Failure> {
         match self.phase {
-            Phase::AwaitStart => self.start(msg),
+            Phase::AwaitStart => self.start(msg, out),
             Phase::Admitting => Err(protocol(format!("{} before Ready", msg.name()))),
             Phase::Receiving if stream != 0 => {
                 Err(protocol(format!("{} on stream {stream}", msg.name())))
@@ -306,7 +323,7 @@ impl ServerCore {
                 Err(protocol(format!("{} after Finish", msg.name())))
             }
             Phase::Receiving => match msg {
-                Msg::Finish { size, digest } => self.finished(size, digest),
+                Msg::Finish { size, digest } => self.finished(size, digest, out),
                 Msg::Fail { message, .. } => Err(Failure::new(
                     FailCode::Io,
                     format!(
@@ -323,7 +340,7 @@ impl ServerCore {
         }
     }
 
-    fn start(&mut self, msg: Msg) -> Result<Vec<Action>, Failure> {
+    fn start(&mut self, msg: Msg, out: &mut Vec<Action>) -> Result<(), Failure> {
         let Msg::Start {
             size,
             streams,
@@ -355,31 +372,32 @@ impl ServerCore {
             })
             .collect();
         self.phase = Phase::Admitting;
-        Ok(vec![Action::Admit {
+        out.push(Action::Admit {
             size,
             streams,
             name,
-        }])
+        });
+        Ok(())
     }
 
-    fn admitted(&mut self, token: u64) -> Vec<Action> {
+    fn admitted(&mut self, token: u64, out: &mut Vec<Action>) {
         // Out of turn it is a caller's slip, not the client's: nothing.
         if !matches!(self.phase, Phase::Admitting) {
-            return Vec::new();
+            return;
         }
         for s in &mut self.streams {
             s.credits = self.cfg.slots;
             s.held = vec![false; self.cfg.slots as usize];
         }
         self.phase = Phase::Receiving;
-        vec![Action::Send {
+        out.push(Action::Send {
             stream: 0,
             msg: Msg::Ready {
                 slots: self.cfg.slots,
                 slot_size: self.cfg.slot_size,
                 token,
             },
-        }]
+        });
     }
 
     fn chunk(
@@ -388,7 +406,8 @@ impl ServerCore {
         slot: u32,
         len: u32,
         now: Instant,
-    ) -> Result<Vec<Action>, Failure> {
+        out: &mut Vec<Action>,
+    ) -> Result<(), Failure> {
         match self.phase {
             Phase::AwaitStart => return Err(protocol("a chunk before Start")),
             Phase::Admitting => return Err(protocol("a chunk before Ready")),
@@ -453,33 +472,38 @@ impl ServerCore {
         s.credits -= 1;
         s.held[slot as usize] = true;
         let start = slot as usize * slot_size as usize;
-        Ok(vec![Action::Verify {
+        out.push(Action::Verify {
             stream,
             slot,
             index,
             range: start..start + len as usize,
-        }])
+        });
+        Ok(())
     }
 
-    fn handed_off(&mut self, stream: u16, slot: u32) -> Vec<Action> {
+    fn handed_off(&mut self, stream: u16, slot: u32, out: &mut Vec<Action>) {
         let slots = self.cfg.slots;
         let Some(s) = self.streams.get_mut(usize::from(stream)) else {
-            return Vec::new();
+            return;
         };
         // Only a slot the server holds has a credit to give back: anything
         // else is a caller's slip, and a credit for it would let the
         // client overrun the ring.
         if !s.held.get(slot as usize).copied().unwrap_or(false) || s.credits >= slots {
-            return Vec::new();
+            return;
         }
         s.held[slot as usize] = false;
         s.credits += 1;
-        let mut actions = vec![Action::Credit { stream }];
-        actions.extend(self.collect_if_all_in());
-        actions
+        out.push(Action::Credit { stream });
+        out.extend(self.collect_if_all_in());
     }
 
-    fn finished(&mut self, size: u64, digest: [u8; 32]) -> Result<Vec<Action>, Failure> {
+    fn finished(
+        &mut self,
+        size: u64,
+        digest: [u8; 32],
+        out: &mut Vec<Action>,
+    ) -> Result<(), Failure> {
         // The first stream's chunks all come before its Finish (a queue
         // pair delivers in order): a chunk of it missing is one never sent.
         if size != self.size || !self.lane_arrived(&self.streams[0]) {
@@ -493,7 +517,8 @@ impl ServerCore {
             ));
         }
         self.finish = Some(digest);
-        Ok(self.collect_if_all_in().into_iter().collect())
+        out.extend(self.collect_if_all_in());
+        Ok(())
     }
 
     /// Whether every chunk of `s`'s lane arrived.
@@ -514,9 +539,13 @@ impl ServerCore {
         })
     }
 
-    fn digest(&mut self, digest: Result<[u8; 32], Failure>) -> Result<Vec<Action>, Failure> {
+    fn digest(
+        &mut self,
+        digest: Result<[u8; 32], Failure>,
+        out: &mut Vec<Action>,
+    ) -> Result<(), Failure> {
         if !matches!(self.phase, Phase::Verifying) {
-            return Ok(Vec::new());
+            return Ok(());
         }
         if digest? != self.finish.expect("Verifying comes after Finish") {
             return Err(Failure::new(
@@ -525,27 +554,26 @@ impl ServerCore {
             ));
         }
         self.phase = Phase::Storing;
-        Ok(vec![Action::Store])
+        out.push(Action::Store);
+        Ok(())
     }
 
-    fn stored(&mut self, stored: Result<(), Failure>) -> Vec<Action> {
+    fn stored(
+        &mut self,
+        stored: Result<(), Failure>,
+        out: &mut Vec<Action>,
+    ) -> Result<(), Failure> {
         if !matches!(self.phase, Phase::Storing) {
-            return Vec::new();
+            return Ok(());
         }
-        match stored {
-            Ok(()) => {
-                let size = self.size;
-                self.phase = Phase::Ended(Outcome::Complete { size });
-                vec![Action::Send {
-                    stream: 0,
-                    msg: Msg::Complete { size },
-                }]
-            }
-            Err(failure) => {
-                self.phase = Phase::Ended(Outcome::Failed(failure.clone()));
-                vec![Action::Fail(failure)]
-            }
-        }
+        stored?;
+        let size = self.size;
+        self.phase = Phase::Ended(Outcome::Complete { size });
+        out.push(Action::Send {
+            stream: 0,
+            msg: Msg::Complete { size },
+        });
+        Ok(())
     }
 }
 
