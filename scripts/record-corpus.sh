@@ -10,7 +10,9 @@
 #                                        the sessions, recording into DIR
 #
 # Debug builds of the programs save every input of a decoder of peer bytes
-# under $PINPOLL_RECORD_WIRE/TARGET/ (pinpoll::wire::record). The sessions:
+# under $PINPOLL_RECORD_WIRE/TARGET/ (pinpoll::wire::record), and the
+# filexfer server each transfer's events as a filexfer_server script
+# (filexfer::server_script). The sessions:
 # filexfer transfers of 0, 5 and 1 MiB + 3 bytes (the last on 3 streams), a
 # name that exists (Fail), a file over --max-size (Fail) and a classic
 # client; readwrite in write and read mode; basic; pinpoll-perf over
@@ -154,6 +156,6 @@ record() {
 case ${1:-} in
     --sessions) run_sessions "${2:?--sessions DIR}" ;;
     "") record ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' ;;
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
 esac

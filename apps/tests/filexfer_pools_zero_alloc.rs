@@ -2,7 +2,8 @@
 //! a counting global allocator, a warm-up, then thousands of chunks through
 //! the verifier pool (copy, check, write, merge) and the hashing reader
 //! (pread, hash, hand out, copy, merge), with the count of every thread's
-//! allocations unchanged — the busy-poll thread's and the pools' own.
+//! allocations unchanged — the busy-poll thread's and the pools' own; and
+//! the server's protocol state taking as many chunks.
 //!
 //! Runs without the libtest harness, whose own threads allocate and would
 //! be counted. No device needed: the pools write to /dev/null and read
@@ -14,8 +15,11 @@ use std::sync::Arc;
 use pinpoll::alloc::CountingAllocator;
 use pinpoll_apps::filexfer::chunk_pool::PoolSize;
 use pinpoll_apps::filexfer::digest::{ChunkGeometry, FileDigest, CHUNK_LEN};
+use pinpoll_apps::filexfer::protocol::Msg;
 use pinpoll_apps::filexfer::read_ahead::HashingReader;
+use pinpoll_apps::filexfer::server_core::{Action, Config, Event, ServerCore};
 use pinpoll_apps::filexfer::verify::VerifierPool;
+use pinpoll_apps::filexfer::{SLOTS, SLOT_SIZE, TRAILER};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator::new();
@@ -34,6 +38,7 @@ fn main() {
     let size = PoolSize::with_threads(2);
     verifier(geometry, size);
     reader(geometry, size);
+    server_core(geometry);
     println!("test {NAME} ... ok");
     println!("\ntest result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out");
 }
@@ -103,5 +108,56 @@ fn reader(geometry: ChunkGeometry, size: PoolSize) {
         after - before,
         0,
         "hashing reader: allocations while chunks flowed"
+    );
+}
+
+/// The server's protocol state, as a stream's busy-poll thread drives it
+/// (`handle_into` with the vectors it keeps): each chunk taken and handed
+/// off, its credit asked for, without touching the heap.
+fn server_core(geometry: ChunkGeometry) {
+    let mut core = ServerCore::new(Config {
+        slots: SLOTS,
+        slot_size: SLOT_SIZE,
+        min_rate: 1,
+        deadline: std::time::Duration::from_secs(3600),
+    });
+    let now = std::time::Instant::now();
+    let start = Msg::Start {
+        size: geometry.file_len(),
+        streams: 1,
+        name: b"f.bin".to_vec(),
+    };
+    core.handle(Event::Message {
+        stream: 0,
+        msg: start,
+    });
+    core.handle(Event::Admitted { token: 0 });
+    core.handle(Event::Joined { now });
+    let (mut arrived, mut handed) = (Vec::with_capacity(2), Vec::with_capacity(2));
+    let mut before = ALLOCATOR.allocations();
+    for index in 0..CHUNKS {
+        if index == WARM_UP {
+            before = ALLOCATOR.allocations();
+        }
+        let slot = (index % u64::from(SLOTS)) as u32;
+        let chunk = Event::Chunk {
+            stream: 0,
+            slot,
+            len: (CHUNK as usize + TRAILER) as u32,
+            now,
+        };
+        core.handle_into(chunk, &mut arrived);
+        assert!(
+            matches!(arrived[..], [Action::Verify { .. }]),
+            "chunk {index}: {arrived:?}"
+        );
+        core.handle_into(Event::HandedOff { stream: 0, slot }, &mut handed);
+        assert_eq!(handed, [Action::Credit { stream: 0 }], "chunk {index}");
+    }
+    let after = ALLOCATOR.allocations();
+    assert_eq!(
+        after - before,
+        0,
+        "server protocol state: allocations while chunks flowed"
     );
 }

@@ -13,6 +13,11 @@
 //! - [`streams`] — `--streams N`: a transfer's further queue pairs
 //!   joining it, and a wait on one stream that the others can stop.
 //! - [`in_flight`] — the names a server is receiving, reserved at `Start`.
+//! - [`server_core`] — one transfer's server side of the protocol as an
+//!   I/O-free state machine (events in, actions out) that [`server`]
+//!   drives, and tests and the `filexfer_server` fuzz target too.
+//! - [`server_script`] — a transfer's events as bytes: the fuzz target's
+//!   input, and what debug builds of the server record as its seeds.
 //! - [`server_dir`] — `--dir`, held open from the start: every file is
 //!   created, linked, renamed and synced relative to it.
 //! - [`temp`] — the server's locked temp files, and removing those a dead
@@ -88,7 +93,9 @@ pub mod pace;
 pub mod protocol;
 pub mod read_ahead;
 pub mod server;
+pub mod server_core;
 pub mod server_dir;
+pub mod server_script;
 pub mod source;
 pub mod space;
 pub mod streams;

@@ -49,7 +49,7 @@ impl Pace {
         Self::starting_at(min_rate, deadline, Instant::now())
     }
 
-    fn starting_at(min_rate: u64, deadline: Duration, now: Instant) -> Self {
+    pub(crate) fn starting_at(min_rate: u64, deadline: Duration, now: Instant) -> Self {
         Pace {
             min_rate,
             deadline: (!deadline.is_zero()).then_some(deadline),
@@ -67,7 +67,7 @@ impl Pace {
         self.arrived_at(bytes, Instant::now())
     }
 
-    fn arrived_at(&self, bytes: u64, now: Instant) -> Result<(), TooSlow> {
+    pub(crate) fn arrived_at(&self, bytes: u64, now: Instant) -> Result<(), TooSlow> {
         if let Some(deadline) = self.deadline {
             if now.duration_since(self.started) > deadline {
                 return Err(TooSlow::Deadline {

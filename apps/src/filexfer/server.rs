@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
@@ -15,10 +15,9 @@ use crate::filexfer::chunk_pool::{PipelineError, PoolSize};
 use crate::filexfer::classic::{ClassicJob, ClassicSide};
 use crate::filexfer::digest::{ChunkGeometry, DigestError};
 use crate::filexfer::in_flight::InFlight;
-use crate::filexfer::name;
 use crate::filexfer::pace::Pace;
 use crate::filexfer::protocol::{self, FailCode, Msg};
-use crate::filexfer::read_ahead::Lane;
+use crate::filexfer::server_core::{self, Action, Event, ServerCore};
 use crate::filexfer::server_dir::ServerDir;
 use crate::filexfer::space::{Space, SpaceRefusal};
 use crate::filexfer::streams::{
@@ -64,26 +63,10 @@ pub struct ServeOptions {
 }
 
 /// A refusal the client is told about (`Fail{code, message}`).
-#[derive(Debug)]
-struct Refusal {
-    code: FailCode,
-    message: String,
-}
-
-impl std::fmt::Display for Refusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for Refusal {}
+use crate::filexfer::server_core::Failure as Refusal;
 
 pub(crate) fn refusal(code: FailCode, message: impl Into<String>) -> anyhow::Error {
-    Refusal {
-        code,
-        message: message.into(),
-    }
-    .into()
+    Refusal::new(code, message).into()
 }
 
 /// The temp file serial of the start-up probe: one no transfer reaches.
@@ -253,77 +236,101 @@ pub(crate) struct Transfer {
 /// What every stream's thread of one transfer shares.
 #[derive(Clone, Copy)]
 struct Receiving<'a> {
+    core: &'a Mutex<ServerCore>,
     pool: &'a VerifierPool,
-    pace: &'a Pace,
     /// Set by the stream that failed: the others stop.
     stop: &'a AtomicBool,
     shown: &'a str,
 }
 
-/// Where a stream's chunk must land: its ring's slots and their size.
-#[derive(Debug, Clone, Copy)]
-struct Ring {
-    slots: u32,
-    slot_size: usize,
+/// The transfer's protocol state, whichever stream's thread holds it.
+fn lock(core: &Mutex<ServerCore>) -> MutexGuard<'_, ServerCore> {
+    // Poisoned only by a stream's thread that panicked, whose failure is
+    // the transfer's: the state is still what the last event left.
+    core.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Checks the WRITE_WITH_IMM at `position` of `lane` (chunk `index` of
-/// the file laid out by `geometry`) against everything the server knows,
-/// and returns the byte range of its data and trailer in the ring.
-fn check_chunk(
-    ring: Ring,
-    geometry: &ChunkGeometry,
-    lane: Lane,
-    position: u64,
-    (imm, len): (u32, u32),
-) -> anyhow::Result<std::ops::Range<usize>> {
-    let expected_slot = (position % u64::from(ring.slots)) as u32;
-    if imm >= ring.slots {
-        return Err(refusal(
-            FailCode::Protocol,
-            format!("chunk for slot {imm}; the ring has {} slots", ring.slots),
-        ));
+/// Feeds `event` to the transfer's protocol state and leaves in `out` the
+/// actions to perform, but a `Fail`, which ends the transfer: it comes
+/// back as the transfer's error, which [`Transfer::run`] tells the client.
+/// Allocates nothing once `out` has room for an event's actions.
+fn feed_into(core: &Mutex<ServerCore>, event: Event, out: &mut Vec<Action>) -> anyhow::Result<()> {
+    lock(core).handle_into(event, out);
+    match out.pop() {
+        Some(Action::Fail(failure)) => Err(failure.into()),
+        Some(last) => {
+            out.push(last);
+            Ok(())
+        }
+        None => Ok(()),
     }
-    if imm != expected_slot {
-        return Err(refusal(
-            FailCode::Protocol,
-            format!("chunk for slot {imm}, expected slot {expected_slot}"),
-        ));
+}
+
+/// [`feed_into`] a new vector: for the steps that come once a transfer.
+fn feed(core: &Mutex<ServerCore>, event: Event) -> anyhow::Result<Vec<Action>> {
+    let mut out = Vec::new();
+    feed_into(core, event, &mut out)?;
+    Ok(out)
+}
+
+/// The one action the protocol state answers at a step whose answer is
+/// known (Start: admit; admitted: Ready; ...), picked by `pick`.
+fn only<T>(actions: Vec<Action>, pick: impl Fn(Action) -> Option<T>) -> anyhow::Result<T> {
+    let shown = format!("{actions:?}");
+    let mut actions = actions.into_iter();
+    match (actions.next().and_then(pick), actions.next()) {
+        (Some(picked), None) => Ok(picked),
+        _ => Err(out_of_turn(&shown)),
     }
-    let index = lane.chunk(position);
-    let Ok(range) = geometry.chunk_range(index) else {
-        return Err(refusal(
-            FailCode::Protocol,
-            format!("a chunk after all {} declared bytes", geometry.file_len()),
-        ));
+}
+
+/// The protocol state asked for what the server does not do at that step.
+fn out_of_turn(actions: &str) -> anyhow::Error {
+    anyhow::anyhow!("the transfer's protocol state asked for {actions} out of turn")
+}
+
+/// Tells the protocol state that `err` ended the transfer (a refusal the
+/// client is told, or a connection that failed); returns `err`. A state
+/// that already ended (its own `Fail`) stays as it is.
+fn ended_by(core: &Mutex<ServerCore>, err: anyhow::Error) -> anyhow::Error {
+    let event = match err.downcast_ref::<Refusal>() {
+        Some(r) => Event::Failed(r.clone()),
+        None => Event::Gone,
     };
-    let want = range.end - range.start + TRAILER as u64;
-    if u64::from(len) != want {
-        return Err(refusal(
-            FailCode::Protocol,
-            format!("chunk {index} has {len} bytes, expected {want}"),
-        ));
+    lock(core).handle(event);
+    err
+}
+
+/// The event of what arrived on `stream`.
+fn arrival_event(stream: u16, arrival: Arrival) -> Event {
+    match arrival {
+        Arrival::Chunk { slot, len } => Event::Chunk {
+            stream,
+            slot,
+            len,
+            now: Instant::now(),
+        },
+        Arrival::Message(msg) => Event::Message { stream, msg },
+        Arrival::Undecodable(why) => Event::Undecodable { stream, why },
     }
-    let start = imm as usize * ring.slot_size;
-    Ok(start..start + len as usize)
 }
 
 /// The refusal a failed verifier pool means for the client.
-fn pipeline_refusal(err: PipelineError, shown: &str) -> anyhow::Error {
+fn pipeline_refusal(err: PipelineError, shown: &str) -> Refusal {
     match &err {
-        PipelineError::Digest(DigestError::Mismatch { index }) => refusal(
+        PipelineError::Digest(DigestError::Mismatch { index }) => Refusal::new(
             FailCode::Integrity,
             format!(
                 "chunk {index} (bytes {}..) does not match its BLAKE3 chaining value: the file was not kept",
                 index * CHUNK
             ),
         ),
-        PipelineError::Digest(e) => refusal(FailCode::Integrity, format!("{shown}: {e}")),
-        PipelineError::Write { .. } => refusal(
+        PipelineError::Digest(e) => Refusal::new(FailCode::Integrity, format!("{shown}: {e}")),
+        PipelineError::Write { .. } => Refusal::new(
             FailCode::Io,
             format!("writing {shown} on the server: {}", error_line(&err.into())),
         ),
-        _ => refusal(
+        _ => Refusal::new(
             FailCode::Io,
             format!("verifying {shown} on the server: {}", error_line(&err.into())),
         ),
@@ -391,7 +398,51 @@ impl Transfer {
     }
 
     fn receive(&self, conn: &mut Connection, others: &mut Vec<Connection>) -> anyhow::Result<()> {
-        let (size, streams, name) = read_start(conn)?;
+        let cfg = server_core::Config {
+            slots: SLOTS,
+            slot_size: conn.slot_size() as u32,
+            min_rate: self.min_rate,
+            deadline: self.deadline,
+        };
+        let core = Mutex::new(match recording() {
+            true => ServerCore::recording(cfg),
+            false => ServerCore::new(cfg),
+        });
+        let result = self
+            .receive_with(&core, conn, others)
+            .map_err(|e| ended_by(&core, e));
+        if let Some(script) = lock(&core).script() {
+            pinpoll::wire::record("filexfer_server", script);
+        }
+        result
+    }
+
+    /// [`receive`](Self::receive), each step what `core` asks for.
+    fn receive_with(
+        &self,
+        core: &Mutex<ServerCore>,
+        conn: &mut Connection,
+        others: &mut Vec<Connection>,
+    ) -> anyhow::Result<()> {
+        let arrival = {
+            let m = conn
+                .recv()
+                .map_err(|e| explain_link(e, "client"))
+                .context("waiting for the client's Start")?;
+            match m.imm {
+                Some(slot) => Arrival::Chunk { slot, len: m.len },
+                None => Msg::decode(m.data)
+                    .map_or_else(|e| Arrival::Undecodable(e.to_string()), Arrival::Message),
+            }
+        };
+        let (size, streams, name) = only(feed(core, arrival_event(0, arrival))?, |a| match a {
+            Action::Admit {
+                size,
+                streams,
+                name,
+            } => Some((size, streams, name)),
+            _ => None,
+        })?;
         let shown = printable(name.as_bytes());
         let began = Instant::now();
         if let Err(too_large @ SpaceRefusal::TooLarge { .. }) = self.space.check_size(size, &shown)
@@ -420,9 +471,16 @@ impl Transfer {
             self.peer
         ))?;
         let pool = self.verifier(&temp, size, streams, &shown)?;
-        *others = self.open_streams(conn, streams)?;
-        let digest = self.receive_chunks(conn, others, pool, &shown)?;
-        self.store(temp, size, &name, &shown)?;
+        *others = self.open_streams(core, conn, streams)?;
+        let digest = self.receive_chunks(core, conn, others, pool, &shown)?;
+        let stored = match self.store(temp, size, &name, &shown) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(e.downcast::<Refusal>()?),
+        };
+        let complete = only(feed(core, Event::Stored(stored))?, |a| match a {
+            Action::Send { stream: 0, msg } => Some(msg),
+            _ => None,
+        })?;
         // The file is verified, durable and in place: the transfer has
         // succeeded here. The client disconnects as soon as it has read
         // Complete, which can overtake the acknowledgement of Complete (a
@@ -431,7 +489,7 @@ impl Transfer {
         // failed, and it says so itself.
         match send_and_wait(
             conn,
-            &Msg::Complete { size }.encode(),
+            &complete.encode(),
             self.cfg.completion_timeout,
             "client",
         ) {
@@ -474,12 +532,17 @@ impl Transfer {
             buffers: (2 * threads).max(SLOTS as usize * usize::from(streams)),
         };
         VerifierPool::new(Arc::new(file), ChunkGeometry::v3(size), size_of)
-            .map_err(|e| pipeline_refusal(e, shown))
+            .map_err(|e| pipeline_refusal(e, shown).into())
     }
 
     /// Answers `Ready` and, for a transfer of several streams, waits for
     /// streams `1..N` to join; returns their connections.
-    fn open_streams(&self, conn: &mut Connection, streams: u16) -> anyhow::Result<Vec<Connection>> {
+    fn open_streams(
+        &self,
+        core: &Mutex<ServerCore>,
+        conn: &mut Connection,
+        streams: u16,
+    ) -> anyhow::Result<Vec<Connection>> {
         // The deadline of the joins counts from here: Ready may take a
         // while to be acknowledged, and a client gets no more time for it.
         let timeout = self.cfg.completion_timeout;
@@ -487,13 +550,13 @@ impl Transfer {
             .then(|| self.joins.open(self.peer_ip, streams, timeout))
             .transpose()
             .map_err(|e| refusal(FailCode::Io, format!("drawing a join token: {e}")))?;
-        let ready = Msg::Ready {
-            slots: SLOTS,
-            slot_size: conn.slot_size() as u32,
-            token: gathering.as_ref().map_or(0, Gathering::token),
-        };
+        let token = gathering.as_ref().map_or(0, Gathering::token);
+        let ready = only(feed(core, Event::Admitted { token })?, |a| match a {
+            Action::Send { stream: 0, msg } => Some(msg),
+            _ => None,
+        })?;
         send_and_wait(conn, &ready.encode(), self.cfg.completion_timeout, "client")?;
-        match gathering {
+        let joined = match gathering {
             Some(gathering) => gathering.gather(|req, by| {
                 // The handshake ends by the joins' deadline: the builder's
                 // connect timeout bounds the engine's wait for it.
@@ -508,60 +571,61 @@ impl Transfer {
                     .remote_access(Access::REMOTE_WRITE)
                     .accept(req)
                     .map_err(native_accept_error)
-            }),
-            None => Ok(Vec::new()),
-        }
+            })?,
+            None => Vec::new(),
+        };
+        // The bounds on a slow client start once every stream is here.
+        feed(
+            core,
+            Event::Joined {
+                now: Instant::now(),
+            },
+        )?;
+        Ok(joined)
     }
 
     /// Receives every chunk on every stream, each stream on its own thread
     /// (the first on this one), and the client's `Finish`; returns the
-    /// file's BLAKE3 digest once every chunk is checked and written and
-    /// the digest is the one the client declared. A stream that fails
-    /// stops the others and fails the transfer.
+    /// file's BLAKE3 digest once every chunk is checked and written, the
+    /// digest is the one the client declared and `core` asks for the
+    /// store. A stream that fails stops the others and fails the transfer.
     fn receive_chunks(
         &self,
+        core: &Mutex<ServerCore>,
         conn: &mut Connection,
         others: &mut [Connection],
         pool: VerifierPool,
         shown: &str,
     ) -> anyhow::Result<blake3::Hash> {
-        let size = pool.geometry().file_len();
-        let count = others.len() as u64 + 1;
         let stop = AtomicBool::new(false);
-        let lane = |index| Lane { index, count };
-        let failing = |r: anyhow::Result<(u64, Option<Msg>)>| {
+        let failing = |r: anyhow::Result<bool>| {
             if r.is_err() {
                 stop.store(true, Ordering::Release);
             }
             r
         };
-        // The bounds on a slow client start once every stream is here.
-        let pace = Pace::new(self.min_rate, self.deadline);
         let shared = Receiving {
+            core,
             pool: &pool,
-            pace: &pace,
             stop: &stop,
             shown,
         };
         let shared = &shared;
-        let (received, finish) = std::thread::scope(|scope| {
+        let collect = std::thread::scope(|scope| {
             let threads: Vec<_> = others
                 .iter_mut()
                 .zip(1..)
                 .map(|(other, index)| {
-                    let core = core_for(&self.cores, index);
+                    let core = core_for(&self.cores, u64::from(index));
                     scope.spawn(move || {
-                        failing(
-                            pin(core).and_then(|()| self.receive_lane(other, lane(index), shared)),
-                        )
+                        failing(pin(core).and_then(|()| self.receive_lane(other, index, shared)))
                     })
                 })
                 .collect();
             // Pinned only now: the verifier threads, started by this
             // thread, may run on every core.
             let first = failing(
-                pin(core_for(&self.cores, 0))
-                    .and_then(|()| self.receive_lane(conn, lane(0), shared)),
+                pin(core_for(&self.cores, 0)).and_then(|()| self.receive_lane(conn, 0, shared)),
             );
             let rest = threads.into_iter().map(|t| {
                 t.join()
@@ -569,95 +633,91 @@ impl Transfer {
             });
             settle_lanes(first, rest)
         })?;
-        let (fsize, declared) = finished(finish, shown)?;
-        if fsize != size || received != size {
-            return Err(refusal(
-                FailCode::Integrity,
-                format!(
-                    "the client declared {size} bytes, finished with {fsize}, and {received} arrived"
-                ),
-            ));
+        if !collect {
+            return Err(out_of_turn("no digest after every stream ended"));
         }
-        let digest = pool.finish().map_err(|e| pipeline_refusal(e, shown))?;
-        if *digest.as_bytes() != declared {
-            return Err(refusal(
-                FailCode::Integrity,
-                "the file's BLAKE3 digest does not match the client's: the file was not kept",
-            ));
-        }
-        Ok(digest)
+        let digest = pool.finish().map_err(|e| pipeline_refusal(e, shown));
+        let declared = digest.as_ref().map(|d| *d.as_bytes()).map_err(Clone::clone);
+        only(feed(core, Event::Digest(declared))?, |a| {
+            matches!(a, Action::Store).then_some(())
+        })?;
+        Ok(digest?)
     }
 
-    /// Receives the chunks of `lane` on `conn`: each is copied once out of
-    /// the slot the client may write again at any time, its credit is
-    /// returned at once, and a verifier thread checks that private copy
-    /// against the chunk's value and writes it, so what is checked is what
-    /// is stored. Returns the data bytes received and, on the first
-    /// stream, the message that ended it (`Finish`).
+    /// Receives the chunks of stream `stream` on `conn` until `core` has
+    /// nothing more to read there: each is copied once out of the slot the
+    /// client may write again at any time, its credit is returned at once,
+    /// and a verifier thread checks that private copy against the chunk's
+    /// value and writes it, so what is checked is what is stored. Returns
+    /// whether `core` asked, on this stream, for the verifier's digest.
     fn receive_lane(
         &self,
         conn: &mut Connection,
-        lane: Lane,
+        stream: u16,
         shared: &Receiving<'_>,
-    ) -> anyhow::Result<(u64, Option<Msg>)> {
+    ) -> anyhow::Result<bool> {
         let Receiving {
+            core,
             pool,
-            pace,
             stop,
             shown,
         } = *shared;
-        let failed = |e| pipeline_refusal(e, shown);
+        let failed = |e| anyhow::Error::from(pipeline_refusal(e, shown));
         let geometry = *pool.geometry();
-        let chunks = lane.len(geometry.chunk_count());
-        let ring = Ring {
-            slots: SLOTS,
-            slot_size: conn.slot_size(),
-        };
+        let count = lock(core).stream_count();
         let rewritten = await_rewrite_chunk();
-        let (mut position, mut received) = (0u64, 0u64);
-        while lane.index == 0 || position < chunks {
-            let arrival = next_arrival(conn, stop, self.cfg.completion_timeout).with_context(
-                || match lane.count {
-                    1 => format!("receiving {shown} ({received} bytes so far)"),
-                    _ => format!(
-                        "receiving {shown} (stream {}: {received} bytes so far)",
-                        lane.index
-                    ),
-                },
-            )?;
-            let chunk = match arrival {
-                Arrival::Chunk { slot, len } => (slot, len),
-                Arrival::Message(msg) if lane.index == 0 => return Ok((received, Some(msg))),
-                Arrival::Message(msg) => {
-                    return Err(refusal(
-                        FailCode::Protocol,
-                        format!("{} on stream {}", msg.name(), lane.index),
-                    ))
+        let mut collect = false;
+        // Kept across chunks: an event asks for two actions at most.
+        let (mut arrived, mut handed) = (Vec::with_capacity(2), Vec::with_capacity(2));
+        while !lock(core).stream_done(stream) {
+            let arrival =
+                next_arrival(conn, stop, self.cfg.completion_timeout).with_context(|| {
+                    let received = lock(core).received_on(stream);
+                    match count {
+                        1 => format!("receiving {shown} ({received} bytes so far)"),
+                        _ => {
+                            format!("receiving {shown} (stream {stream}: {received} bytes so far)")
+                        }
+                    }
+                })?;
+            feed_into(core, arrival_event(stream, arrival), &mut arrived)?;
+            for action in arrived.drain(..) {
+                let (slot, index, range) = match action {
+                    Action::Verify {
+                        slot, index, range, ..
+                    } => (slot, index, range),
+                    Action::CollectDigest => {
+                        collect = true;
+                        continue;
+                    }
+                    other => return Err(out_of_turn(&format!("{other:?}"))),
+                };
+                if rewritten == Some(index) {
+                    await_rewrite(conn, range.clone(), geometry, index);
                 }
-            };
-            let range = check_chunk(ring, &geometry, lane, position, chunk)?;
-            let index = lane.chunk(position);
-            if rewritten == Some(index) {
-                await_rewrite(conn, range.clone(), geometry, index);
+                let copy = pool.buffer(self.cfg.completion_timeout).map_err(failed)?;
+                let (mut copy, mut cv) = (copy, [0u8; TRAILER]);
+                let data_len = range.len() - TRAILER;
+                let target = conn.target();
+                target.copy_to(range.start, copy.bytes_mut(data_len).map_err(failed)?)?;
+                target.copy_to(range.start + data_len, &mut cv)?;
+                pool.submit(index, cv, copy).map_err(failed)?;
+                feed_into(core, Event::HandedOff { stream, slot }, &mut handed)?;
+                for action in handed.drain(..) {
+                    match action {
+                        Action::Credit { .. } => {
+                            conn.send(&protocol::credit(1))
+                                .map_err(|e| explain_link(e, "client"))
+                                .context("returning a credit")?;
+                        }
+                        Action::CollectDigest => collect = true,
+                        other => return Err(out_of_turn(&format!("{other:?}"))),
+                    }
+                }
             }
-            let copy = pool.buffer(self.cfg.completion_timeout).map_err(failed)?;
-            let (mut copy, mut cv) = (copy, [0u8; TRAILER]);
-            let data_len = range.len() - TRAILER;
-            let target = conn.target();
-            target.copy_to(range.start, copy.bytes_mut(data_len).map_err(failed)?)?;
-            target.copy_to(range.start + data_len, &mut cv)?;
-            conn.send(&protocol::credit(1))
-                .map_err(|e| explain_link(e, "client"))
-                .context("returning a credit")?;
-            pool.submit(index, cv, copy).map_err(failed)?;
-            received += data_len as u64;
-            position += 1;
-            pace.arrived(data_len as u64)
-                .map_err(|slow| refusal(FailCode::TooSlow, format!("{shown}: {slow}")))?;
         }
-        Ok((received, None))
+        Ok(collect)
     }
-
     /// Makes the verified temp file durable and puts it in place as `name`
     /// in the server's directory: checks its size, fsyncs it, links it to
     /// its final name, fsyncs the directory.
@@ -740,82 +800,32 @@ impl Transfer {
     }
 }
 
-/// The size and digest of the client's closing `Finish`; its `Fail` (it
-/// gave up: the file changed under it, say) or anything else is the
-/// transfer's end.
-fn finished(closing: Option<Msg>, shown: &str) -> anyhow::Result<(u64, [u8; 32])> {
-    match closing {
-        Some(Msg::Finish { size, digest }) => Ok((size, digest)),
-        Some(Msg::Fail { message, .. }) => Err(refusal(
-            FailCode::Io,
-            format!(
-                "the client stopped sending {shown}: {}; nothing was kept",
-                printable(message.as_bytes())
-            ),
-        )),
-        other => {
-            let name = other.as_ref().map_or("nothing", Msg::name);
-            Err(refusal(
-                FailCode::Protocol,
-                format!("{name} during the transfer"),
-            ))
-        }
-    }
-}
-
-/// The outcome of a transfer's streams: the bytes they received and the
-/// first stream's closing message — or the error of the stream that
-/// failed first (not that of one it stopped).
+/// The outcome of a transfer's streams: whether one of them was asked for
+/// the verifier's digest — or the error of the stream that failed first
+/// (not that of one it stopped).
 fn settle_lanes(
-    first: anyhow::Result<(u64, Option<Msg>)>,
-    rest: impl Iterator<Item = anyhow::Result<(u64, Option<Msg>)>>,
-) -> anyhow::Result<(u64, Option<Msg>)> {
-    let (mut received, mut finish, mut errors) = (0, None, Vec::new());
-    for (lane, outcome) in std::iter::once(first).chain(rest).enumerate() {
+    first: anyhow::Result<bool>,
+    rest: impl Iterator<Item = anyhow::Result<bool>>,
+) -> anyhow::Result<bool> {
+    let (mut collect, mut errors) = (false, Vec::new());
+    for outcome in std::iter::once(first).chain(rest) {
         match outcome {
-            Ok((bytes, message)) => {
-                received += bytes;
-                if lane == 0 {
-                    finish = message;
-                }
-            }
+            Ok(asked) => collect |= asked,
             Err(e) => errors.push(e),
         }
     }
     match first_failure(errors) {
         Some(e) => Err(e),
-        None => Ok((received, finish)),
+        None => Ok(collect),
     }
 }
 
-/// Reads the client's `Start`: the file's size, its streams, its name
-/// (validated).
-fn read_start(conn: &mut Connection) -> anyhow::Result<(u64, u16, String)> {
-    let start = {
-        let m = conn
-            .recv()
-            .map_err(|e| explain_link(e, "client"))
-            .context("waiting for the client's Start")?;
-        if m.imm.is_some() {
-            return Err(refusal(FailCode::Protocol, "a chunk before Start"));
-        }
-        Msg::decode(m.data).map_err(|e| refusal(FailCode::Protocol, e.to_string()))?
-    };
-    let Msg::Start {
-        size,
-        streams,
-        name,
-    } = start
-    else {
-        return Err(refusal(
-            FailCode::Protocol,
-            format!("{} before Start", start.name()),
-        ));
-    };
-    let name = name::validate(&name)
-        .map_err(|e| refusal(FailCode::BadRequest, e.to_string()))?
-        .to_owned();
-    Ok((size, streams, name))
+/// Whether a transfer's events are recorded as a seed of the
+/// `filexfer_server` fuzz target: in debug builds, where
+/// `pinpoll::wire::record` saves what it is given
+/// (`scripts/record-corpus.sh`).
+fn recording() -> bool {
+    cfg!(debug_assertions) && std::env::var_os("PINPOLL_RECORD_WIRE").is_some()
 }
 
 /// Test hook, debug builds only: `PINPOLL_FX_AWAIT_REWRITE=N` makes the

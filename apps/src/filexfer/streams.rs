@@ -286,6 +286,8 @@ pub enum Arrival {
     Chunk { slot: u32, len: u32 },
     /// A control message.
     Message(Msg),
+    /// A SEND that is no message: the decoder's reason.
+    Undecodable(String),
 }
 
 /// The error of a stream that stopped because another one failed (that
@@ -322,9 +324,8 @@ pub fn next_arrival(
         if let Some(m) = conn.try_recv().map_err(link)? {
             return match m.imm {
                 Some(slot) => Ok(Arrival::Chunk { slot, len: m.len }),
-                None => Msg::decode(m.data)
-                    .map(Arrival::Message)
-                    .map_err(|e| refusal(FailCode::Protocol, e.to_string())),
+                None => Ok(Msg::decode(m.data)
+                    .map_or_else(|e| Arrival::Undecodable(e.to_string()), Arrival::Message)),
             };
         }
         spins = spins.wrapping_add(1);
