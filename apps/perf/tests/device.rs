@@ -400,24 +400,7 @@ fn a_client_silent_after_connecting_its_data_connection_is_given_up() {
         .expect("the server gives the silent client up");
     assert!(gave_up.contains("timed out"), "{gave_up}");
     drop((data, ctl));
-    let honest = run_perf(&client_args(
-        "send-lat",
-        port,
-        &["--oob", "--timeout", "60", "-n", "5"],
-    ));
-    assert!(
-        honest.status.success(),
-        "the client after the silent one: {}\n{}",
-        honest.stderr,
-        honest.stdout
-    );
-    let out = server.finish_within(BOUND);
-    assert!(out.status.success(), "server: {}", out.stderr);
-    assert!(
-        out.stdout.contains(" done: 1 sizes served"),
-        "{}",
-        out.stdout
-    );
+    the_next_client_is_served(server, port, &["--oob"], "the client after the silent one");
 }
 
 /// A client that would measure for ever (`-n 2^40`) holds the server only
@@ -483,14 +466,17 @@ fn a_bad_or_unfinished_rdma_cm_connect_does_not_end_the_server() {
         assert!(gave_up.contains("control connection"), "{gave_up}");
     }
     drop((rping_like, unfinished));
-    let honest = run_perf(&client_args(
-        "send-lat",
-        port,
-        &["--timeout", "60", "-n", "5"],
-    ));
+    the_next_client_is_served(server, port, &[], "the client after the strangers");
+}
+
+/// A client (`who`, with `more` arguments) of `server` on `port` measures
+/// one size, and the server ends having served it alone.
+fn the_next_client_is_served(server: Running, port: &str, more: &[&str], who: &str) {
+    let args = [&["--timeout", "60", "-n", "5"], more].concat();
+    let honest = run_perf(&client_args("send-lat", port, &args));
     assert!(
         honest.status.success(),
-        "the client after the strangers: {}\n{}",
+        "{who}: {}\n{}",
         honest.stderr,
         honest.stdout
     );
