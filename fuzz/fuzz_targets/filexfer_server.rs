@@ -21,8 +21,8 @@ use libfuzzer_sys::fuzz_target;
 use pinpoll_apps::filexfer::digest::ChunkGeometry;
 use pinpoll_apps::filexfer::protocol::Msg;
 use pinpoll_apps::filexfer::server_core::{Action, Event, Outcome, ServerCore};
-use pinpoll_apps::filexfer::TRAILER;
 use pinpoll_apps::filexfer::server_script::{Op, Script};
+use pinpoll_apps::filexfer::TRAILER;
 
 /// What the target knows independently of the machine: what it was told
 /// and what it was asked to do.
@@ -103,7 +103,11 @@ fn expected_len(oracle: &Oracle, stream: u16) -> u32 {
     let Some((size, streams)) = oracle.admitted else {
         return 1;
     };
-    let position = oracle.verifies.get(usize::from(stream)).copied().unwrap_or(0);
+    let position = oracle
+        .verifies
+        .get(usize::from(stream))
+        .copied()
+        .unwrap_or(0);
     let index = u64::from(stream) + position * u64::from(streams);
     match ChunkGeometry::v3(size).chunk_range(index) {
         Ok(r) => (r.end - r.start) as u32 + TRAILER as u32,
@@ -141,22 +145,85 @@ fn step(core: &mut ServerCore, o: &mut Oracle, slots: u32, slot_size: u32, event
     } else if finish_in.is_some() {
         o.finish = finish_in;
     }
+    let seen = Seen {
+        digest: digest_in,
+        stored_ok,
+        admitted: admitted_event,
+    };
     for (i, action) in actions.iter().enumerate() {
+        o.check(
+            core,
+            &seen,
+            slots,
+            slot_size,
+            (i, actions.len() - 1),
+            action,
+        );
+    }
+    for (stream, verifies) in o.verifies.iter().enumerate() {
+        let credits = core.credits(stream as u16);
+        assert!(
+            credits <= slots,
+            "stream {stream}: {credits} credits for {slots} slots"
+        );
+        if o.ready_sent {
+            // The client holds every slot but those whose chunk the
+            // server has not handed off.
+            let held = verifies - o.credits[stream];
+            assert_eq!(
+                u64::from(credits) + held,
+                u64::from(slots),
+                "stream {stream}"
+            );
+        }
+    }
+    if let Some((size, _)) = o.admitted {
+        assert!(
+            core.received() <= size,
+            "{} bytes of {size}",
+            core.received()
+        );
+    }
+}
+
+/// What the event of a step told the oracle, for judging its actions.
+struct Seen {
+    /// The verifier's digest, when the event was its success.
+    digest: Option<[u8; 32]>,
+    /// Whether the event was a store that succeeded.
+    stored_ok: bool,
+    /// Whether the event was the admission of `Start`.
+    admitted: bool,
+}
+
+impl Oracle {
+    /// Checks `action`, number `i` of a step's actions (`last` the last
+    /// one's), against what the machine promised so far, and records it.
+    fn check(
+        &mut self,
+        core: &ServerCore,
+        seen: &Seen,
+        slots: u32,
+        slot_size: u32,
+        (i, last): (usize, usize),
+        action: &Action,
+    ) {
         match action {
-            Action::Fail(_) => assert_eq!(i + 1, actions.len(), "{actions:?}: Fail not last"),
+            Action::Fail(_) => assert_eq!(i, last, "{action:?}: Fail not last"),
             Action::Admit { size, streams, .. } => {
-                assert!(o.admitted.is_none(), "admitted twice");
-                o.admitted = Some((*size, *streams));
+                assert!(self.admitted.is_none(), "admitted twice");
+                self.admitted = Some((*size, *streams));
                 let n = usize::from(*streams);
-                (o.verifies, o.credits, o.last_slot) = (vec![0; n], vec![0; n], vec![0; n]);
+                (self.verifies, self.credits, self.last_slot) =
+                    (vec![0; n], vec![0; n], vec![0; n]);
             }
             Action::Send {
                 stream: 0,
                 msg: Msg::Ready { slots: s, .. },
             } => {
-                assert!(admitted_event && !o.ready_sent, "Ready out of turn");
+                assert!(seen.admitted && !self.ready_sent, "Ready out of turn");
                 assert_eq!(*s, slots);
-                o.ready_sent = true;
+                self.ready_sent = true;
             }
             Action::Verify {
                 stream,
@@ -164,8 +231,8 @@ fn step(core: &mut ServerCore, o: &mut Oracle, slots: u32, slot_size: u32, event
                 index,
                 range,
             } => {
-                let (size, streams) = o.admitted.expect("a chunk verified before Start");
-                assert!(o.ready_sent, "a chunk verified before Ready");
+                let (size, streams) = self.admitted.expect("a chunk verified before Start");
+                assert!(self.ready_sent, "a chunk verified before Ready");
                 assert!(*stream < streams && *slot < slots, "{action:?}");
                 assert_eq!(u64::from(*stream), index % u64::from(streams), "{action:?}");
                 let chunk = ChunkGeometry::v3(size)
@@ -177,59 +244,61 @@ fn step(core: &mut ServerCore, o: &mut Oracle, slots: u32, slot_size: u32, event
                     start..start + (chunk.end - chunk.start) as usize + TRAILER,
                     "{action:?}"
                 );
-                assert!(range.end <= slots as usize * slot_size as usize, "{action:?}");
-                assert!(o.verified.insert(*index), "chunk {index} verified twice");
+                assert!(
+                    range.end <= slots as usize * slot_size as usize,
+                    "{action:?}"
+                );
+                assert!(self.verified.insert(*index), "chunk {index} verified twice");
                 let s = usize::from(*stream);
-                o.verifies[s] += 1;
-                o.last_slot[s] = *slot;
+                self.verifies[s] += 1;
+                self.last_slot[s] = *slot;
             }
             Action::Credit { stream } => {
                 let s = usize::from(*stream);
-                o.credits[s] += 1;
+                self.credits[s] += 1;
                 assert!(
-                    o.credits[s] <= o.verifies[s],
+                    self.credits[s] <= self.verifies[s],
                     "stream {stream}: a credit for no chunk"
                 );
             }
             Action::CollectDigest => {
-                assert!(o.finish.is_some(), "the digest collected before Finish");
+                assert!(self.finish.is_some(), "the digest collected before Finish");
             }
-            Action::Store => {
-                assert!(!o.stored, "stored twice");
-                let (size, _) = o.admitted.expect("stored before Start");
-                let (finished, declared) = o.finish.expect("stored before Finish");
-                assert_eq!(finished, size, "stored a Finish of another size");
-                assert_eq!(
-                    o.verified.len() as u64,
-                    ChunkGeometry::v3(size).chunk_count(),
-                    "stored with chunks never verified"
-                );
-                assert_eq!(o.credits, o.verifies, "stored with a chunk still in its slot");
-                assert_eq!(digest_in, Some(declared), "stored without the declared digest");
-                o.stored = true;
-            }
+            Action::Store => self.check_store(seen),
             Action::Send {
                 stream: 0,
                 msg: Msg::Complete { size },
             } => {
-                assert!(o.stored && stored_ok, "Complete without a store");
-                assert_eq!(Some(*size), o.admitted.map(|(s, _)| s));
+                assert!(self.stored && seen.stored_ok, "Complete without a store");
+                assert_eq!(Some(*size), self.admitted.map(|(s, _)| s));
                 assert_eq!(core.outcome(), Some(&Outcome::Complete { size: *size }));
             }
             Action::Send { .. } => panic!("{action:?}: not the server's to send"),
         }
     }
-    for (stream, verifies) in o.verifies.iter().enumerate() {
-        let credits = core.credits(stream as u16);
-        assert!(credits <= slots, "stream {stream}: {credits} credits for {slots} slots");
-        if o.ready_sent {
-            // The client holds every slot but those whose chunk the
-            // server has not handed off.
-            let held = verifies - o.credits[stream];
-            assert_eq!(u64::from(credits) + held, u64::from(slots), "stream {stream}");
-        }
-    }
-    if let Some((size, _)) = o.admitted {
-        assert!(core.received() <= size, "{} bytes of {size}", core.received());
+
+    /// A store: only of a file whose every chunk was verified once and
+    /// handed off, after a `Finish` of the declared size whose digest the
+    /// verifier's matched.
+    fn check_store(&mut self, seen: &Seen) {
+        assert!(!self.stored, "stored twice");
+        let (size, _) = self.admitted.expect("stored before Start");
+        let (finished, declared) = self.finish.expect("stored before Finish");
+        assert_eq!(finished, size, "stored a Finish of another size");
+        assert_eq!(
+            self.verified.len() as u64,
+            ChunkGeometry::v3(size).chunk_count(),
+            "stored with chunks never verified"
+        );
+        assert_eq!(
+            self.credits, self.verifies,
+            "stored with a chunk still in its slot"
+        );
+        assert_eq!(
+            seen.digest,
+            Some(declared),
+            "stored without the declared digest"
+        );
+        self.stored = true;
     }
 }

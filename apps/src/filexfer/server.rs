@@ -424,17 +424,7 @@ impl Transfer {
         conn: &mut Connection,
         others: &mut Vec<Connection>,
     ) -> anyhow::Result<()> {
-        let arrival = {
-            let m = conn
-                .recv()
-                .map_err(|e| explain_link(e, "client"))
-                .context("waiting for the client's Start")?;
-            match m.imm {
-                Some(slot) => Arrival::Chunk { slot, len: m.len },
-                None => Msg::decode(m.data)
-                    .map_or_else(|e| Arrival::Undecodable(e.to_string()), Arrival::Message),
-            }
-        };
+        let arrival = first_arrival(conn)?;
         let (size, streams, name) = only(feed(core, arrival_event(0, arrival))?, |a| match a {
             Action::Admit {
                 size,
@@ -481,26 +471,7 @@ impl Transfer {
             Action::Send { stream: 0, msg } => Some(msg),
             _ => None,
         })?;
-        // The file is verified, durable and in place: the transfer has
-        // succeeded here. The client disconnects as soon as it has read
-        // Complete, which can overtake the acknowledgement of Complete (a
-        // lost ACK, a retransmission): the send then ends in the client's
-        // departure. Only a client that never got Complete would know it
-        // failed, and it says so itself.
-        match send_and_wait(
-            conn,
-            &complete.encode(),
-            self.cfg.completion_timeout,
-            "client",
-        ) {
-            // Wait (bounded) for the client's disconnect rather than race
-            // it with one of our own.
-            Ok(()) => match conn.recv() {
-                Ok(m) => tracing::debug!(len = m.len, "a message after Complete"),
-                Err(e) => tracing::debug!(error = %e, "the client left"),
-            },
-            Err(e) => tracing::debug!(error = %e, "Complete not acknowledged; the client left"),
-        }
+        send_complete(conn, &complete, self.cfg.completion_timeout);
         self.out.progress(format_args!(
             "client {}: received {shown}: {}",
             self.peer,
@@ -797,6 +768,38 @@ impl Transfer {
                 format!("linking {shown} into place on the server: {e}"),
             )),
         }
+    }
+}
+
+/// The first thing a transfer's client sent on its first stream (its
+/// `Start`, if it follows the protocol).
+fn first_arrival(conn: &mut Connection) -> anyhow::Result<Arrival> {
+    let m = conn
+        .recv()
+        .map_err(|e| explain_link(e, "client"))
+        .context("waiting for the client's Start")?;
+    Ok(match m.imm {
+        Some(slot) => Arrival::Chunk { slot, len: m.len },
+        None => Msg::decode(m.data)
+            .map_or_else(|e| Arrival::Undecodable(e.to_string()), Arrival::Message),
+    })
+}
+
+/// Sends `complete` once the file is verified, durable and in place: the
+/// transfer has succeeded here. The client disconnects as soon as it has
+/// read Complete, which can overtake the acknowledgement of Complete (a
+/// lost ACK, a retransmission): the send then ends in the client's
+/// departure. Only a client that never got Complete would know it
+/// failed, and it says so itself.
+fn send_complete(conn: &mut Connection, complete: &Msg, timeout: Duration) {
+    match send_and_wait(conn, &complete.encode(), timeout, "client") {
+        // Wait (bounded) for the client's disconnect rather than race it
+        // with one of our own.
+        Ok(()) => match conn.recv() {
+            Ok(m) => tracing::debug!(len = m.len, "a message after Complete"),
+            Err(e) => tracing::debug!(error = %e, "the client left"),
+        },
+        Err(e) => tracing::debug!(error = %e, "Complete not acknowledged; the client left"),
     }
 }
 
