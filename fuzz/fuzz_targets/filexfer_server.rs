@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
 use pinpoll_apps::filexfer::digest::ChunkGeometry;
+use pinpoll_apps::filexfer::name::validate;
 use pinpoll_apps::filexfer::protocol::Msg;
 use pinpoll_apps::filexfer::server_core::{Action, Event, Outcome, ServerCore};
 use pinpoll_apps::filexfer::server_script::{Op, Script};
@@ -117,19 +118,7 @@ fn expected_len(oracle: &Oracle, stream: u16) -> u32 {
 
 fn step(core: &mut ServerCore, o: &mut Oracle, slots: u32, slot_size: u32, event: Event) {
     let ended_before = core.outcome().cloned();
-    let digest_in = match &event {
-        Event::Digest(Ok(d)) => Some(*d),
-        _ => None,
-    };
-    let stored_ok = matches!(event, Event::Stored(Ok(())));
-    let admitted_event = matches!(event, Event::Admitted { .. });
-    let finish_in = match &event {
-        Event::Message {
-            stream: 0,
-            msg: Msg::Finish { size, digest },
-        } => Some((*size, *digest)),
-        _ => None,
-    };
+    let seen = Seen::of(&event);
     let actions = core.handle(event);
     if let Some(outcome) = ended_before {
         assert!(actions.is_empty(), "{actions:?} after the end");
@@ -142,14 +131,9 @@ fn step(core: &mut ServerCore, o: &mut Oracle, slots: u32, slot_size: u32, event
             matches!(core.outcome(), Some(Outcome::Failed(_))),
             "{actions:?} without a failed outcome"
         );
-    } else if finish_in.is_some() {
-        o.finish = finish_in;
+    } else if seen.finish.is_some() {
+        o.finish = seen.finish;
     }
-    let seen = Seen {
-        digest: digest_in,
-        stored_ok,
-        admitted: admitted_event,
-    };
     for (i, action) in actions.iter().enumerate() {
         o.check(
             core,
@@ -194,6 +178,42 @@ struct Seen {
     stored_ok: bool,
     /// Whether the event was the admission of `Start`.
     admitted: bool,
+    /// The `Start` the event carried: its stream, size, streams and name.
+    start: Option<(u16, u64, u16, Vec<u8>)>,
+    /// The `Finish` on the first stream the event carried: size, digest.
+    finish: Option<(u64, [u8; 32])>,
+}
+
+impl Seen {
+    fn of(event: &Event) -> Seen {
+        let mut seen = Seen {
+            digest: None,
+            stored_ok: false,
+            admitted: false,
+            start: None,
+            finish: None,
+        };
+        match event {
+            Event::Digest(Ok(d)) => seen.digest = Some(*d),
+            Event::Stored(Ok(())) => seen.stored_ok = true,
+            Event::Admitted { .. } => seen.admitted = true,
+            Event::Message {
+                stream,
+                msg:
+                    Msg::Start {
+                        size,
+                        streams,
+                        name,
+                    },
+            } => seen.start = Some((*stream, *size, *streams, name.clone())),
+            Event::Message {
+                stream: 0,
+                msg: Msg::Finish { size, digest },
+            } => seen.finish = Some((*size, *digest)),
+            _ => {}
+        }
+        seen
+    }
 }
 
 impl Oracle {
@@ -210,8 +230,18 @@ impl Oracle {
     ) {
         match action {
             Action::Fail(_) => assert_eq!(i, last, "{action:?}: Fail not last"),
-            Action::Admit { size, streams, .. } => {
+            Action::Admit {
+                size,
+                streams,
+                name,
+            } => {
                 assert!(self.admitted.is_none(), "admitted twice");
+                // Exactly what the client's Start carried, on its first
+                // stream, under a name that passed the server's check.
+                let (on, started, asked, named) =
+                    seen.start.clone().expect("admitted without a Start");
+                assert_eq!((on, started, asked), (0, *size, *streams), "{action:?}");
+                assert_eq!(validate(&named).ok(), Some(name.as_str()), "{action:?}");
                 self.admitted = Some((*size, *streams));
                 let n = usize::from(*streams);
                 (self.verifies, self.credits, self.last_slot) =
@@ -230,29 +260,7 @@ impl Oracle {
                 slot,
                 index,
                 range,
-            } => {
-                let (size, streams) = self.admitted.expect("a chunk verified before Start");
-                assert!(self.ready_sent, "a chunk verified before Ready");
-                assert!(*stream < streams && *slot < slots, "{action:?}");
-                assert_eq!(u64::from(*stream), index % u64::from(streams), "{action:?}");
-                let chunk = ChunkGeometry::v3(size)
-                    .chunk_range(*index)
-                    .unwrap_or_else(|_| panic!("{action:?}: a chunk past {size} bytes"));
-                let start = *slot as usize * slot_size as usize;
-                assert_eq!(
-                    *range,
-                    start..start + (chunk.end - chunk.start) as usize + TRAILER,
-                    "{action:?}"
-                );
-                assert!(
-                    range.end <= slots as usize * slot_size as usize,
-                    "{action:?}"
-                );
-                assert!(self.verified.insert(*index), "chunk {index} verified twice");
-                let s = usize::from(*stream);
-                self.verifies[s] += 1;
-                self.last_slot[s] = *slot;
-            }
+            } => self.check_verify(slots, slot_size, (*stream, *slot, *index), range, action),
             Action::Credit { stream } => {
                 let s = usize::from(*stream);
                 self.credits[s] += 1;
@@ -300,5 +308,39 @@ impl Oracle {
             "stored without the declared digest"
         );
         self.stored = true;
+    }
+
+    /// A chunk handed to the verifier: of an admitted transfer after
+    /// Ready, from its stream's lane, within the ring and the declared
+    /// size, with the chunk's exact length, and each index once.
+    fn check_verify(
+        &mut self,
+        slots: u32,
+        slot_size: u32,
+        (stream, slot, index): (u16, u32, u64),
+        range: &std::ops::Range<usize>,
+        action: &Action,
+    ) {
+        let (size, streams) = self.admitted.expect("a chunk verified before Start");
+        assert!(self.ready_sent, "a chunk verified before Ready");
+        assert!(stream < streams && slot < slots, "{action:?}");
+        assert_eq!(u64::from(stream), index % u64::from(streams), "{action:?}");
+        let chunk = ChunkGeometry::v3(size)
+            .chunk_range(index)
+            .unwrap_or_else(|_| panic!("{action:?}: a chunk past {size} bytes"));
+        let start = slot as usize * slot_size as usize;
+        assert_eq!(
+            *range,
+            start..start + (chunk.end - chunk.start) as usize + TRAILER,
+            "{action:?}"
+        );
+        assert!(
+            range.end <= slots as usize * slot_size as usize,
+            "{action:?}"
+        );
+        assert!(self.verified.insert(index), "chunk {index} verified twice");
+        let s = usize::from(stream);
+        self.verifies[s] += 1;
+        self.last_slot[s] = slot;
     }
 }

@@ -10,9 +10,12 @@
 //! What it guarantees, whatever the events: [`Action::Store`] only once
 //! every chunk of the declared size was handed to the verifier exactly
 //! once, the client's `Finish` named that size, and the verifier's digest
-//! is the one `Finish` declared; no chunk outside the declared size or in
-//! a slot its stream holds no credit for; never more credits owed to a
-//! stream than its ring has slots; nothing after the end.
+//! is the one `Finish` declared; no chunk outside the declared size, or
+//! taken into a slot whose previous chunk was not yet handed off (a guard
+//! on the driver: an RDMA WRITE lands without a credit, and the server
+//! hands each chunk off before it takes the next, so a client's write
+//! without credit is caught by verification instead); never more credits
+//! owed to a stream than its ring has slots; nothing after the end.
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -314,6 +317,12 @@ impl ServerCore {
 
     fn message(&mut self, stream: u16, msg: Msg, out: &mut Vec<Action>) -> Result<(), Failure> {
         match self.phase {
+            // Before Start there is one stream, the transfer's first: a
+            // driver that names another is refused like a client would be.
+            Phase::AwaitStart if stream != 0 => Err(protocol(format!(
+                "{} on stream {stream} before Start",
+                msg.name()
+            ))),
             Phase::AwaitStart => self.start(msg, out),
             Phase::Admitting => Err(protocol(format!("{} before Ready", msg.name()))),
             Phase::Receiving if stream != 0 => {
@@ -858,6 +867,14 @@ mod tests {
                 },
                 BadRequest,
                 "",
+            ),
+            (
+                "Start on a stream other than the first",
+                |p| {
+                    p.message(1, start(1, 4));
+                },
+                Protocol,
+                "Start on stream 1 before Start",
             ),
             (
                 "no streams",
