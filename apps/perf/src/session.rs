@@ -1228,11 +1228,17 @@ mod tests {
     #[test]
     fn the_client_that_comes_as_the_server_says_it_waits_is_served() {
         let (arrived, came) = mpsc::channel();
+        // Once: a client connected at every such line would be served,
+        // given up and replaced for ever (with a device the data
+        // connection's exchange gets that far).
+        let mut arrived = Some(arrived);
         let (addr, server, lines) = oob_server_with("5", move |addr, line| {
             if line.contains("waiting for the next client") {
-                let next = TcpStream::connect(addr).unwrap();
-                std::thread::sleep(DOORMAN_NAP * 10);
-                let _ = arrived.send(next);
+                if let Some(arrived) = arrived.take() {
+                    let next = TcpStream::connect(addr).unwrap();
+                    std::thread::sleep(DOORMAN_NAP * 10);
+                    let _ = arrived.send(next);
+                }
             }
         });
         let mut bad = TcpStream::connect(addr).unwrap();
