@@ -49,6 +49,18 @@ fn send(server: &Server, file: &std::path::Path, extra: &[&str]) -> Finished {
 }
 
 fn send_to(port: u16, file: &std::path::Path, extra: &[&str]) -> Finished {
+    send_within(port, file, "20", extra, BOUND)
+}
+
+/// `filexfer send FILE` to the server on `port` of this guest with
+/// `--timeout timeout` and `extra`, bounded by `bound`.
+fn send_within(
+    port: u16,
+    file: &std::path::Path,
+    timeout: &str,
+    extra: &[&str],
+    bound: Duration,
+) -> Finished {
     let port = port.to_string();
     let path = file.display().to_string();
     let host = addr4();
@@ -59,10 +71,10 @@ fn send_to(port: u16, file: &std::path::Path, extra: &[&str]) -> Finished {
         "--port",
         port.as_str(),
         "--timeout",
-        "20",
+        timeout,
     ];
     args.extend_from_slice(extra);
-    run_within(FILEXFER, &args, BOUND)
+    run_within(FILEXFER, &args, bound)
 }
 
 fn send_proc(server: &Server, file: &std::path::Path) -> Running {
@@ -578,11 +590,7 @@ fn credits_returned_one_by_one_after_the_digest_do_not_stretch_the_wait_for_comp
         let taken = credit_until_gone(conn, CHUNKS, Duration::from_secs(1));
         assert!(taken >= 2, "only {taken} credits were taken after Finish");
     });
-    let port = port.to_string();
-    let path = file.display().to_string();
-    let host = addr4();
-    let args = ["send", &host, &path, "--port", &port, "--timeout", "3"];
-    let done = run_within(FILEXFER, &args, Duration::from_secs(300));
+    let done = send_within(port, &file, "3", &[], Duration::from_secs(300));
     let line = done.assert_one_error_line("send to a server that never completes");
     assert!(line.contains("did not confirm"), "{line}");
     server.join().unwrap();
@@ -615,11 +623,7 @@ fn credits_sent_forever_do_not_keep_a_failed_client_waiting_for_the_verdict() {
             "only {taken} credits were taken before the client left"
         );
     });
-    let port = port.to_string();
-    let path = file.display().to_string();
-    let host = addr4();
-    let args = ["send", &host, &path, "--port", &port, "--timeout", "3"];
-    let done = run_within(FILEXFER, &args, Duration::from_secs(120));
+    let done = send_within(port, &file, "3", &[], Duration::from_secs(120));
     let line = done.assert_one_error_line("send to a server that credits forever");
     assert!(line.contains("more credits than it holds chunks"), "{line}");
     server.join().unwrap();
