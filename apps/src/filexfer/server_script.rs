@@ -147,10 +147,17 @@ impl<'a> Script<'a> {
 }
 
 /// The script of a transfer's events as the server feeds them, bounded by
-/// [`MAX_RECORDED`] (a longer transfer's script is its first part).
+/// [`MAX_RECORDED`] (a longer transfer's script is its first part: once
+/// an op does not fit, nothing more is recorded). A script only has room
+/// for so much, so what does not fit its byte is clamped: 1 to 16 slots,
+/// `--min-rate` in whole 64 KiB/s under 16 MiB/s, `--deadline` up to
+/// 255 s, stream and slot numbers up to 255 (a slot a client named past
+/// that is still past every ring, so it replays as refused too).
 #[derive(Debug)]
 pub struct Recorder {
     bytes: Vec<u8>,
+    /// An op did not fit: the script ends where it stopped.
+    full: bool,
     /// When the last event recorded happened, to record time passing.
     last: Option<Instant>,
     /// The digest of the last `Finish`, which the verifier's is checked
@@ -167,6 +174,7 @@ impl Recorder {
                 byte(cfg.min_rate >> 16),
                 byte(cfg.deadline.as_secs()),
             ],
+            full: false,
             last: None,
             finish: None,
         }
@@ -180,6 +188,9 @@ impl Recorder {
     /// Appends `event`. An undecodable message is not recorded: its bytes
     /// are gone by then.
     pub fn record(&mut self, event: &Event) {
+        // A stream or slot past a byte stays past every ring: never
+        // wrapped to one that replays as accepted.
+        let byte = |n: u32| n.min(255) as u8;
         let mut op = Vec::new();
         match event {
             Event::Message { stream, msg } => {
@@ -187,7 +198,7 @@ impl Recorder {
                     self.finish = Some(*digest);
                 }
                 let bytes = msg.encode();
-                op.extend([0, *stream as u8]);
+                op.extend([0, byte(u32::from(*stream))]);
                 op.extend((bytes.len() as u16).to_be_bytes());
                 op.extend(bytes);
             }
@@ -199,10 +210,12 @@ impl Recorder {
                 now,
             } => {
                 self.advance(*now);
-                op.extend([1, *stream as u8, *slot as u8, 128]);
+                op.extend([1, byte(u32::from(*stream)), byte(*slot), 128]);
                 op.extend(len.to_be_bytes());
             }
-            Event::HandedOff { stream, slot } => op.extend([2, *stream as u8, 128 + *slot as u8]),
+            Event::HandedOff { stream, slot } => {
+                op.extend([2, byte(u32::from(*stream)), 128 + (*slot).min(127) as u8]);
+            }
             Event::Admitted { token } => op.extend([3, *token as u8]),
             Event::Joined { now } => {
                 self.last = Some(*now);
@@ -215,8 +228,14 @@ impl Recorder {
             Event::Failed(_) => op.push(8),
             Event::Gone => op.push(9),
         }
-        if self.bytes.len() + op.len() <= MAX_RECORDED {
-            self.bytes.extend(op);
+        self.append(&op);
+    }
+
+    /// Appends `op` if it fits; once one does not, nothing more.
+    fn append(&mut self, op: &[u8]) {
+        self.full = self.full || self.bytes.len() + op.len() > MAX_RECORDED;
+        if !self.full {
+            self.bytes.extend_from_slice(op);
         }
     }
 
@@ -226,8 +245,8 @@ impl Recorder {
             return;
         };
         let secs = now.saturating_duration_since(last).as_secs().min(255);
-        if secs > 0 && self.bytes.len() + 2 <= MAX_RECORDED {
-            self.bytes.extend([5, secs as u8]);
+        if secs > 0 {
+            self.append(&[5, secs as u8]);
             self.last = Some(last + Duration::from_secs(secs));
         }
     }
@@ -378,5 +397,62 @@ mod tests {
                 Op::Digest(Ok(None)),
             ]
         );
+    }
+
+    fn recorder() -> Recorder {
+        Recorder::new(&Config {
+            slots: 16,
+            slot_size: SLOT_SIZE,
+            min_rate: 0,
+            deadline: Duration::ZERO,
+        })
+    }
+
+    /// A slot a client named past a byte is recorded past every ring
+    /// (255), never wrapped to one that replays as an accepted chunk.
+    #[test]
+    fn a_slot_past_a_byte_replays_as_past_every_ring() {
+        let mut rec = recorder();
+        rec.record(&Event::Chunk {
+            stream: 300,
+            slot: 256,
+            len: 9,
+            now: Instant::now(),
+        });
+        let mut read = Script::new(rec.bytes());
+        read.config();
+        assert_eq!(
+            read.next_op(),
+            Some(Op::Chunk {
+                stream: 255,
+                slot: 255,
+                len: Some(9)
+            })
+        );
+    }
+
+    /// Once an op does not fit, nothing more is recorded: the script is
+    /// the transfer's first part, not a part with later steps of chunks
+    /// it never recorded.
+    #[test]
+    fn a_full_script_records_nothing_after_the_op_that_did_not_fit() {
+        let mut rec = recorder();
+        let chunk = |slot| Event::Chunk {
+            stream: 0,
+            slot,
+            len: 9,
+            now: Instant::now(),
+        };
+        while rec.bytes().len() + 8 <= MAX_RECORDED {
+            rec.record(&chunk(0));
+        }
+        let full = rec.bytes().to_vec();
+        assert!(full.len() + 3 <= MAX_RECORDED, "room left for a hand-off");
+        rec.record(&chunk(1));
+        rec.record(&Event::HandedOff { stream: 0, slot: 1 });
+        rec.record(&Event::Gone);
+        // Lengths, not 8 KiB of bytes, in a failure's message.
+        assert_eq!(rec.bytes().len(), full.len(), "ops appended once full");
+        assert!(rec.bytes() == &full[..]);
     }
 }
