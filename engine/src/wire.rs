@@ -22,6 +22,7 @@ use std::fmt;
 use std::hash::{DefaultHasher, Hasher};
 use std::ops::Range;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// The header of a wire format: a 4-byte ASCII `magic` at bytes 0..4, then
@@ -315,16 +316,21 @@ impl Emit<'_> {
 /// target `corpus`. `scripts/record-corpus.sh` runs real sessions with it
 /// set. Failures to save are ignored: the hook never changes an outcome.
 /// Release builds, and debug builds without the variable, record nothing
-/// (and allocate nothing).
+/// (and allocate nothing). A process records at most [`MAX_RECORDS`]
+/// messages: its peers choose how many distinct ones they send.
 pub fn record(corpus: &str, bytes: &[u8]) {
     const RECORD_ENV: &str = "PINPOLL_RECORD_WIRE";
     static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    static RECORDED: AtomicUsize = AtomicUsize::new(0);
     if !cfg!(debug_assertions) {
         return;
     }
     let Some(dir) = DIR.get_or_init(|| std::env::var_os(RECORD_ENV).map(PathBuf::from)) else {
         return;
     };
+    if !take_a_record(&RECORDED) {
+        return;
+    }
     // SipHash with fixed keys: the same bytes get the same name in every
     // process, so the processes of a session share one copy.
     let mut hasher = DefaultHasher::new();
@@ -337,9 +343,36 @@ pub fn record(corpus: &str, bytes: &[u8]) {
     }
 }
 
+/// The most messages one process records under `PINPOLL_RECORD_WIRE`.
+pub const MAX_RECORDS: usize = 10_000;
+
+/// Counts one more record in `recorded`; false once [`MAX_RECORDS`] were
+/// taken (said once).
+fn take_a_record(recorded: &AtomicUsize) -> bool {
+    let taken = recorded.fetch_add(1, Ordering::Relaxed);
+    if taken == MAX_RECORDS {
+        tracing::warn!("PINPOLL_RECORD_WIRE: {MAX_RECORDS} messages recorded; no more");
+    }
+    // Saturates far below wrapping: counting stops mattering past the cap.
+    if taken > MAX_RECORDS {
+        recorded.store(MAX_RECORDS + 1, Ordering::Relaxed);
+    }
+    taken < MAX_RECORDS
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_records_at_most_max_records_messages() {
+        let recorded = AtomicUsize::new(0);
+        let taken = (0..MAX_RECORDS + 50)
+            .filter(|_| take_a_record(&recorded))
+            .count();
+        assert_eq!(taken, MAX_RECORDS);
+        assert!(!take_a_record(&recorded));
+    }
 
     static TEST: Header = Header::new("test message", "TEST", Some(3));
 
