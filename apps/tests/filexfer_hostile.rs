@@ -375,3 +375,36 @@ fn a_size_of_all_the_free_space_or_beyond_the_default_max_is_refused() {
     let done = server.finish();
     assert!(!done.stderr.contains("panicked"), "{done:#?}");
 }
+
+/// A message the server cannot decode in the middle of a transfer fails
+/// it: the client is told why, nothing is kept, and the server's own
+/// error line says which transfer it was and how far it had come (that
+/// context was lost when the protocol moved into its state machine).
+#[test]
+#[ignore = "needs an RDMA device"]
+fn an_undecodable_message_mid_transfer_is_told_and_logged_with_its_transfer() {
+    let _g = serial();
+    let dst = Scratch::new("dst");
+    let server = start_server(dst.str(), &["--timeout", "20"]);
+    let (mut conn, _token) = start_streams(server_addr(&server), b"odd.bin", 1 << 20, 1);
+    conn.send(&[0xee; 9]).unwrap();
+    let told = conn.recv().expect("the server's Fail");
+    match Msg::decode(told.data).unwrap() {
+        Msg::Fail { code, message } => assert_eq!(code, FailCode::Protocol, "{message}"),
+        other => panic!("expected Fail, got {other:?}"),
+    }
+    drop(conn);
+    server.proc.signal("TERM");
+    let done = server.finish();
+    assert!(!done.stderr.contains("panicked"), "{done:#?}");
+    let line = done
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("error: client "))
+        .unwrap_or_else(|| panic!("no error line: {done:#?}"));
+    assert!(
+        line.contains("receiving odd.bin (0 bytes so far)"),
+        "{line}"
+    );
+    assert!(dst.names().is_empty(), "{:?}", dst.names());
+}

@@ -245,8 +245,9 @@ struct Receiving<'a> {
 
 /// The transfer's protocol state, whichever stream's thread holds it.
 fn lock(core: &Mutex<ServerCore>) -> MutexGuard<'_, ServerCore> {
-    // Poisoned only by a stream's thread that panicked, whose failure is
-    // the transfer's: the state is still what the last event left.
+    // Poisoned only by a stream's thread that panicked: that stream's
+    // failure (its join is an error) fails the transfer whatever the
+    // state says, so the state is read on only to wind the others down.
     core.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -617,8 +618,9 @@ impl Transfer {
 
     /// Receives the chunks of stream `stream` on `conn` until `core` has
     /// nothing more to read there: each is copied once out of the slot the
-    /// client may write again at any time, its credit is returned at once,
-    /// and a verifier thread checks that private copy against the chunk's
+    /// client may write again at any time, its credit is returned as soon
+    /// as the copy is handed to the verifiers (no write waits for it), and
+    /// a verifier thread checks that private copy against the chunk's
     /// value and writes it, so what is checked is what is stored. Returns
     /// whether `core` asked, on this stream, for the verifier's digest.
     fn receive_lane(
@@ -640,18 +642,20 @@ impl Transfer {
         let mut collect = false;
         // Kept across chunks: an event asks for two actions at most.
         let (mut arrived, mut handed) = (Vec::with_capacity(2), Vec::with_capacity(2));
+        // Where the transfer stood, for the server's own error line (the
+        // client's Fail keeps the refusal's text alone).
+        let receiving = || {
+            let received = lock(core).received_on(stream);
+            match count {
+                1 => format!("receiving {shown} ({received} bytes so far)"),
+                _ => format!("receiving {shown} (stream {stream}: {received} bytes so far)"),
+            }
+        };
         while !lock(core).stream_done(stream) {
             let arrival =
-                next_arrival(conn, stop, self.cfg.completion_timeout).with_context(|| {
-                    let received = lock(core).received_on(stream);
-                    match count {
-                        1 => format!("receiving {shown} ({received} bytes so far)"),
-                        _ => {
-                            format!("receiving {shown} (stream {stream}: {received} bytes so far)")
-                        }
-                    }
-                })?;
-            feed_into(core, arrival_event(stream, arrival), &mut arrived)?;
+                next_arrival(conn, stop, self.cfg.completion_timeout).with_context(receiving)?;
+            feed_into(core, arrival_event(stream, arrival), &mut arrived)
+                .with_context(receiving)?;
             for action in arrived.drain(..) {
                 let (slot, index, range) = match action {
                     Action::Verify {
