@@ -660,8 +660,10 @@ fn run_server(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
             Err(e) => return Err(e),
         }
     };
-    if let Door::Cm(l) = &door {
-        refuse_waiting(l, &base);
+    linger_before_the_end(emit);
+    match &door {
+        Door::Cm(l) => refuse_waiting(l, &base),
+        Door::Tcp(tcp) => refuse_waiting_tcp(tcp, s.timeout),
     }
     if !s.json {
         emit(&format!(" done: {served_sizes} sizes served"));
@@ -883,12 +885,69 @@ fn accept_data(
 }
 
 /// Tells every client whose request waits on `listener` that the server
-/// is busy (it serves one client, and is done with it).
+/// is busy (it serves one client, and is done with it); at most
+/// [`LATECOMERS`] of them, so that clients arriving for ever cannot keep
+/// the server from ending.
 fn refuse_waiting(listener: &Listener, cfg: &EngineConfig) {
-    while let Ok(request) = listener.next_request(&cfg.qp, Duration::ZERO) {
+    for _ in 0..LATECOMERS {
+        let Ok(request) = listener.next_request(&cfg.qp, Duration::ZERO) else {
+            return;
+        };
         if let Err(e) = request.reject(BUSY) {
             tracing::warn!(error = %e, "telling another client the server is busy");
         }
+    }
+}
+
+/// [`refuse_waiting`] for `--oob`: every client already in the TCP listen
+/// queue (the doorman has gone) is told the server is busy rather than
+/// reset when the listener closes; at most [`LATECOMERS`] of them, all
+/// within [`BUSY_BOUND`]. One that connects after that is still reset: a
+/// listener cannot close without resetting what is queued.
+fn refuse_waiting_tcp(tcp: &TcpListener, timeout: Duration) {
+    let deadline = Instant::now() + timeout.min(BUSY_BOUND);
+    for _ in 0..LATECOMERS {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        // The listener is non-blocking (accept_within made it so): an
+        // empty queue ends the loop at once.
+        match tcp.accept() {
+            Ok((stream, peer)) => {
+                if let Err(e) = tell_busy(stream, left) {
+                    tracing::warn!(%peer, "telling a client the server is busy: {e:#}");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            Err(e) => {
+                tracing::warn!("accepting a client to tell it the server is busy: {e}");
+                return;
+            }
+        }
+    }
+}
+
+/// The most latecomers told "busy" as the server ends.
+const LATECOMERS: usize = 64;
+
+/// Test hook, debug builds only: `PINPOLL_PERF_TEST_LINGER_MS=T` makes the
+/// server, once its last client's session is over (the doorman gone),
+/// say " lingering" and wait `T` ms before it tells the clients queued
+/// meanwhile that it is busy: a test's latecomer then lands in that
+/// window for sure. Release builds never wait.
+pub const LINGER_ENV: &str = "PINPOLL_PERF_TEST_LINGER_MS";
+
+fn linger_before_the_end(emit: &mut dyn FnMut(&str)) {
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    if let Some(ms) = std::env::var(LINGER_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        emit(&format!(" lingering {ms} ms ({LINGER_ENV})"));
+        std::thread::sleep(Duration::from_millis(ms.min(60_000)));
     }
 }
 

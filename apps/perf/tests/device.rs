@@ -40,10 +40,17 @@ fn server(test: &str, port: &str, oob: bool) -> Running {
 /// A pinpoll-perf server for `test` on `port` on the device with `more`
 /// arguments, once it says it listens.
 fn server_with(test: &str, port: &str, more: &[&str]) -> Running {
+    server_env(test, port, more, &[])
+}
+
+/// [`server_with`] with `env` set for the server.
+fn server_env(test: &str, port: &str, more: &[&str], env: &[(&str, &str)]) -> Running {
     let dev = device();
     let mut args = vec![test, "-p", port, "-d", &dev];
     args.extend(more);
-    let server = Running::spawn(command(PERF, &args));
+    let mut cmd = command(PERF, &args);
+    cmd.envs(env.iter().copied());
+    let server = Running::spawn(cmd);
     let listening = server.wait_for_line(|l| l.contains("Waiting for a client"));
     assert!(listening.is_some(), "the {test} server never listened");
     server
@@ -467,6 +474,39 @@ fn a_bad_or_unfinished_rdma_cm_connect_does_not_end_the_server() {
     }
     drop((rping_like, unfinished));
     the_next_client_is_served(server, port, &[], "the client after the strangers");
+}
+
+/// An `--oob` client whose connect lands as the server ends, after its
+/// last client's session (the doorman that answers newcomers gone), is
+/// told the server is busy, not reset by the listener's close. The debug
+/// hook holds that window open for 3 s and says when it opens, so the
+/// latecomer lands in it.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn an_oob_latecomer_as_the_server_ends_is_told_busy_not_reset() {
+    let port = "18621";
+    let server = server_env(
+        "send-lat",
+        port,
+        &["--oob", "--timeout", "60"],
+        &[(pinpoll_perf::session::LINGER_ENV, "3000")],
+    );
+    let args = client_args("send-lat", port, &["--oob", "--timeout", "60", "-n", "5"]);
+    let first = run_perf(&args);
+    assert!(first.status.success(), "the client: {}", first.stderr);
+    server
+        .wait_for_line(|l| l.contains("lingering"))
+        .expect("the server lingers once its client is done");
+    let late = run_perf(&args);
+    let line = late.assert_one_error_line("the latecomer");
+    assert!(line.contains("server busy"), "{line}");
+    let out = server.finish_within(BOUND);
+    assert!(out.status.success(), "server: {}", out.stderr);
+    assert!(
+        out.stdout.contains(" done: 1 sizes served"),
+        "{}",
+        out.stdout
+    );
 }
 
 /// A client (`who`, with `more` arguments) of `server` on `port` measures
