@@ -352,13 +352,7 @@ fn second_client_is_told_busy_while_the_first_finishes(port: &str, oob: bool) {
         })
         .count();
     assert_eq!(measured, 23, "every size of -a: {}", done.stdout);
-    let out = server.finish_within(BOUND);
-    assert!(out.status.success(), "server: {}", out.stderr);
-    assert!(
-        out.stdout.contains(" done: 23 sizes served"),
-        "{}",
-        out.stdout
-    );
+    assert_ended_serving(server, 23);
 }
 
 /// A client that connects its data connection (--oob) and then neither
@@ -500,13 +494,7 @@ fn an_oob_latecomer_as_the_server_ends_is_told_busy_not_reset() {
     let late = run_perf(&args);
     let line = late.assert_one_error_line("the latecomer");
     assert!(line.contains("server busy"), "{line}");
-    let out = server.finish_within(BOUND);
-    assert!(out.status.success(), "server: {}", out.stderr);
-    assert!(
-        out.stdout.contains(" done: 1 sizes served"),
-        "{}",
-        out.stdout
-    );
+    assert_ended_serving(server, 1);
 }
 
 /// A client (`who`, with `more` arguments) of `server` on `port` measures
@@ -520,10 +508,15 @@ fn the_next_client_is_served(server: Running, port: &str, more: &[&str], who: &s
         honest.stderr,
         honest.stdout
     );
+    assert_ended_serving(server, 1);
+}
+
+/// `server` ends well, having served `sizes` sizes.
+fn assert_ended_serving(server: Running, sizes: u32) {
     let out = server.finish_within(BOUND);
     assert!(out.status.success(), "server: {}", out.stderr);
     assert!(
-        out.stdout.contains(" done: 1 sizes served"),
+        out.stdout.contains(&format!(" done: {sizes} sizes served")),
         "{}",
         out.stdout
     );
