@@ -46,6 +46,12 @@ pub struct DeviceFacts {
 /// The device limits a profile must fit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceLimits {
+    pub max_qp: u32,
+    pub max_cq: u32,
+    pub max_mr: u32,
+    pub max_pd: u32,
+    pub max_srq: u32,
+    pub max_srq_wr: u32,
     pub max_qp_wr: u32,
     pub max_cqe: u32,
     pub max_sge: u32,
@@ -289,6 +295,12 @@ fn verbs_device(root: &SystemRoot, name: &str) -> DeviceFacts {
     let limits = ctx
         .query_device()
         .map(|a| DeviceLimits {
+            max_qp: a.max_qp,
+            max_cq: a.max_cq,
+            max_mr: a.max_mr,
+            max_pd: a.max_pd,
+            max_srq: a.max_srq,
+            max_srq_wr: a.max_srq_wr,
             max_qp_wr: a.max_qp_wr,
             max_cqe: a.max_cqe,
             max_sge: a.max_sge,

@@ -32,7 +32,9 @@ enum Command {
     /// Inspect this host for busy-poll RDMA and print check, status, finding and fix
     ///
     /// Checks: RDMA devices (hardware or SoftRoCE), port state, active vs max
-    /// MTU, link layer and GID; whether the profile fits the device; 2 MiB and
+    /// MTU, link layer and GID; whether the profile fits the device, and how
+    /// many of its connections the device holds at once (by max_qp, max_cq,
+    /// max_mr, max_pd) and what shared receive queues it offers; 2 MiB and
     /// 1 GiB huge pages; the locked-memory limit; transparent huge pages; the
     /// worker cores, their frequency governor and C-states; isolcpus,
     /// nohz_full and rcu_nocbs; NUMA locality of the NIC; its IRQ affinity.

@@ -143,6 +143,21 @@ fn the_softroce_profile_fits_rxe() {
     let (json, _) = doctor(&["--profile", "softroce", "--device", &dev, "--cores", "1"]);
     let fit = check(&json, "profile.fit", &dev);
     assert_eq!(fit["status"], "ok", "{fit}");
+    // The counts come from the device itself: rxe has shared receive
+    // queues and holds many connections.
+    let capacity = check(&json, "device.capacity", &dev);
+    assert_eq!(capacity["status"], "ok", "{capacity}");
+    let limits = &json["devices"][0]["limits"];
+    for key in [
+        "max_qp",
+        "max_cq",
+        "max_mr",
+        "max_pd",
+        "max_srq",
+        "max_srq_wr",
+    ] {
+        assert!(limits[key].as_u64().unwrap_or(0) > 0, "{key}: {limits}");
+    }
     let max_inline = json["devices"][0]["max_inline_data"]
         .as_u64()
         .expect("the inline probe ran");

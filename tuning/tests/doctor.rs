@@ -46,6 +46,7 @@ fn a_tuned_hardware_host_passes_every_check() {
         "port.mtu",
         "port.gid",
         "profile.fit",
+        "device.capacity",
         "numa.locality",
         "irq.affinity",
         "hugepages.2M",
@@ -322,6 +323,40 @@ fn a_profile_that_does_not_fit_the_device_fails() {
         &[],
     );
     assert_eq!(one(&report, "profile.fit", None).status, Status::Ok);
+}
+
+/// The doctor says how many connections of the profile a device holds at
+/// once and which of its limits is the tightest: rxe runs out of memory
+/// regions first (4 a connection), a ConnectX of queue pairs; and it
+/// says what shared receive queues the device offers.
+#[test]
+fn the_device_s_capacity_names_its_tightest_limit() {
+    let fx = guest();
+    let softroce = EngineConfig::load("softroce").unwrap();
+    let report = doctor(&fx, &inventory(vec![rxe_facts()]), &softroce, &[]);
+    let f = one(&report, "device.capacity", Some("rxe0"));
+    assert_eq!(f.status, Status::Ok);
+    assert_contains(
+        &f.finding,
+        "rxe0 holds 131071 connections of profile test at once",
+    );
+    assert_contains(&f.finding, "4 memory regions");
+    assert_contains(&f.finding, "the tightest limit is max_mr 524287");
+    assert_contains(
+        &f.finding,
+        "max_srq 917503, of up to max_srq_wr 1048576 receives each",
+    );
+    let report = doctor(&host(), &inventory(vec![mlx5_facts()]), &softroce, &[]);
+    let f = one(&report, "device.capacity", Some("mlx5_0"));
+    assert_contains(&f.finding, "mlx5_0 holds 262144 connections");
+    assert_contains(&f.finding, "the tightest limit is max_qp 262144");
+    // A device that cannot hold one connection fails the check.
+    let mut starved = rxe_facts();
+    starved.limits.as_mut().unwrap().max_mr = 3;
+    let report = doctor(&fx, &inventory(vec![starved]), &softroce, &[]);
+    let f = one(&report, "device.capacity", Some("rxe0"));
+    assert_eq!(f.status, Status::Fail);
+    assert_contains(&f.finding, "holds 0 connections");
 }
 
 #[test]

@@ -246,7 +246,14 @@ impl Context {
         }
         // SAFETY: ibv_query_device filled the struct; zeroed is also valid.
         let a = unsafe { attr.assume_init() };
+        let count = |n: i32| n.max(0) as u32;
         Ok(DeviceAttr {
+            max_qp: count(a.max_qp),
+            max_cq: count(a.max_cq),
+            max_mr: count(a.max_mr),
+            max_pd: count(a.max_pd),
+            max_srq: count(a.max_srq),
+            max_srq_wr: count(a.max_srq_wr),
             max_qp_wr: a.max_qp_wr.max(0) as u32,
             max_sge: a.max_sge.max(0) as u32,
             max_cqe: a.max_cqe.max(0) as u32,
@@ -417,6 +424,18 @@ impl AsyncEvent {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DeviceAttr {
+    /// The most queue pairs the device holds at once (every process's).
+    pub max_qp: u32,
+    /// The most completion queues the device holds at once.
+    pub max_cq: u32,
+    /// The most memory regions the device holds at once.
+    pub max_mr: u32,
+    /// The most protection domains the device holds at once.
+    pub max_pd: u32,
+    /// The most shared receive queues the device holds at once (0: none).
+    pub max_srq: u32,
+    /// The most receives one shared receive queue may hold.
+    pub max_srq_wr: u32,
     /// The most work requests one queue of a queue pair may hold.
     pub max_qp_wr: u32,
     /// The most scatter/gather entries one work request may carry.

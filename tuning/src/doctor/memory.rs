@@ -187,7 +187,7 @@ pub(crate) fn has_ipc_lock(status: &str) -> Result<bool, String> {
     Ok(caps & (1 << CAP_IPC_LOCK) != 0)
 }
 
-fn human(bytes: u64) -> String {
+pub(super) fn human(bytes: u64) -> String {
     if bytes >= 1 << 30 && bytes.is_multiple_of(1 << 30) {
         format!("{} GiB", bytes >> 30)
     } else if bytes >= 1 << 20 && bytes.is_multiple_of(1 << 20) {

@@ -210,6 +210,7 @@ pub fn check_device(inputs: &Inputs<'_>, dev: &DeviceFacts) -> Vec<Finding> {
         Err(why) => out.push(Finding::unreadable("port.state", why).on(name)),
     }
     out.push(check_fit(inputs, dev).on(name));
+    out.push(check_capacity(inputs, dev).on(name));
     out.push(check_numa(inputs, name, &kind).on(name));
     out.push(check_irqs(inputs, name, &kind).on(name));
     out
@@ -436,6 +437,62 @@ fn check_gid(
         ),
         _ => Finding::ok(CHECK, finding),
     }
+}
+
+/// Completion queues each connection creates (one for its sends, one for
+/// its receives).
+const CQS_PER_CONNECTION: u32 = 2;
+
+/// How many connections of the profile the device holds at once, and
+/// which of its limits is the tightest; and what shared receive queues
+/// it offers.
+fn check_capacity(inputs: &Inputs<'_>, dev: &DeviceFacts) -> Finding {
+    const CHECK: &str = "device.capacity";
+    let limits = match &dev.limits {
+        Ok(l) => l,
+        Err(why) => {
+            return Finding::unreadable(
+                CHECK,
+                format!("cannot count what {} holds: {why}", dev.name),
+            )
+        }
+    };
+    let cfg = inputs.config;
+    let regions = cfg.ring_bytes().len() as u32;
+    let (name, limit, each) = [
+        ("max_qp", limits.max_qp, 1),
+        ("max_cq", limits.max_cq, CQS_PER_CONNECTION),
+        ("max_mr", limits.max_mr, regions),
+        ("max_pd", limits.max_pd, 1),
+    ]
+    .into_iter()
+    .min_by_key(|&(_, limit, each)| limit / each)
+    .expect("four limits");
+    let connections = limit / each;
+    let srq = match limits.max_srq {
+        0 => "no shared receive queues".to_owned(),
+        n => format!(
+            "shared receive queues: max_srq {n}, of up to max_srq_wr {} receives each",
+            limits.max_srq_wr
+        ),
+    };
+    let finding = format!(
+        "{} holds {connections} connections of {} at once, each a queue pair, {CQS_PER_CONNECTION} completion queues, {regions} memory regions ({} registered) and a protection domain: the tightest limit is {name} {limit}; {srq}",
+        dev.name,
+        inputs.profile_label(),
+        super::memory::human(cfg.registered_bytes()),
+    );
+    if connections == 0 {
+        return Finding::fail(
+            CHECK,
+            finding,
+            format!(
+                "{} cannot hold one connection: check `ibv_devinfo -v -d {}`",
+                dev.name, dev.name
+            ),
+        );
+    }
+    Finding::ok(CHECK, finding)
 }
 
 /// The profile's depths and inline size against the device's limits.
@@ -834,6 +891,12 @@ pub fn device_facts(inputs: &Inputs<'_>) -> Value {
                 "numa_node": numa,
                 "limits": match &dev.limits {
                     Ok(l) => json!({
+                        "max_qp": l.max_qp,
+                        "max_cq": l.max_cq,
+                        "max_mr": l.max_mr,
+                        "max_pd": l.max_pd,
+                        "max_srq": l.max_srq,
+                        "max_srq_wr": l.max_srq_wr,
                         "max_qp_wr": l.max_qp_wr,
                         "max_cqe": l.max_cqe,
                         "max_sge": l.max_sge,

@@ -304,6 +304,12 @@ pub fn mlx5_facts() -> DeviceFacts {
     DeviceFacts {
         name: "mlx5_0".into(),
         limits: Ok(DeviceLimits {
+            max_qp: 262_144,
+            max_cq: 16_777_216,
+            max_mr: 16_777_216,
+            max_pd: 16_777_216,
+            max_srq: 8_388_608,
+            max_srq_wr: 32767,
             max_qp_wr: 32768,
             max_cqe: 4_194_303,
             max_sge: 30,
@@ -328,6 +334,13 @@ pub fn rxe_facts() -> DeviceFacts {
     DeviceFacts {
         name: "rxe0".into(),
         limits: Ok(DeviceLimits {
+            // As `ibv_devinfo -v` shows them in the guest (Linux 6.1).
+            max_qp: 1_048_560,
+            max_cq: 1_048_576,
+            max_mr: 524_287,
+            max_pd: 1_048_576,
+            max_srq: 917_503,
+            max_srq_wr: 1_048_576,
             max_qp_wr: 1_048_576,
             max_cqe: 32767,
             max_sge: 32,
