@@ -202,6 +202,11 @@ impl DeadlineStream {
         &mut self.stream
     }
 
+    /// The stream itself, to be used without the deadline.
+    pub fn into_inner(self) -> TcpStream {
+        self.stream
+    }
+
     /// What is left of the deadline, or the error saying it passed.
     fn left(&self) -> std::io::Result<Duration> {
         let left = self.deadline.saturating_duration_since(Instant::now());

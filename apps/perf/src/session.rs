@@ -15,7 +15,7 @@ use pinpoll::{Connection, EngineConfig};
 use crate::admit::{show_bytes, Limits};
 use crate::cli::{Role, Settings, Transport};
 use crate::clock;
-use crate::control::{control_config, BadMessage, Control, Msg};
+use crate::control::{control_config, BadMessage, Control, DeadlineStream, Msg};
 use crate::driver::{self, Driver, Served};
 use crate::plan::{data_config, Kind, Mode, Params, Plan, WireConfig};
 use crate::report::{self, Bandwidth, Doorbells, Point, RawSamples, Report, RunInfo, Samples};
@@ -660,7 +660,7 @@ fn run_server(s: &Settings, emit: &mut dyn FnMut(&str)) -> Result<Report> {
             Err(e) => return Err(e),
         }
     };
-    linger_before_the_end(emit);
+    linger_before_the_end(s, emit);
     match &door {
         Door::Cm(l) => refuse_waiting(l, &base),
         Door::Tcp(tcp) => refuse_waiting_tcp(tcp, s.timeout),
@@ -826,18 +826,27 @@ impl Drop for Doorman {
 /// newcomer sends, takes at most `within`: the doorman, and the drop
 /// that joins it, are held no longer than that by any one newcomer.
 fn tell_busy(stream: TcpStream, within: Duration) -> Result<()> {
+    let mut stream = answer_busy(stream, within)?;
+    let mut rest = [0u8; 512];
+    while std::io::Read::read(&mut stream, &mut rest)? > 0 {}
+    Ok(())
+}
+
+/// Sends the `--oob` client on `stream` the "server busy" answer and
+/// shuts the stream for writing, within `within`; returns the stream,
+/// still to be read to its close (the client's own message must not meet
+/// a reset that would discard the answer unread), with that deadline.
+fn answer_busy(stream: TcpStream, within: Duration) -> Result<DeadlineStream> {
     stream.set_nonblocking(false)?;
     let mut ctl = Control::tcp(stream, within);
     let message = String::from_utf8_lossy(BUSY.strip_suffix(b"\0").unwrap_or(BUSY)).into_owned();
-    // `send` starts the one wait; the drain below stays in it.
+    // `send` starts the one wait; the drain after it stays in it.
     ctl.send(&Msg::Error { message })?;
-    let Control::Tcp(stream) = &mut ctl else {
+    let Control::Tcp(mut stream) = ctl else {
         unreachable!("a TCP control stream");
     };
     stream.get_mut().shutdown(std::net::Shutdown::Write)?;
-    let mut rest = [0u8; 512];
-    while std::io::Read::read(stream, &mut rest)? > 0 {}
-    Ok(())
+    Ok(stream)
 }
 
 /// How long the doorman naps between looks at the listener: a newcomer
@@ -902,28 +911,52 @@ fn refuse_waiting(listener: &Listener, cfg: &EngineConfig) {
 /// [`refuse_waiting`] for `--oob`: every client already in the TCP listen
 /// queue (the doorman has gone) is told the server is busy rather than
 /// reset when the listener closes; at most [`LATECOMERS`] of them, all
-/// within [`BUSY_BOUND`]. One that connects after that is still reset: a
-/// listener cannot close without resetting what is queued.
+/// within [`BUSY_BOUND`]. All are answered first, then their closes are
+/// awaited together, so one that never closes costs the others nothing.
+/// One that connects after the drain is still reset: a listener cannot
+/// close without resetting what is queued.
 fn refuse_waiting_tcp(tcp: &TcpListener, timeout: Duration) {
     let deadline = Instant::now() + timeout.min(BUSY_BOUND);
+    if let Err(e) = tcp.set_nonblocking(true) {
+        tracing::warn!("telling the clients queued that the server is busy: {e}");
+        return;
+    }
+    let mut answered = Vec::new();
     for _ in 0..LATECOMERS {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return;
+            break;
         }
-        // The listener is non-blocking (accept_within made it so): an
-        // empty queue ends the loop at once.
         match tcp.accept() {
-            Ok((stream, peer)) => {
-                if let Err(e) = tell_busy(stream, left) {
-                    tracing::warn!(%peer, "telling a client the server is busy: {e:#}");
-                }
+            Ok((stream, peer)) => match answer_busy(stream, left) {
+                Ok(stream) => answered.push(stream.into_inner()),
+                Err(e) => tracing::warn!(%peer, "telling a client the server is busy: {e:#}"),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            // accept(2) reports a queued connection's network errors
+            // (ECONNABORTED, ENETUNREACH, ...): the next may be fine.
+            Err(e) => tracing::debug!("accepting a client to tell it the server is busy: {e}"),
+        }
+    }
+    await_closes(answered, deadline);
+}
+
+/// Reads what each stream's client still sends until it closes, all of
+/// them side by side, until `deadline` at the latest.
+fn await_closes(mut open: Vec<TcpStream>, deadline: Instant) {
+    open.retain(|s| s.set_nonblocking(true).is_ok());
+    let mut rest = [0u8; 512];
+    while !open.is_empty() && Instant::now() < deadline {
+        open.retain_mut(|s| loop {
+            match std::io::Read::read(s, &mut rest) {
+                Ok(0) => break false,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break true,
+                Err(_) => break false,
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
-            Err(e) => {
-                tracing::warn!("accepting a client to tell it the server is busy: {e}");
-                return;
-            }
+        });
+        if !open.is_empty() {
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 }
@@ -938,7 +971,7 @@ const LATECOMERS: usize = 64;
 /// window for sure. Release builds never wait.
 pub const LINGER_ENV: &str = "PINPOLL_PERF_TEST_LINGER_MS";
 
-fn linger_before_the_end(emit: &mut dyn FnMut(&str)) {
+fn linger_before_the_end(s: &Settings, emit: &mut dyn FnMut(&str)) {
     if !cfg!(debug_assertions) {
         return;
     }
@@ -946,8 +979,11 @@ fn linger_before_the_end(emit: &mut dyn FnMut(&str)) {
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
     {
-        emit(&format!(" lingering {ms} ms ({LINGER_ENV})"));
-        std::thread::sleep(Duration::from_millis(ms.min(60_000)));
+        let ms = ms.min(60_000);
+        if !s.json {
+            emit(&format!(" lingering {ms} ms ({LINGER_ENV})"));
+        }
+        std::thread::sleep(Duration::from_millis(ms));
     }
 }
 
@@ -1238,6 +1274,26 @@ mod tests {
         drop((honest, silent));
         trickler.join().unwrap();
         let _ = server.join().unwrap();
+    }
+
+    /// As the server ends, a latecomer that never closes costs the ones
+    /// queued behind it nothing: all are answered "busy" first, their
+    /// closes awaited together (one at a time, the first used up the
+    /// whole 2 s and the next was reset unanswered).
+    #[test]
+    fn a_silent_latecomer_does_not_keep_the_next_from_being_told_busy() {
+        let tcp = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let silent = TcpStream::connect(addr).unwrap();
+        let mut honest = TcpStream::connect(addr).unwrap();
+        send_raw(&mut honest, &params());
+        refuse_waiting_tcp(&tcp, Duration::from_secs(10));
+        drop(tcp);
+        match recv_raw(&mut honest, "the latecomer behind a silent one") {
+            Msg::Error { message } => assert!(message.contains("server busy"), "{message}"),
+            other => panic!("the latecomer was answered {other:?}"),
+        }
+        drop(silent);
     }
 
     /// A client that connects and closes at once (a port scan) is
