@@ -317,7 +317,7 @@ impl Emit<'_> {
 /// set. Failures to save are ignored: the hook never changes an outcome.
 /// Release builds, and debug builds without the variable, record nothing
 /// (and allocate nothing). A process records at most [`MAX_RECORDS`]
-/// messages: its peers choose how many distinct ones they send.
+/// distinct messages: its peers choose how many they send.
 pub fn record(corpus: &str, bytes: &[u8]) {
     const RECORD_ENV: &str = "PINPOLL_RECORD_WIRE";
     static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
@@ -328,16 +328,17 @@ pub fn record(corpus: &str, bytes: &[u8]) {
     let Some(dir) = DIR.get_or_init(|| std::env::var_os(RECORD_ENV).map(PathBuf::from)) else {
         return;
     };
-    if !take_a_record(&RECORDED) {
-        return;
-    }
     // SipHash with fixed keys: the same bytes get the same name in every
     // process, so the processes of a session share one copy.
     let mut hasher = DefaultHasher::new();
     hasher.write(bytes);
     let dir = dir.join(corpus);
-    let saved = std::fs::create_dir_all(&dir)
-        .and_then(|()| std::fs::write(dir.join(format!("{:016x}", hasher.finish())), bytes));
+    let file = dir.join(format!("{:016x}", hasher.finish()));
+    // A message seen before (a credit per chunk) costs no record.
+    if file.exists() || !take_a_record(&RECORDED) {
+        return;
+    }
+    let saved = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&file, bytes));
     if let Err(e) = saved {
         tracing::warn!(error = %e, corpus, "{RECORD_ENV}: could not record a message");
     }

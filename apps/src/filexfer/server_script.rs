@@ -152,7 +152,10 @@ impl<'a> Script<'a> {
 /// for so much, so what does not fit its byte is clamped: 1 to 16 slots,
 /// `--min-rate` in whole 64 KiB/s under 16 MiB/s, `--deadline` up to
 /// 255 s, stream and slot numbers up to 255 (a slot a client named past
-/// that is still past every ring, so it replays as refused too).
+/// that is still past every ring, so it replays as refused too). Time is
+/// kept in whole seconds and failures as fixed codes, so a decision near
+/// a second's edge (`--min-rate`, `--deadline`) can replay differently:
+/// seeds need the path, not the exact verdict.
 #[derive(Debug)]
 pub struct Recorder {
     bytes: Vec<u8>,
@@ -185,8 +188,8 @@ impl Recorder {
         &self.bytes
     }
 
-    /// Appends `event`. An undecodable message is not recorded: its bytes
-    /// are gone by then.
+    /// Appends `event`. An undecodable message is recorded as an empty
+    /// one: its bytes are gone by then.
     pub fn record(&mut self, event: &Event) {
         // A stream or slot past a byte stays past every ring: never
         // wrapped to one that replays as accepted.
@@ -202,7 +205,9 @@ impl Recorder {
                 op.extend((bytes.len() as u16).to_be_bytes());
                 op.extend(bytes);
             }
-            Event::Undecodable { .. } => return,
+            // Its bytes are gone by now: an empty SEND, which no more
+            // decodes on replay than they did.
+            Event::Undecodable { stream, .. } => op.extend([0, byte(u32::from(*stream)), 0, 0]),
             Event::Chunk {
                 stream,
                 slot,
@@ -454,5 +459,23 @@ mod tests {
         // Lengths, not 8 KiB of bytes, in a failure's message.
         assert_eq!(rec.bytes().len(), full.len(), "ops appended once full");
         assert!(rec.bytes() == &full[..]);
+    }
+
+    /// An undecodable message is recorded as an empty SEND, which replays
+    /// as undecodable too (it was left out, and the transfer it failed
+    /// replayed as one still open).
+    #[test]
+    fn an_undecodable_message_replays_as_undecodable() {
+        let mut rec = recorder();
+        rec.record(&Event::Undecodable {
+            stream: 2,
+            why: "wrong magic".into(),
+        });
+        let mut read = Script::new(rec.bytes());
+        read.config();
+        let Some(Op::Message { stream: 2, bytes }) = read.next_op() else {
+            panic!("no message recorded: {:?}", rec.bytes());
+        };
+        assert!(Msg::decode(&bytes).is_err(), "{bytes:?}");
     }
 }
