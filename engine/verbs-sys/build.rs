@@ -98,7 +98,9 @@ fn main() {
         .allowlist_type("ibv_.*|rdma_.*|verbs_context|_compat_ibv_port_attr")
         .allowlist_var("IBV_.*|RDMA_.*")
         // The inline verbs are written in src/inline.rs.
-        .blocklist_function("ibv_post_send|ibv_post_recv|ibv_poll_cq|ibv_query_port")
+        .blocklist_function(
+            "ibv_post_send|ibv_post_recv|ibv_post_srq_recv|ibv_poll_cq|ibv_req_notify_cq|ibv_query_port",
+        )
         // The socket and time types are libc's own, so addresses pass
         // between std, libc and librdmacm without casts between copies.
         .blocklist_type("sockaddr|sockaddr_in|sockaddr_in6|sockaddr_storage|in_addr|in6_addr|timespec|sa_family_t|in_port_t|in_addr_t|socklen_t")

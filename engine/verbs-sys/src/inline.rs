@@ -12,7 +12,7 @@ use std::os::raw::c_int;
 
 use crate::{
     _compat_ibv_port_attr, ibv_context, ibv_cq, ibv_port_attr, ibv_qp, ibv_recv_wr, ibv_send_wr,
-    ibv_wc, verbs_context,
+    ibv_srq, ibv_wc, verbs_context,
 };
 
 /// `ibv_post_send(3)`.
@@ -54,6 +54,36 @@ pub unsafe fn ibv_post_recv(
 pub unsafe fn ibv_poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
     let poll = (*(*cq).context).ops.poll_cq.unwrap_unchecked();
     poll(cq, num_entries, wc)
+}
+
+/// `ibv_post_srq_recv(3)`.
+///
+/// # Safety
+/// `srq` is a live shared receive queue of an open context; `wr` is a
+/// valid, NULL-terminated list of receive work requests whose
+/// scatter/gather lists are valid for the call; `bad_wr` is a valid
+/// out-pointer.
+#[inline(always)]
+pub unsafe fn ibv_post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    let post = (*(*srq).context).ops.post_srq_recv.unwrap_unchecked();
+    post(srq, wr, bad_wr)
+}
+
+/// `ibv_req_notify_cq(3)`: the next completion added to `cq` (with
+/// `solicited_only`, the next solicited one) raises one event on the CQ's
+/// completion channel.
+///
+/// # Safety
+/// `cq` is a live CQ of an open context, created with a completion
+/// channel.
+#[inline(always)]
+pub unsafe fn ibv_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    let arm = (*(*cq).context).ops.req_notify_cq.unwrap_unchecked();
+    arm(cq, solicited_only)
 }
 
 unsafe extern "C" {

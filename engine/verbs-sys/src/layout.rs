@@ -46,9 +46,11 @@ fn work_completions() {
 
 #[test]
 fn the_ops_table_holds_the_data_path_verbs() {
-    // The inline verbs call these three slots of `struct ibv_context_ops`
+    // The inline verbs call these five slots of `struct ibv_context_ops`
     // (checked against offsetof() over rdma-core 44's header).
     assert_eq!(offset_of!(ibv_context_ops, poll_cq), 8 * 11);
+    assert_eq!(offset_of!(ibv_context_ops, req_notify_cq), 8 * 12);
+    assert_eq!(offset_of!(ibv_context_ops, post_srq_recv), 8 * 20);
     assert_eq!(offset_of!(ibv_context_ops, post_send), 8 * 25);
     assert_eq!(offset_of!(ibv_context_ops, post_recv), 8 * 26);
     assert_eq!(offset_of!(ibv_context, ops), 8);

@@ -19,7 +19,9 @@ include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 pub const GENERATED_WITH_LIBCLANG: &str = env!("PINPOLL_VERBS_SYS_LIBCLANG");
 
 mod inline;
-pub use inline::{ibv_poll_cq, ibv_post_recv, ibv_post_send, ibv_query_port};
+pub use inline::{
+    ibv_poll_cq, ibv_post_recv, ibv_post_send, ibv_post_srq_recv, ibv_query_port, ibv_req_notify_cq,
+};
 
 #[cfg(test)]
 mod layout;
