@@ -13,7 +13,7 @@ use crate::config::QpConfig;
 use crate::error::Result;
 use crate::sys::cq::CompletionQueue;
 use crate::sys::pd::ProtectionDomain;
-use crate::sys::qp::QueuePair;
+use crate::sys::qp::{QueuePair, Queues};
 
 /// The largest `max_inline_data` the device grants an RC queue pair with
 /// one SGE, at most `ceiling`, found by creating queue pairs (inline
@@ -30,7 +30,7 @@ pub fn max_inline_data(device: &Arc<Device>, ceiling: u32) -> Result<u32> {
             cq_depth: 32,
             ..QpConfig::default()
         };
-        QueuePair::new(&pd, &cq, &cq, &cfg).map(drop)
+        QueuePair::new(&pd, Queues::own(&cq, &cq), &cfg).map(drop)
     };
     fits(0)?;
     if fits(ceiling).is_ok() {

@@ -19,7 +19,7 @@ use crate::sys::mr::{Access, Registration, RemoteSlice};
 use crate::sys::parked::{ParkingLot, Request};
 use crate::sys::pd::ProtectionDomain;
 use crate::sys::posted::{post_region, post_region_recv, CompleteError, Posted};
-use crate::sys::qp::{QpState, QueuePair};
+use crate::sys::qp::{QpState, QueuePair, Queues};
 use crate::sys::raw::RawQueuePair;
 use crate::sys::region::{MemoryRegion, RegionOp, RegionRefused, SharedRegion};
 use crate::sys::wr::Indeterminate;
@@ -172,15 +172,54 @@ impl Endpoint {
         let pd = ProtectionDomain::new(ctx)?;
         let (send_owner, send_cq) = CompletionQueue::new(ctx, cfg.cq_depth)?;
         let (recv_owner, recv_cq) = CompletionQueue::new(ctx, cfg.cq_depth)?;
+        let queues = Queues::own(&send_owner, &recv_owner);
+        let mut endpoint = Endpoint::on(&pd, queues, cm_id, port, port_attr, cfg)?;
+        endpoint.send_cq = Some(send_cq);
+        endpoint.recv_cq = Some(recv_cq);
+        Ok(endpoint)
+    }
+
+    /// An endpoint whose queue pair is made in `pd` on `queues` that
+    /// others share (a shared receive queue, completion queues polled by
+    /// their owner): it has no pollers of its own.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "the poller of issue 25 builds on it")
+    )]
+    pub(crate) fn create_shared(
+        pd: &Arc<ProtectionDomain>,
+        queues: Queues<'_>,
+        cfg: &QpConfig,
+    ) -> Result<Endpoint> {
+        cfg.validate()?;
+        let port_attr = pd.context().query_port(cfg.port)?;
+        if !port_attr.is_active() {
+            return Err(Error::PortNotActive {
+                device: pd.context().name().to_owned(),
+                port: cfg.port,
+                state: port_attr.state_name(),
+            });
+        }
+        Endpoint::on(pd, queues, None, cfg.port, port_attr, cfg)
+    }
+
+    fn on(
+        pd: &Arc<ProtectionDomain>,
+        queues: Queues<'_>,
+        cm_id: Option<Arc<CmId>>,
+        port: u8,
+        port_attr: PortAttr,
+        cfg: &QpConfig,
+    ) -> Result<Endpoint> {
         let qp = match &cm_id {
-            Some(id) => QueuePair::with_cm_id(id, &pd, &send_owner, &recv_owner, cfg)?,
-            None => QueuePair::new(&pd, &send_owner, &recv_owner, cfg)?,
+            Some(id) => QueuePair::with_cm_id(id, pd, queues, cfg)?,
+            None => QueuePair::new(pd, queues, cfg)?,
         };
         Ok(Endpoint {
             qp,
-            send_cq: Some(send_cq),
-            recv_cq: Some(recv_cq),
-            pd,
+            send_cq: None,
+            recv_cq: None,
+            pd: Arc::clone(pd),
             cm_id,
             port,
             port_attr,
@@ -203,6 +242,11 @@ impl Endpoint {
         self.remote_region = remote_region;
         self.connected = true;
         self.ever_connected = true;
+    }
+
+    /// The device context its queue pair lives on.
+    pub(crate) fn context(&self) -> &Arc<Context> {
+        self.pd.context()
     }
 
     pub(crate) fn qp(&mut self) -> &mut QueuePair {

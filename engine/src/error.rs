@@ -124,6 +124,27 @@ pub enum Error {
         /// The OS error the call set.
         source: io::Error,
     },
+    /// Creating a shared receive queue failed (`ibv_create_srq`): usually
+    /// more receives than the device allows (`max_srq_wr`), or no shared
+    /// receive queue left (`max_srq`).
+    #[error("ibv_create_srq({max_wr} receives) failed; the device may allow fewer (max_srq_wr) or no more shared receive queues (max_srq): check `ibv_devinfo -v`")]
+    CreateSrq {
+        /// The receives asked for.
+        max_wr: u32,
+        /// The OS error the call set.
+        source: io::Error,
+    },
+    /// Setting or reading a shared receive queue's attribute failed
+    /// (`ibv_modify_srq`, `ibv_query_srq`).
+    #[error("{call} on a shared receive queue failed ({what})")]
+    SharedReceiveQueue {
+        /// The verb that failed.
+        call: &'static str,
+        /// What it was to do.
+        what: &'static str,
+        /// The error it returned.
+        source: io::Error,
+    },
     /// `ibv_modify_qp` refused a state transition. A failed `ibv_query_qp`
     /// ([`Endpoint::state`](crate::Endpoint::state)) is reported as this
     /// too, with `from` and `to` both `"query"`.
@@ -691,6 +712,8 @@ impl Error {
             | E::AllocPd(_)
             | E::CreateCq { .. }
             | E::CreateQp { .. }
+            | E::CreateSrq { .. }
+            | E::SharedReceiveQueue { .. }
             | E::RegMr { .. }
             | E::Memlock { .. }
             | E::Map { .. }

@@ -5,6 +5,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::record::ConnectionRecord;
@@ -31,7 +32,18 @@ impl Prepared {
     /// (e.g. `Access::REMOTE_WRITE` for a peer that writes into us).
     pub fn new(device: Option<&str>, cfg: &QpConfig, remote_access: Access) -> Result<Prepared> {
         let ctx = Context::open(device)?;
-        let mut endpoint = Endpoint::create(&ctx, None, cfg)?;
+        let endpoint = Endpoint::create(&ctx, None, cfg)?;
+        Prepared::with_endpoint(endpoint, cfg, remote_access)
+    }
+
+    /// [`Prepared::new`] for an endpoint made already (on queues it
+    /// shares with others).
+    pub(crate) fn with_endpoint(
+        mut endpoint: Endpoint,
+        cfg: &QpConfig,
+        remote_access: Access,
+    ) -> Result<Prepared> {
+        let ctx = Arc::clone(endpoint.context());
         let port = endpoint.port();
         let table = gid::gid_table(
             &ctx,

@@ -29,7 +29,7 @@ const WAIT: Duration = Duration::from_secs(10);
 /// A variable `scripts/softroce-vm` sets in the guest, or a failure
 /// saying where these tests run.
 #[track_caller]
-fn guest(var: &str) -> String {
+pub(crate) fn guest(var: &str) -> String {
     match std::env::var(var) {
         Ok(v) if !v.is_empty() => v,
         _ => panic!(
@@ -45,7 +45,7 @@ fn cm_addr() -> SocketAddr {
 }
 
 /// `len` bytes of a pattern that differs per `seed` and per offset.
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
+pub(crate) fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
         .collect()
@@ -53,7 +53,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 /// Small queues (the test kit's configurations are another crate's types
 /// to these tests).
-fn qp_config() -> QpConfig {
+pub(crate) fn qp_config() -> QpConfig {
     QpConfig {
         max_send_wr: 16,
         max_recv_wr: 32,

@@ -18,7 +18,7 @@ mod batch;
 mod builder;
 mod close;
 #[cfg(test)]
-mod device_tests;
+pub(crate) mod device_tests;
 mod event;
 mod liveness;
 mod poll;

@@ -10,6 +10,7 @@ use super::ffi;
 use super::mr::Access;
 use super::parked::ParkingLot;
 use super::pd::ProtectionDomain;
+use super::srq::SharedReceiveQueue;
 use crate::config::QpConfig;
 use crate::error::{last_os_error, Error, Result};
 
@@ -123,6 +124,9 @@ pub(crate) struct QueuePair {
     lot: Arc<ParkingLot>,
     _send_cq: Arc<CompletionQueue>,
     _recv_cq: Arc<CompletionQueue>,
+    /// The shared receive queue its receives come from, if any (it has no
+    /// receive queue of its own then).
+    _srq: Option<Arc<SharedReceiveQueue>>,
     _pd: Arc<ProtectionDomain>,
 }
 
@@ -131,19 +135,43 @@ pub(crate) struct QueuePair {
 // other verb on it run on one thread at a time.
 unsafe impl Send for QueuePair {}
 
-fn init_attr(
-    cfg: &QpConfig,
-    send_cq: &CompletionQueue,
-    recv_cq: &CompletionQueue,
-) -> ffi::ibv_qp_init_attr {
+/// The queues a queue pair is made of: its completion queues and, if its
+/// receives come from one, a shared receive queue (held alive by the QP).
+#[derive(Clone, Copy)]
+pub(crate) struct Queues<'a> {
+    pub send_cq: &'a Arc<CompletionQueue>,
+    pub recv_cq: &'a Arc<CompletionQueue>,
+    pub srq: Option<&'a Arc<SharedReceiveQueue>>,
+}
+
+impl<'a> Queues<'a> {
+    /// Completion queues, and a receive queue of the QP's own.
+    pub(crate) fn own(
+        send_cq: &'a Arc<CompletionQueue>,
+        recv_cq: &'a Arc<CompletionQueue>,
+    ) -> Self {
+        Queues {
+            send_cq,
+            recv_cq,
+            srq: None,
+        }
+    }
+}
+
+fn init_attr(cfg: &QpConfig, queues: Queues<'_>) -> ffi::ibv_qp_init_attr {
     ffi::ibv_qp_init_attr {
         qp_context: std::ptr::null_mut(),
-        send_cq: send_cq.as_ptr(),
-        recv_cq: recv_cq.as_ptr(),
-        srq: std::ptr::null_mut(),
+        send_cq: queues.send_cq.as_ptr(),
+        recv_cq: queues.recv_cq.as_ptr(),
+        srq: queues.srq.map_or(std::ptr::null_mut(), |s| s.as_ptr()),
         cap: ffi::ibv_qp_cap {
             max_send_wr: cfg.max_send_wr,
-            max_recv_wr: cfg.max_recv_wr,
+            // A QP on an SRQ has no receive queue of its own.
+            max_recv_wr: if queues.srq.is_some() {
+                0
+            } else {
+                cfg.max_recv_wr
+            },
             max_send_sge: cfg.max_sge,
             max_recv_sge: cfg.max_sge,
             max_inline_data: cfg.max_inline_data,
@@ -157,12 +185,11 @@ impl QueuePair {
     /// Creates an RC queue pair in RESET, for manual connection.
     pub(crate) fn new(
         pd: &Arc<ProtectionDomain>,
-        send_cq: &Arc<CompletionQueue>,
-        recv_cq: &Arc<CompletionQueue>,
+        queues: Queues<'_>,
         cfg: &QpConfig,
     ) -> Result<QueuePair> {
-        let mut attr = init_attr(cfg, send_cq, recv_cq);
-        // SAFETY: pd and CQs are live and outlive the QP (held below).
+        let mut attr = init_attr(cfg, queues);
+        // SAFETY: pd, CQs and SRQ are live and outlive the QP (held below).
         let ptr = unsafe { ffi::ibv_create_qp(pd.as_ptr(), &mut attr) };
         if ptr.is_null() {
             return Err(create_qp_error(cfg, last_os_error()));
@@ -172,8 +199,9 @@ impl QueuePair {
             owner: Owner::Verbs,
             max_inline: attr.cap.max_inline_data,
             lot: ParkingLot::new(),
-            _send_cq: Arc::clone(send_cq),
-            _recv_cq: Arc::clone(recv_cq),
+            _send_cq: Arc::clone(queues.send_cq),
+            _recv_cq: Arc::clone(queues.recv_cq),
+            _srq: queues.srq.map(Arc::clone),
             _pd: Arc::clone(pd),
         })
     }
@@ -182,12 +210,11 @@ impl QueuePair {
     pub(crate) fn with_cm_id(
         id: &Arc<CmId>,
         pd: &Arc<ProtectionDomain>,
-        send_cq: &Arc<CompletionQueue>,
-        recv_cq: &Arc<CompletionQueue>,
+        queues: Queues<'_>,
         cfg: &QpConfig,
     ) -> Result<QueuePair> {
-        let mut attr = init_attr(cfg, send_cq, recv_cq);
-        // SAFETY: id, pd and CQs are live and outlive the QP (held below);
+        let mut attr = init_attr(cfg, queues);
+        // SAFETY: id, pd, CQs and SRQ are live and outlive the QP (held below);
         // rdma_create_qp stores the QP in id->qp.
         let rc = unsafe { ffi::rdma_create_qp(id.as_ptr(), pd.as_ptr(), &mut attr) };
         if rc != 0 {
@@ -200,8 +227,9 @@ impl QueuePair {
             owner: Owner::Cm(Arc::clone(id)),
             max_inline: attr.cap.max_inline_data,
             lot: ParkingLot::new(),
-            _send_cq: Arc::clone(send_cq),
-            _recv_cq: Arc::clone(recv_cq),
+            _send_cq: Arc::clone(queues.send_cq),
+            _recv_cq: Arc::clone(queues.recv_cq),
+            _srq: queues.srq.map(Arc::clone),
             _pd: Arc::clone(pd),
         })
     }

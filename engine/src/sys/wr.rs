@@ -19,6 +19,7 @@ use std::mem::MaybeUninit;
 use super::ffi;
 use super::mr::{LocalSlice, RemoteSlice};
 use super::qp::QueuePair;
+use super::srq::SrqPoster;
 use crate::error::{errno, Error};
 
 /// The send-queue operations the engine posts.
@@ -148,11 +149,12 @@ unsafe fn post_send_list(
     Err(refused(Queue::Send, list, bad, rc))
 }
 
-/// The two queues a post goes to.
+/// The queues a post goes to.
 #[derive(Debug, Clone, Copy)]
 enum Queue {
     Send,
     Recv,
+    SharedRecv,
 }
 
 /// A work request of either queue, as a failed post names it.
@@ -187,6 +189,7 @@ fn refused<T: WorkRequest>(queue: Queue, list: &[T], bad: *const T, rc: i32) -> 
             call: match queue {
                 Queue::Send => "ibv_post_send",
                 Queue::Recv => "ibv_post_recv",
+                Queue::SharedRecv => "ibv_post_srq_recv",
             },
             requests: list.len(),
             errno: rc,
@@ -202,7 +205,7 @@ fn refused<T: WorkRequest>(queue: Queue, list: &[T], bad: *const T, rc: i32) -> 
                 posted,
                 source,
             },
-            Queue::Recv => Error::PostRecv {
+            Queue::Recv | Queue::SharedRecv => Error::PostRecv {
                 wr_id,
                 posted,
                 source,
@@ -447,20 +450,65 @@ impl RecvChain {
     /// completes (or the QP is destroyed), and nothing reads it meanwhile.
     #[inline]
     pub(crate) unsafe fn post(&mut self, qp: &mut QueuePair, n: usize) -> Result<(), PostFailed> {
+        let qp = qp.as_ptr();
+        // SAFETY: the caller's contract; qp is live (borrowed mutably).
+        unsafe { self.post_with(Queue::Recv, n, |wrs, bad| ffi::ibv_post_recv(qp, wrs, bad)) }
+    }
+
+    /// Posts receives `0..n` (patched) to `poster`'s shared receive queue
+    /// with one `ibv_post_srq_recv`.
+    ///
+    /// # Safety
+    /// Every patched buffer is memory the NIC may write until its receive
+    /// completes (or the SRQ is destroyed), and nothing reads it meanwhile.
+    #[inline]
+    #[cfg_attr(
+        not(test),
+        expect(
+            dead_code,
+            reason = "issue 25's poller builds on it; only its device tests use it yet"
+        )
+    )]
+    pub(crate) unsafe fn post_shared(
+        &mut self,
+        poster: &mut SrqPoster,
+        n: usize,
+    ) -> Result<(), PostFailed> {
+        let srq = poster.srq().as_ptr();
+        // SAFETY: the caller's contract; the SRQ is live (held by the
+        // poster, borrowed mutably: one post at a time).
+        unsafe {
+            self.post_with(Queue::SharedRecv, n, |wrs, bad| {
+                ffi::ibv_post_srq_recv(srq, wrs, bad)
+            })
+        }
+    }
+
+    /// Posts receives `0..n` with `post` (the verb of `queue`).
+    ///
+    /// # Safety
+    /// As for [`RecvChain::post`]; `post` is a live queue's post verb.
+    #[inline(always)]
+    unsafe fn post_with(
+        &mut self,
+        queue: Queue,
+        n: usize,
+        post: impl FnOnce(*mut ffi::ibv_recv_wr, *mut *mut ffi::ibv_recv_wr) -> i32,
+    ) -> Result<(), PostFailed> {
         let last = n.wrapping_sub(1); // as in SendChain::post
         let saved = self.wrs[last].next;
         self.wrs[last].next = std::ptr::null_mut();
         let mut bad = std::ptr::null_mut();
-        // SAFETY: entries 0..n are initialised, linked and NULL-terminated;
-        // their SGEs point into `sges`; the buffers are the caller's contract.
-        let rc = unsafe { ffi::ibv_post_recv(qp.as_ptr(), self.wrs.as_mut_ptr(), &mut bad) };
+        // Entries 0..n are initialised, linked and NULL-terminated; their
+        // SGEs point into `sges`; the buffers are the caller's contract.
+        let rc = post(self.wrs.as_mut_ptr(), &mut bad);
         #[cfg(test)]
         let (rc, bad) = fault::after_post(rc, bad);
         self.wrs[last].next = saved;
         if rc == 0 {
             return Ok(());
         }
-        Err(refused(Queue::Recv, &self.wrs[..n], bad, rc))
+        Err(refused(queue, &self.wrs[..n], bad, rc))
     }
 }
 

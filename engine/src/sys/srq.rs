@@ -1,0 +1,166 @@
+//! Shared receive queues: one ring of receives that many queue pairs of a
+//! protection domain take their incoming SENDs from, so that receive
+//! memory does not grow with the number of connections (issue 25).
+//!
+//! The rules are the receive queue's: a receive's buffer is the NIC's
+//! from its post until its completion is polled, whichever queue pair it
+//! lands on; memory a posted receive names outlives the SRQ (parked in
+//! its [`ParkingLot`], freed once the SRQ is destroyed, leaked if that
+//! fails); posting is the one [`SrqPoster`]'s, `Send` but not `Sync`.
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::mem::MaybeUninit;
+use std::sync::Arc;
+
+use super::ffi;
+use super::parked::ParkingLot;
+use super::pd::ProtectionDomain;
+use crate::error::{errno, last_os_error, Error, Result};
+
+/// An `ibv_srq`: the owner, which the queue pairs on it hold alive, and
+/// which is destroyed after the last of them.
+#[derive(Debug)]
+pub(crate) struct SharedReceiveQueue {
+    ptr: *mut ffi::ibv_srq,
+    /// The receives the device granted (at least what was asked for).
+    max_wr: u32,
+    /// Memory its posted receives may name.
+    lot: Arc<ParkingLot>,
+    pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: the handle may move between threads; destroying it (Drop) needs
+// the last Arc, so no other thread still uses it.
+unsafe impl Send for SharedReceiveQueue {}
+// SAFETY: &SharedReceiveQueue hands the handle to ibv_create_qp and runs
+// ibv_modify_srq/ibv_query_srq, kernel calls the kernel serialises;
+// posting, the one operation on the provider's queue state, is the
+// SrqPoster's alone.
+unsafe impl Sync for SharedReceiveQueue {}
+
+/// The right to post receives to one SRQ: one per SRQ, `Send` but not
+/// `Sync`, so one thread at a time posts (a provider may then skip its
+/// SRQ lock, as `MLX5_SINGLE_THREADED=1` does).
+#[derive(Debug)]
+pub(crate) struct SrqPoster {
+    srq: Arc<SharedReceiveQueue>,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+impl SharedReceiveQueue {
+    /// Creates an SRQ of at least `max_wr` receives of one scatter/gather
+    /// entry each, in `pd`; returns its owner (for the queue pairs) and its
+    /// poster.
+    pub(crate) fn new(pd: &Arc<ProtectionDomain>, max_wr: u32) -> Result<(Arc<Self>, SrqPoster)> {
+        let mut attr = ffi::ibv_srq_init_attr {
+            srq_context: std::ptr::null_mut(),
+            attr: ffi::ibv_srq_attr {
+                max_wr,
+                max_sge: 1,
+                srq_limit: 0,
+            },
+        };
+        // SAFETY: pd is live and outlives the SRQ (held below); attr is
+        // valid, and the call writes the granted sizes back into it.
+        let ptr = unsafe { ffi::ibv_create_srq(pd.as_ptr(), &mut attr) };
+        if ptr.is_null() {
+            return Err(Error::CreateSrq {
+                max_wr,
+                source: last_os_error(),
+            });
+        }
+        let srq = Arc::new(SharedReceiveQueue {
+            ptr,
+            max_wr: attr.attr.max_wr.max(max_wr),
+            lot: ParkingLot::new(),
+            pd: Arc::clone(pd),
+        });
+        let poster = SrqPoster {
+            srq: Arc::clone(&srq),
+            _not_sync: PhantomData,
+        };
+        Ok((srq, poster))
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_srq {
+        self.ptr
+    }
+
+    /// This SRQ's identity, for matching asynchronous events to it.
+    pub(crate) fn handle(&self) -> *const std::ffi::c_void {
+        self.ptr.cast()
+    }
+
+    /// The receives it holds at most.
+    pub(crate) fn max_wr(&self) -> u32 {
+        self.max_wr
+    }
+
+    /// Where memory goes that its posted receives may still name.
+    pub(crate) fn lot(&self) -> &Arc<ParkingLot> {
+        &self.lot
+    }
+
+    /// Arms the limit event: once fewer than `limit` receives remain
+    /// posted, the device raises `IBV_EVENT_SRQ_LIMIT_REACHED` on the
+    /// context's asynchronous events, once, and disarms (the limit reads 0
+    /// again). 0 disarms.
+    pub(crate) fn arm_limit(&self, limit: u32) -> Result<()> {
+        let mut attr = ffi::ibv_srq_attr {
+            max_wr: 0,
+            max_sge: 0,
+            srq_limit: limit,
+        };
+        // SAFETY: ptr is a live SRQ and attr valid for the call.
+        let rc = unsafe { ffi::ibv_modify_srq(self.ptr, &mut attr, ffi::IBV_SRQ_LIMIT as i32) };
+        if rc != 0 {
+            return Err(Error::SharedReceiveQueue {
+                call: "ibv_modify_srq",
+                what: "setting its limit (srq_limit must be below max_wr)",
+                source: errno(rc),
+            });
+        }
+        Ok(())
+    }
+
+    /// The armed limit; 0 when none is armed (or the event fired).
+    pub(crate) fn limit(&self) -> Result<u32> {
+        let mut attr = MaybeUninit::<ffi::ibv_srq_attr>::zeroed();
+        // SAFETY: ptr is a live SRQ and attr a valid out-pointer.
+        let rc = unsafe { ffi::ibv_query_srq(self.ptr, attr.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(Error::SharedReceiveQueue {
+                call: "ibv_query_srq",
+                what: "reading its limit",
+                source: errno(rc),
+            });
+        }
+        // SAFETY: filled by ibv_query_srq (zeroed is valid too).
+        Ok(unsafe { attr.assume_init() }.srq_limit)
+    }
+}
+
+impl Drop for SharedReceiveQueue {
+    fn drop(&mut self) {
+        // SAFETY: our SRQ, destroyed once: every queue pair on it holds an
+        // Arc of it, so none is left, and the poster holds one too.
+        let rc = unsafe { ffi::ibv_destroy_srq(self.ptr) };
+        let destroyed = rc == 0;
+        if !destroyed {
+            tracing::warn!(
+                error = %errno(rc),
+                "ibv_destroy_srq failed: the memory of its PD is leaked, never unmapped"
+            );
+            // Its receives may still land in any memory of the PD.
+            self.pd.poison();
+        }
+        self.lot.queue_pair_gone(destroyed);
+    }
+}
+
+impl SrqPoster {
+    pub(crate) fn srq(&self) -> &Arc<SharedReceiveQueue> {
+        &self.srq
+    }
+}

@@ -1,0 +1,254 @@
+//! Device tests of shared receive queues, the ground issue 25's poller
+//! stands on: what rxe does with an SRQ, checked before anything builds
+//! on it. Two queue pairs take their receives from one SRQ and complete
+//! on one pair of CQs; their peers are ordinary endpoints. Run in the
+//! guest like the other device tests.
+
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::cq::{CompletionQueue, CqPoller, WorkCompletion};
+use super::device::{AsyncEvent, Context};
+use super::mr::{Access, Registration};
+use super::pd::ProtectionDomain;
+use super::qp::Queues;
+use super::region::RegionOp;
+use super::srq::{SharedReceiveQueue, SrqPoster};
+use super::wr::RecvChain;
+use crate::config::PageSize;
+use crate::connect::oob::Prepared;
+use crate::datapath::device_tests::{guest, pattern, qp_config};
+use crate::endpoint::Endpoint;
+use crate::status::{WcOpcode, WcStatus};
+
+const WAIT: Duration = Duration::from_secs(10);
+const SLOT: usize = 4096;
+const SLOTS: usize = 8;
+
+fn device() -> String {
+    guest("PINPOLL_DEVICE")
+}
+
+/// The shared side: one PD, one send and one receive CQ, one SRQ with a
+/// ring of [`SLOTS`] receive slots.
+struct Shared {
+    pd: Arc<ProtectionDomain>,
+    send_cq: Arc<CompletionQueue>,
+    recv_cq: Arc<CompletionQueue>,
+    recv: CqPoller,
+    _send: CqPoller,
+    srq: Arc<SharedReceiveQueue>,
+    poster: SrqPoster,
+    ring: Option<Registration>,
+    chain: RecvChain,
+}
+
+impl Shared {
+    fn new() -> Shared {
+        let ctx = Context::open(Some(&device())).expect("open the device");
+        let pd = ProtectionDomain::new(&ctx).expect("PD");
+        let (send_cq, send) = CompletionQueue::new(&ctx, 64).expect("send CQ");
+        let (recv_cq, recv) = CompletionQueue::new(&ctx, 64).expect("receive CQ");
+        let (srq, poster) = SharedReceiveQueue::new(&pd, SLOTS as u32).expect("SRQ");
+        let ring = Registration::new(&pd, SLOT * SLOTS, PageSize::Base, Access::LOCAL_WRITE)
+            .expect("the receive ring");
+        Shared {
+            pd,
+            send_cq,
+            recv_cq,
+            recv,
+            _send: send,
+            srq,
+            poster,
+            ring: Some(ring),
+            chain: RecvChain::new(SLOTS),
+        }
+    }
+
+    /// Posts a receive for each of `slots` (wr_id = the slot).
+    fn post(&mut self, slots: impl IntoIterator<Item = usize>) {
+        let ring = self.ring.as_ref().expect("the ring");
+        let mut n = 0;
+        for slot in slots {
+            let buffer = ring.local(slot * SLOT..(slot + 1) * SLOT).expect("a slot");
+            self.chain.patch(n, slot as u64, Some(buffer));
+            n += 1;
+        }
+        // SAFETY: each slot posted is the CPU's (never posted, or its
+        // receive completed and was read), nothing reads it until its
+        // completion is polled, and the ring is parked with the SRQ at the
+        // end, so it outlives every receive posted here.
+        unsafe { self.chain.post_shared(&mut self.poster, n) }.expect("post to the SRQ");
+    }
+
+    /// A queue pair on the shared queues, connected to a fresh ordinary
+    /// endpoint over the out-of-band exchange: (ours, the peer).
+    fn connect(&self) -> (Endpoint, Endpoint) {
+        let tcp = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind loopback");
+        let addr = tcp.local_addr().expect("bound address");
+        let peer = std::thread::spawn(move || {
+            let prepared = Prepared::new(Some(&device()), &qp_config(), Access::REMOTE_WRITE)
+                .expect("prepare the peer");
+            let mut stream = tcp.accept().expect("accept TCP").0;
+            prepared
+                .handshake(&mut stream, None)
+                .expect("the peer's handshake")
+        });
+        let queues = Queues {
+            send_cq: &self.send_cq,
+            recv_cq: &self.recv_cq,
+            srq: Some(&self.srq),
+        };
+        let ours =
+            Endpoint::create_shared(&self.pd, queues, &qp_config()).expect("a QP on the SRQ");
+        let prepared = Prepared::with_endpoint(ours, &qp_config(), Access::REMOTE_WRITE)
+            .expect("prepare ours");
+        let mut stream = TcpStream::connect(addr).expect("connect TCP");
+        let ours = prepared
+            .handshake(&mut stream, None)
+            .expect("our handshake");
+        (ours, peer.join().expect("the peer's thread"))
+    }
+
+    /// The next `n` receive completions, within [`WAIT`].
+    fn receive(&mut self, n: usize) -> Vec<WorkCompletion> {
+        let deadline = Instant::now() + WAIT;
+        let mut got = Vec::new();
+        let mut wcs = [WorkCompletion::zeroed(); 4];
+        while got.len() < n {
+            assert!(
+                Instant::now() < deadline,
+                "{} of {n} receives completed",
+                got.len()
+            );
+            let k = self.recv.poll(&mut wcs).expect("poll the receive CQ");
+            got.extend_from_slice(&wcs[..k]);
+        }
+        got
+    }
+
+    fn slot_bytes(&self, slot: usize, len: usize) -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        self.ring
+            .as_ref()
+            .expect("the ring")
+            .copy_out(slot * SLOT, &mut out)
+            .expect("read a slot");
+        out
+    }
+
+    /// The next asynchronous event of kind `kind` about the SRQ, within
+    /// [`WAIT`] (others are skipped).
+    fn srq_event(&self, kind: u32) -> Option<AsyncEvent> {
+        let deadline = Instant::now() + WAIT;
+        while Instant::now() < deadline {
+            match self
+                .pd
+                .context()
+                .try_async_event()
+                .expect("read async events")
+            {
+                Some(ev) if ev.kind == kind && ev.is_about(self.srq.handle()) => return Some(ev),
+                Some(_) => {}
+                None => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+        None
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Receives may still name the ring: it goes with the SRQ.
+        if let Some(ring) = self.ring.take() {
+            self.srq.lot().park(None, ring);
+        }
+    }
+}
+
+/// Sends `data` from `peer` and waits for its completion.
+fn send(peer: &mut Endpoint, data: &[u8]) {
+    let mut region = peer
+        .register(data.len(), PageSize::Base, Access::LOCAL_READ)
+        .expect("register");
+    region.as_mut_slice().copy_from_slice(data);
+    let posted = peer
+        .post(region, data.len(), RegionOp::Send)
+        .expect("post SEND");
+    peer.complete(posted, WAIT).expect("the SEND completes");
+}
+
+/// Receives posted once to one SRQ are taken by both of its queue pairs,
+/// each completion names the queue pair it landed on and the slot it
+/// filled, and each slot holds exactly what that queue pair's peer sent.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn two_queue_pairs_take_their_receives_from_one_shared_queue() {
+    let mut shared = Shared::new();
+    assert!(
+        shared.srq.max_wr() >= SLOTS as u32,
+        "the SRQ holds what was asked"
+    );
+    shared.post(0..SLOTS);
+    let (a, mut peer_a) = shared.connect();
+    let (b, mut peer_b) = shared.connect();
+    let sent = [
+        (a.qp_num(), pattern(100, 1)),
+        (b.qp_num(), pattern(200, 2)),
+        (a.qp_num(), pattern(300, 3)),
+    ];
+    send(&mut peer_a, &sent[0].1);
+    send(&mut peer_b, &sent[1].1);
+    send(&mut peer_a, &sent[2].1);
+    let wcs = shared.receive(3);
+    let mut slots = Vec::new();
+    for (wc, (qpn, data)) in wcs.iter().zip(&sent) {
+        assert_eq!(wc.status(), WcStatus::SUCCESS, "{wc:?}");
+        assert_eq!(wc.opcode(), WcOpcode::RECV, "{wc:?}");
+        assert_eq!(wc.qp_num(), *qpn, "the completion names its queue pair");
+        assert_eq!(wc.byte_len() as usize, data.len());
+        let slot = wc.wr_id() as usize;
+        assert!(
+            slot < SLOTS && !slots.contains(&slot),
+            "slot {slot} of {slots:?}"
+        );
+        slots.push(slot);
+        assert_eq!(shared.slot_bytes(slot, data.len()), *data, "slot {slot}");
+    }
+    assert_ne!(a.qp_num(), b.qp_num());
+}
+
+/// The limit event: armed at 4 with 5 receives left, it fires once fewer
+/// than 4 remain, on the device's asynchronous events, naming the SRQ;
+/// the limit then reads 0 (disarmed) until it is armed again.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn the_limit_event_fires_once_below_the_limit_and_disarms() {
+    let mut shared = Shared::new();
+    shared.post(0..5);
+    let (_a, mut peer) = shared.connect();
+    shared.srq.arm_limit(4).expect("arm the limit");
+    assert_eq!(shared.srq.limit().expect("read the limit"), 4);
+    send(&mut peer, &pattern(64, 4)); // 4 left: not below the limit
+    shared.receive(1);
+    assert!(
+        shared
+            .pd
+            .context()
+            .try_async_event()
+            .expect("read")
+            .is_none(),
+        "an event at the limit, not below it"
+    );
+    send(&mut peer, &pattern(64, 5)); // 3 left: below
+    shared.receive(1);
+    assert!(
+        shared.srq_event(AsyncEvent::SRQ_LIMIT_REACHED).is_some(),
+        "no SRQ_LIMIT_REACHED naming the SRQ"
+    );
+    assert_eq!(shared.srq.limit().expect("read the limit"), 0, "disarmed");
+    shared.post([0, 1, 2]);
+    shared.srq.arm_limit(4).expect("arm again");
+    assert_eq!(shared.srq.limit().expect("read the limit"), 4);
+}
