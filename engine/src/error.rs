@@ -145,6 +145,17 @@ pub enum Error {
         /// The error it returned.
         source: io::Error,
     },
+    /// A completion channel's verb failed (`ibv_create_comp_channel`,
+    /// `ibv_req_notify_cq`, `ibv_get_cq_event`).
+    #[error("{call} failed ({what})")]
+    CompletionChannel {
+        /// The verb that failed.
+        call: &'static str,
+        /// What it was to do.
+        what: &'static str,
+        /// The error it returned.
+        source: io::Error,
+    },
     /// `ibv_modify_qp` refused a state transition. A failed `ibv_query_qp`
     /// ([`Endpoint::state`](crate::Endpoint::state)) is reported as this
     /// too, with `from` and `to` both `"query"`.
@@ -714,6 +725,7 @@ impl Error {
             | E::CreateQp { .. }
             | E::CreateSrq { .. }
             | E::SharedReceiveQueue { .. }
+            | E::CompletionChannel { .. }
             | E::RegMr { .. }
             | E::Memlock { .. }
             | E::Map { .. }

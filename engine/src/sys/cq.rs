@@ -1,22 +1,127 @@
 //! Completion queues and the work completions polled from them.
 
 use std::cell::Cell;
+use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
+use std::os::fd::RawFd;
 use std::sync::Arc;
 
-use super::device::Context;
+use super::device::{fd_ready, set_nonblocking, Context};
 use super::ffi;
 use crate::error::{last_os_error, Error, Result};
 use crate::status::{WcError, WcOpcode, WcStatus};
 
-/// An `ibv_cq` polled by busy-waiting (no completion channel): the owner,
+/// An `ibv_cq`, polled by busy-waiting, and, made on a
+/// [`CompletionChannel`], able to wake a poller that sleeps: the owner,
 /// which keeps it alive for the QPs that use it and destroys it last.
 /// Polling is the unique [`CqPoller`]'s.
 #[derive(Debug)]
 pub(crate) struct CompletionQueue {
     ptr: *mut ffi::ibv_cq,
+    /// The channel its events go to, which outlives it.
+    channel: Option<Arc<CompletionChannel>>,
     _ctx: Arc<Context>,
+}
+
+/// An `ibv_comp_channel`: the file descriptor that says a completion
+/// arrived on an armed CQ made on it ([`CqPoller::arm`]), for a poller
+/// that sleeps in `poll`/`epoll` instead of spinning. Its descriptor is
+/// non-blocking, so reading an event never waits.
+#[derive(Debug)]
+pub(crate) struct CompletionChannel {
+    ptr: *mut ffi::ibv_comp_channel,
+    _ctx: Arc<Context>,
+}
+
+// SAFETY: the handle may move between threads; destroying it (Drop) needs
+// the last Arc, which every CQ made on it holds, so none is left.
+unsafe impl Send for CompletionChannel {}
+// SAFETY: &CompletionChannel reads the descriptor (poll, and
+// ibv_get_cq_event, a read(2) of one whole event under the library's own
+// locking) and hands the handle to ibv_create_cq: calls the kernel and
+// the library serialise.
+unsafe impl Sync for CompletionChannel {}
+
+#[cfg_attr(
+    not(test),
+    expect(dead_code, reason = "issue 25's sleeping poller builds on it")
+)]
+impl CompletionChannel {
+    pub(crate) fn new(ctx: &Arc<Context>) -> Result<Arc<Self>> {
+        // SAFETY: ctx is a live context, held below for the channel's life.
+        let ptr = unsafe { ffi::ibv_create_comp_channel(ctx.as_ptr()) };
+        if ptr.is_null() {
+            return Err(Error::CompletionChannel {
+                call: "ibv_create_comp_channel",
+                what: "creating a completion channel",
+                source: last_os_error(),
+            });
+        }
+        let channel = Arc::new(CompletionChannel {
+            ptr,
+            _ctx: Arc::clone(ctx),
+        });
+        set_nonblocking(channel.fd()).map_err(|source| Error::CompletionChannel {
+            call: "fcntl",
+            what: "making the completion channel's descriptor non-blocking",
+            source,
+        })?;
+        Ok(channel)
+    }
+
+    /// The descriptor to wait on (readable: an event is there).
+    pub(crate) fn fd(&self) -> RawFd {
+        // SAFETY: ptr is a live channel; fd is its open descriptor.
+        unsafe { (*self.ptr).fd }
+    }
+
+    /// Whether an event is there, waiting up to `timeout_ms` for one.
+    pub(crate) fn wait(&self, timeout_ms: i32) -> Result<bool> {
+        fd_ready(self.fd(), timeout_ms).map_err(|source| Error::CompletionChannel {
+            call: "poll",
+            what: "waiting on the completion channel",
+            source,
+        })
+    }
+
+    /// The next event, if one is there (never waits), acknowledged at
+    /// once: the CQ it names is armed no more, and was live when the
+    /// event was read (a CQ is destroyed only once its events are
+    /// acknowledged). Returns that CQ's identity ([`CompletionQueue::handle`]).
+    pub(crate) fn take_event(&self) -> Result<Option<*const c_void>> {
+        let mut cq = std::ptr::null_mut();
+        let mut cq_context = std::ptr::null_mut();
+        // SAFETY: ptr is a live channel whose descriptor is non-blocking;
+        // both out-pointers are valid.
+        let rc = unsafe { ffi::ibv_get_cq_event(self.ptr, &mut cq, &mut cq_context) };
+        if rc != 0 {
+            let err = last_os_error();
+            return match err.raw_os_error() {
+                Some(libc::EAGAIN) => Ok(None),
+                _ => Err(Error::CompletionChannel {
+                    call: "ibv_get_cq_event",
+                    what: "reading a completion event",
+                    source: err,
+                }),
+            };
+        }
+        // SAFETY: cq is the CQ the event names, kept alive by its unacked
+        // event (ibv_destroy_cq waits for the acknowledgement); acked once.
+        unsafe { ffi::ibv_ack_cq_events(cq, 1) };
+        Ok(Some(cq.cast_const().cast()))
+    }
+}
+
+impl Drop for CompletionChannel {
+    fn drop(&mut self) {
+        // SAFETY: every CQ made on the channel holds an Arc of it, so none
+        // is left; destroyed exactly once.
+        let rc = unsafe { ffi::ibv_destroy_comp_channel(self.ptr) };
+        if rc != 0 {
+            tracing::warn!(error = %crate::error::errno(rc), "ibv_destroy_comp_channel failed");
+        }
+    }
 }
 
 // SAFETY: the handle may move between threads; destroying it (Drop) needs
@@ -39,13 +144,37 @@ impl CompletionQueue {
     /// Creates a CQ of at least `depth` entries; returns its owner (for the
     /// QPs) and its poller.
     pub(crate) fn new(ctx: &Arc<Context>, depth: u32) -> Result<(Arc<Self>, CqPoller)> {
-        // SAFETY: ctx is live; no channel and no context pointer are passed.
+        Self::create(ctx, depth, None)
+    }
+
+    /// [`CompletionQueue::new`] on `channel`, whose descriptor says when a
+    /// completion arrives on it once armed ([`CqPoller::arm`]).
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "issue 25's sleeping poller builds on it")
+    )]
+    pub(crate) fn with_channel(
+        ctx: &Arc<Context>,
+        depth: u32,
+        channel: &Arc<CompletionChannel>,
+    ) -> Result<(Arc<Self>, CqPoller)> {
+        Self::create(ctx, depth, Some(channel))
+    }
+
+    fn create(
+        ctx: &Arc<Context>,
+        depth: u32,
+        channel: Option<&Arc<CompletionChannel>>,
+    ) -> Result<(Arc<Self>, CqPoller)> {
+        let channel_ptr = channel.map_or(std::ptr::null_mut(), |c| c.ptr);
+        // SAFETY: ctx is live, and so is the channel if any (held below for
+        // the CQ's life); no context pointer is passed.
         let ptr = unsafe {
             ffi::ibv_create_cq(
                 ctx.as_ptr(),
                 depth as i32,
                 std::ptr::null_mut(),
-                std::ptr::null_mut(),
+                channel_ptr,
                 0,
             )
         };
@@ -57,6 +186,7 @@ impl CompletionQueue {
         }
         let cq = Arc::new(CompletionQueue {
             ptr,
+            channel: channel.map(Arc::clone),
             _ctx: Arc::clone(ctx),
         });
         let poller = CqPoller {
@@ -69,9 +199,52 @@ impl CompletionQueue {
     pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_cq {
         self.ptr
     }
+
+    /// This CQ's identity, as a completion event names it.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "issue 25's sleeping poller builds on it")
+    )]
+    pub(crate) fn handle(&self) -> *const c_void {
+        self.ptr.cast_const().cast()
+    }
 }
 
 impl CqPoller {
+    /// Arms the CQ: the next completion added to it raises one event on
+    /// its channel. One only, and only for a completion added after this
+    /// call: one already there raises none, so a poller that is to sleep
+    /// arms, polls once more, and sleeps only if that poll was empty.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "issue 25's sleeping poller builds on it")
+    )]
+    pub(crate) fn arm(&mut self) -> Result<()> {
+        let armed = |rc: i32, what| {
+            if rc == 0 {
+                Ok(())
+            } else {
+                Err(Error::CompletionChannel {
+                    call: "ibv_req_notify_cq",
+                    what,
+                    source: crate::error::errno(rc),
+                })
+            }
+        };
+        if self.cq.channel.is_none() {
+            return armed(
+                libc::EINVAL,
+                "arming a CQ made without a completion channel",
+            );
+        }
+        // SAFETY: the CQ is live (we hold an Arc) and made on a channel;
+        // &mut self on its only poller makes this the only call on it.
+        armed(
+            unsafe { ffi::ibv_req_notify_cq(self.cq.ptr, 0) },
+            "arming the CQ",
+        )
+    }
+
     /// Polls up to `out.len()` completions into `out`, returning how many.
     /// Never blocks, never allocates.
     #[inline]

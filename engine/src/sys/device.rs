@@ -359,13 +359,22 @@ pub(super) fn fd_ready(fd: RawFd, timeout_ms: i32) -> std::io::Result<bool> {
 fn set_nonblocking_async_fd(ctx: *mut ffi::ibv_context) {
     // SAFETY: ctx is a live context; async_fd is its open descriptor.
     let fd = unsafe { (*ctx).async_fd };
-    // SAFETY: fcntl on a valid descriptor.
+    if let Err(e) = set_nonblocking(fd) {
+        tracing::warn!(error = %e, "cannot make the async event fd non-blocking");
+    }
+}
+
+/// Sets `O_NONBLOCK` on `fd`, an open descriptor of the caller's.
+pub(super) fn set_nonblocking(fd: RawFd) -> std::io::Result<()> {
+    // SAFETY: fcntl on a descriptor the caller keeps open for the call.
     let ok = unsafe {
         let flags = libc::fcntl(fd, libc::F_GETFL);
         flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) == 0
     };
-    if !ok {
-        tracing::warn!(error = %last_os_error(), "cannot make the async event fd non-blocking");
+    if ok {
+        Ok(())
+    } else {
+        Err(last_os_error())
     }
 }
 
@@ -389,6 +398,16 @@ impl AsyncEvent {
         )
     )]
     pub const SRQ_LIMIT_REACHED: u32 = 15;
+    /// A queue pair on a shared receive queue, in ERR, will take no more of
+    /// its receives.
+    #[cfg_attr(
+        not(test),
+        expect(
+            dead_code,
+            reason = "issue 25's poller builds on it; only its device tests use it yet"
+        )
+    )]
+    pub const QP_LAST_WQE_REACHED: u32 = 16;
 
     /// Whether the event is about the QP, CQ or SRQ whose handle is
     /// `element`.

@@ -52,6 +52,9 @@ pub(crate) mod raw;
 pub(crate) mod recv_queue;
 pub(crate) mod region;
 pub(crate) mod send_queue;
+#[cfg(test)]
+#[allow(clippy::arithmetic_side_effects)] // counts of the tests' own
+mod shared_queue_device_tests;
 #[cfg(feature = "engine")]
 pub(crate) mod slot_storage;
 #[cfg_attr(
@@ -62,9 +65,6 @@ pub(crate) mod slot_storage;
     )
 )]
 pub(crate) mod srq;
-#[cfg(test)]
-#[allow(clippy::arithmetic_side_effects)] // counts of the tests' own
-mod srq_device_tests;
 pub(crate) mod wr;
 pub(crate) mod wr_id;
 
