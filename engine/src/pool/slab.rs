@@ -1,0 +1,180 @@
+//! The connections of a poller: a slab of fixed capacity whose entries
+//! are named by generation-tagged ids, so that a completion or a caller
+//! holding the id of a closed connection is never taken for the
+//! connection that reused its slot.
+
+/// A connection of a poller: its slot, and which of the slot's tenants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct ConnId {
+    pub index: u32,
+    pub gen: u32,
+}
+
+/// Entries `T` in at most `capacity` slots, allocated once: inserting and
+/// removing never allocate. A freed slot is reused first (last in, first
+/// out), with its generation bumped, so every id it had is stale.
+#[derive(Debug)]
+pub(crate) struct Slab<T> {
+    slots: Box<[Slot<T>]>,
+    /// Free slots, the most recently freed last.
+    free: Vec<u32>,
+    len: usize,
+}
+
+#[derive(Debug)]
+struct Slot<T> {
+    gen: u32,
+    entry: Option<T>,
+}
+
+impl<T> Slab<T> {
+    /// A slab of `capacity` slots (at most `u32::MAX`).
+    pub(crate) fn with_capacity(capacity: u32) -> Slab<T> {
+        Slab::starting_at(capacity, 0)
+    }
+
+    /// Every slot starts at generation `gen` (tests of the wrap).
+    fn starting_at(capacity: u32, gen: u32) -> Slab<T> {
+        Slab {
+            slots: (0..capacity).map(|_| Slot { gen, entry: None }).collect(),
+            // Popped from the end: slot 0 first.
+            free: (0..capacity).rev().collect(),
+            len: 0,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Puts `entry` in a free slot and returns its id, or gives it back
+    /// when every slot is taken.
+    pub(crate) fn insert(&mut self, entry: T) -> Result<ConnId, T> {
+        let Some(index) = self.free.pop() else {
+            return Err(entry);
+        };
+        let slot = &mut self.slots[index as usize];
+        debug_assert!(slot.entry.is_none(), "a free slot holds an entry");
+        slot.entry = Some(entry);
+        self.len += 1;
+        Ok(ConnId {
+            index,
+            gen: slot.gen,
+        })
+    }
+
+    /// The entry `id` names, if it is still there.
+    pub(crate) fn get(&self, id: ConnId) -> Option<&T> {
+        let slot = self.slots.get(id.index as usize)?;
+        (slot.gen == id.gen)
+            .then_some(slot.entry.as_ref())
+            .flatten()
+    }
+
+    pub(crate) fn get_mut(&mut self, id: ConnId) -> Option<&mut T> {
+        let slot = self.slots.get_mut(id.index as usize)?;
+        (slot.gen == id.gen)
+            .then_some(slot.entry.as_mut())
+            .flatten()
+    }
+
+    /// Takes out the entry `id` names; every id of that slot is stale from
+    /// now on, and the slot is the next one [`insert`](Self::insert) uses.
+    pub(crate) fn remove(&mut self, id: ConnId) -> Option<T> {
+        let slot = self.slots.get_mut(id.index as usize)?;
+        if slot.gen != id.gen {
+            return None;
+        }
+        let entry = slot.entry.take()?;
+        // Wraps after 2^32 tenants of one slot: an id that old is the only
+        // one that could be taken for a live one.
+        slot.gen = slot.gen.wrapping_add(1);
+        self.free.push(id.index);
+        self.len -= 1;
+        Some(entry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_freed_slot_is_reused_first_and_its_old_ids_are_stale() {
+        let mut slab = Slab::with_capacity(3);
+        let a = slab.insert("a").unwrap();
+        let b = slab.insert("b").unwrap();
+        assert_eq!((a.index, b.index), (0, 1));
+        assert_eq!(slab.remove(a), Some("a"));
+        assert_eq!(slab.get(a), None);
+        assert_eq!(slab.remove(a), None, "removed twice");
+        let c = slab.insert("c").unwrap();
+        assert_eq!(c.index, a.index, "the slot freed last comes first");
+        assert_ne!(c.gen, a.gen);
+        assert_eq!(slab.get(a), None, "a's id never reaches c");
+        assert_eq!(slab.get_mut(a), None);
+        assert_eq!(slab.remove(a), None);
+        assert_eq!(slab.get(c), Some(&"c"));
+        assert_eq!(slab.get(b), Some(&"b"));
+        assert_eq!(slab.len(), 2);
+    }
+
+    #[test]
+    fn a_full_slab_gives_the_entry_back_and_ids_out_of_range_name_nothing() {
+        let mut slab = Slab::with_capacity(2);
+        slab.insert(1).unwrap();
+        let two = slab.insert(2).unwrap();
+        assert_eq!(slab.insert(3), Err(3));
+        assert_eq!(slab.len(), slab.capacity());
+        let far = ConnId { index: 7, gen: 0 };
+        assert_eq!(slab.get(far), None);
+        assert_eq!(slab.remove(far), None);
+        assert_eq!(slab.remove(two), Some(2));
+        assert!(slab.insert(3).is_ok());
+    }
+
+    #[test]
+    fn the_generation_wraps_and_stays_distinct_from_the_last_tenant() {
+        let mut slab = Slab::starting_at(1, u32::MAX);
+        let old = slab.insert(()).unwrap();
+        assert_eq!(old.gen, u32::MAX);
+        slab.remove(old).unwrap();
+        let new = slab.insert(()).unwrap();
+        assert_eq!(new.gen, 0);
+        assert_eq!(slab.get(old), None);
+    }
+
+    /// Inserting and removing never grow what was allocated at the start.
+    #[test]
+    fn churn_allocates_nothing_after_creation() {
+        let mut slab = Slab::with_capacity(64);
+        let free_capacity = slab.free.capacity();
+        let mut live = Vec::with_capacity(64);
+        for round in 0..1000u32 {
+            while let Ok(id) = slab.insert(round) {
+                live.push(id);
+            }
+            for id in live.drain(..).rev().step_by(2) {
+                slab.remove(id).unwrap();
+            }
+            for id in (0..64)
+                .filter_map(|i| {
+                    let id = ConnId {
+                        index: i,
+                        gen: slab.slots[i as usize].gen,
+                    };
+                    slab.get(id).is_some().then_some(id)
+                })
+                .collect::<Vec<_>>()
+            {
+                slab.remove(id).unwrap();
+            }
+        }
+        assert_eq!(slab.free.capacity(), free_capacity);
+        assert_eq!(slab.len(), 0);
+    }
+}
