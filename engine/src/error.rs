@@ -591,6 +591,11 @@ pub enum Misuse {
         "memory a peer may write is a SharedRegion (Endpoint::register_shared), not a MemoryRegion"
     )]
     PeerWritableRegion,
+    /// A queue pair was to be made in one protection domain on
+    /// completion queues of another device context, or on a shared
+    /// receive queue of another protection domain.
+    #[error("a queue pair's completion queues and shared receive queue must be of its own device context and protection domain")]
+    QueuesOfAnotherDomain,
     /// A raw work request id uses the two top bits pinpoll reserves.
     #[error("raw work request id {id:#x} uses the top two bits, which pinpoll reserves; use ids below 2^62")]
     ReservedId {

@@ -200,6 +200,11 @@ impl CompletionQueue {
         self.ptr
     }
 
+    /// The device context it was made on.
+    pub(crate) fn context(&self) -> &Arc<Context> {
+        &self._ctx
+    }
+
     /// This CQ's identity, as a completion event names it.
     #[cfg_attr(
         not(test),

@@ -12,7 +12,7 @@ use super::parked::ParkingLot;
 use super::pd::ProtectionDomain;
 use super::srq::SharedReceiveQueue;
 use crate::config::QpConfig;
-use crate::error::{last_os_error, Error, Result};
+use crate::error::{last_os_error, Error, Misuse, Result};
 
 type Mask = ffi::ibv_qp_attr_mask;
 
@@ -158,6 +158,20 @@ impl<'a> Queues<'a> {
     }
 }
 
+impl Queues<'_> {
+    /// Whether every queue is of `pd`'s device context, and the SRQ of
+    /// `pd` itself: the kernel looks the handles up in the QP's own
+    /// context, so another's could name a different object there.
+    fn belong_to(&self, pd: &ProtectionDomain) -> bool {
+        let ctx = pd.context();
+        Arc::ptr_eq(self.send_cq.context(), ctx)
+            && Arc::ptr_eq(self.recv_cq.context(), ctx)
+            && self
+                .srq
+                .is_none_or(|srq| std::ptr::eq(Arc::as_ptr(srq.pd()), pd))
+    }
+}
+
 fn init_attr(cfg: &QpConfig, queues: Queues<'_>) -> ffi::ibv_qp_init_attr {
     ffi::ibv_qp_init_attr {
         qp_context: std::ptr::null_mut(),
@@ -188,11 +202,15 @@ impl QueuePair {
         queues: Queues<'_>,
         cfg: &QpConfig,
     ) -> Result<QueuePair> {
+        if !queues.belong_to(pd) {
+            return Err(Error::Misuse(Misuse::QueuesOfAnotherDomain));
+        }
         let mut attr = init_attr(cfg, queues);
-        // SAFETY: pd, CQs and SRQ are live and outlive the QP (held below).
+        // SAFETY: pd, CQs and SRQ are live and outlive the QP (held below),
+        // and all of pd's device (checked above).
         let ptr = unsafe { ffi::ibv_create_qp(pd.as_ptr(), &mut attr) };
         if ptr.is_null() {
-            return Err(create_qp_error(cfg, last_os_error()));
+            return Err(create_qp_error(&attr, last_os_error()));
         }
         Ok(QueuePair {
             ptr,
@@ -213,12 +231,16 @@ impl QueuePair {
         queues: Queues<'_>,
         cfg: &QpConfig,
     ) -> Result<QueuePair> {
+        if !queues.belong_to(pd) {
+            return Err(Error::Misuse(Misuse::QueuesOfAnotherDomain));
+        }
         let mut attr = init_attr(cfg, queues);
-        // SAFETY: id, pd, CQs and SRQ are live and outlive the QP (held below);
-        // rdma_create_qp stores the QP in id->qp.
+        // SAFETY: id, pd, CQs and SRQ are live and outlive the QP (held below),
+        // all of pd's device (checked above); rdma_create_qp stores the QP in
+        // id->qp.
         let rc = unsafe { ffi::rdma_create_qp(id.as_ptr(), pd.as_ptr(), &mut attr) };
         if rc != 0 {
-            return Err(create_qp_error(cfg, last_os_error()));
+            return Err(create_qp_error(&attr, last_os_error()));
         }
         // SAFETY: on success id->qp is the new QP.
         let ptr = unsafe { (*id.as_ptr()).qp };
@@ -429,11 +451,13 @@ fn zeroed_attr() -> ffi::ibv_qp_attr {
     unsafe { MaybeUninit::zeroed().assume_init() }
 }
 
-fn create_qp_error(cfg: &QpConfig, source: std::io::Error) -> Error {
+/// What a failed creation asked for (`attr` as it was passed: an SRQ's
+/// queue pair asks for no receives of its own).
+fn create_qp_error(attr: &ffi::ibv_qp_init_attr, source: std::io::Error) -> Error {
     Error::CreateQp {
-        max_send_wr: cfg.max_send_wr,
-        max_recv_wr: cfg.max_recv_wr,
-        max_inline: cfg.max_inline_data,
+        max_send_wr: attr.cap.max_send_wr,
+        max_recv_wr: attr.cap.max_recv_wr,
+        max_inline: attr.cap.max_inline_data,
         source,
     }
 }

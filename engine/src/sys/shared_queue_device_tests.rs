@@ -20,6 +20,7 @@ use crate::config::PageSize;
 use crate::connect::oob::Prepared;
 use crate::datapath::device_tests::{guest, pattern, qp_config};
 use crate::endpoint::Endpoint;
+use crate::error::{Error, Misuse};
 use crate::status::{WcOpcode, WcStatus};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -156,9 +157,9 @@ impl Shared {
     }
 
     /// The next asynchronous event of kind `kind` about the SRQ, within
-    /// [`WAIT`] (others are skipped).
-    fn srq_event(&self, kind: u32) -> Option<AsyncEvent> {
-        let deadline = Instant::now() + WAIT;
+    /// `within` (others are skipped).
+    fn srq_event(&self, kind: u32, within: Duration) -> Option<AsyncEvent> {
+        let deadline = Instant::now() + within;
         while Instant::now() < deadline {
             match self
                 .pd
@@ -234,40 +235,75 @@ fn two_queue_pairs_take_their_receives_from_one_shared_queue() {
         assert_eq!(shared.slot_bytes(slot, data.len()), *data, "slot {slot}");
     }
     assert_ne!(a.qp_num(), b.qp_num());
+    // A queue pair in this PD on a CQ of another context is refused
+    // before any verb.
+    let other = Context::open(Some(&device())).expect("open the device again");
+    let (foreign_cq, _poller) = CompletionQueue::new(&other, 16).expect("a CQ elsewhere");
+    let queues = Queues {
+        send_cq: &foreign_cq,
+        recv_cq: &shared.recv_cq,
+        srq: Some(&shared.srq),
+    };
+    let refused = Endpoint::create_shared(&shared.pd, queues, &qp_config()).unwrap_err();
+    assert!(
+        matches!(refused, Error::Misuse(Misuse::QueuesOfAnotherDomain)),
+        "{refused}"
+    );
 }
 
-/// The limit event: armed at 4 with 5 receives left, it fires once fewer
-/// than 4 remain, on the device's asynchronous events, naming the SRQ;
-/// the limit then reads 0 (disarmed) until it is armed again.
+/// The limit event: armed at 4 with 5 receives left, it does not fire at
+/// 4 left, fires once below (3 left) naming the SRQ, and is then
+/// disarmed — the limit reads 0 and 2 left raise nothing — until armed
+/// again, when it fires again.
 #[test]
 #[ignore = "needs an RDMA device"]
 fn the_limit_event_fires_once_below_the_limit_and_disarms() {
+    const QUIET: Duration = Duration::from_millis(300);
     let mut shared = Shared::new();
     shared.post(0..5);
     let (_a, mut peer) = shared.connect();
     shared.srq.arm_limit(4).expect("arm the limit");
     assert_eq!(shared.srq.limit().expect("read the limit"), 4);
-    send(&mut peer, &pattern(64, 4)); // 4 left: not below the limit
-    shared.receive(1);
+    // One message in: the slot it filled.
+    let mut take_one = |shared: &mut Shared, seed| {
+        send(&mut peer, &pattern(64, seed));
+        shared.receive(1)[0].wr_id() as usize
+    };
+    let mut consumed = Vec::new();
+    consumed.push(take_one(&mut shared, 4)); // 4 left: at the limit, not below
     assert!(
         shared
-            .pd
-            .context()
-            .try_async_event()
-            .expect("read")
+            .srq_event(AsyncEvent::SRQ_LIMIT_REACHED, QUIET)
             .is_none(),
-        "an event at the limit, not below it"
+        "at the limit"
     );
-    send(&mut peer, &pattern(64, 5)); // 3 left: below
-    shared.receive(1);
+    consumed.push(take_one(&mut shared, 5)); // 3 left: below
     assert!(
-        shared.srq_event(AsyncEvent::SRQ_LIMIT_REACHED).is_some(),
+        shared
+            .srq_event(AsyncEvent::SRQ_LIMIT_REACHED, WAIT)
+            .is_some(),
         "no SRQ_LIMIT_REACHED naming the SRQ"
     );
     assert_eq!(shared.srq.limit().expect("read the limit"), 0, "disarmed");
-    shared.post([0, 1, 2]);
+    consumed.push(take_one(&mut shared, 6)); // 2 left: disarmed, nothing
+    assert!(
+        shared
+            .srq_event(AsyncEvent::SRQ_LIMIT_REACHED, QUIET)
+            .is_none(),
+        "fired twice"
+    );
+    // The three consumed slots are the CPU's again: posted anew, 5 left.
+    shared.post(consumed.iter().copied());
     shared.srq.arm_limit(4).expect("arm again");
     assert_eq!(shared.srq.limit().expect("read the limit"), 4);
+    take_one(&mut shared, 7);
+    take_one(&mut shared, 8); // 3 left: below again
+    assert!(
+        shared
+            .srq_event(AsyncEvent::SRQ_LIMIT_REACHED, WAIT)
+            .is_some(),
+        "no event after arming again"
+    );
 }
 
 /// A receive CQ made on a completion channel and armed makes the

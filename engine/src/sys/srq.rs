@@ -7,6 +7,15 @@
 //! lands on; memory a posted receive names outlives the SRQ (parked in
 //! its [`ParkingLot`], freed once the SRQ is destroyed, leaked if that
 //! fails); posting is the one [`SrqPoster`]'s, `Send` but not `Sync`.
+//!
+//! One thread must also do everything else that touches the SRQ's queue
+//! in user space: mlx5 returns receives to the SRQ's free list from
+//! `ibv_poll_cq` of the CQ the SRQ's queue pairs complete receives on,
+//! and from `ibv_destroy_qp` of each of them, under the SRQ lock that
+//! `MLX5_SINGLE_THREADED=1` removes. So the poster, the receive CQ's
+//! poller and the destruction of those queue pairs belong to one `!Sync`
+//! owner — the poller of issue 25 (until it exists, only device tests
+//! use these types, on one thread).
 
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -34,9 +43,11 @@ pub(crate) struct SharedReceiveQueue {
 // the last Arc, so no other thread still uses it.
 unsafe impl Send for SharedReceiveQueue {}
 // SAFETY: &SharedReceiveQueue hands the handle to ibv_create_qp and runs
-// ibv_modify_srq/ibv_query_srq, kernel calls the kernel serialises;
-// posting, the one operation on the provider's queue state, is the
-// SrqPoster's alone.
+// ibv_modify_srq with IBV_SRQ_LIMIT only and ibv_query_srq: on rxe and
+// mlx5 both are commands to the kernel that touch no user-space state of
+// the provider, so they may run beside a post. (Resizing, IBV_SRQ_MAX_WR,
+// would touch the provider's queue: it is never passed.) Posting, and
+// what else reaches the queue (module doc), are the single owner's.
 unsafe impl Sync for SharedReceiveQueue {}
 
 /// The right to post receives to one SRQ: one per SRQ, `Send` but not
@@ -72,10 +83,21 @@ impl SharedReceiveQueue {
         }
         let srq = Arc::new(SharedReceiveQueue {
             ptr,
-            max_wr: attr.attr.max_wr.max(max_wr),
+            max_wr: attr.attr.max_wr,
             lot: ParkingLot::new(),
             pd: Arc::clone(pd),
         });
+        if srq.max_wr < max_wr {
+            // Fewer than asked: the ring would overflow it (destroyed on
+            // return, nothing posted yet).
+            return Err(Error::CreateSrq {
+                max_wr,
+                source: std::io::Error::other(format!(
+                    "the device granted {} receives",
+                    srq.max_wr
+                )),
+            });
+        }
         let poster = SrqPoster {
             srq: Arc::clone(&srq),
             _not_sync: PhantomData,
@@ -92,7 +114,8 @@ impl SharedReceiveQueue {
         self.ptr.cast()
     }
 
-    /// The receives it holds at most.
+    /// The receives it holds at most (what the device granted, at least
+    /// what was asked).
     pub(crate) fn max_wr(&self) -> u32 {
         self.max_wr
     }
@@ -100,6 +123,11 @@ impl SharedReceiveQueue {
     /// Where memory goes that its posted receives may still name.
     pub(crate) fn lot(&self) -> &Arc<ParkingLot> {
         &self.lot
+    }
+
+    /// The protection domain it was made in.
+    pub(crate) fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
     }
 
     /// Arms the limit event: once fewer than `limit` receives remain
