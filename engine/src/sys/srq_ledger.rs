@@ -1,0 +1,299 @@
+//! Which receive slots of a shared receive queue are the NIC's, as pure
+//! data (issue 25).
+//!
+//! A slot is the NIC's from the post of its receive until that receive's
+//! completion is polled; then the CPU's: lent to whoever reads what
+//! arrived until it is released, then free to post again. Unlike a queue
+//! pair's own receive queue, completions come in any order (several queue
+//! pairs take from the one queue, each at its own pace), so no cursor
+//! tells the owner: each slot has a state. A receive's id carries its slot
+//! and the slot's lap, so a completion for a slot not at the NIC, for an
+//! earlier post of it, or seen already, is refused — never taken for
+//! another receive.
+//!
+//! Arithmetic: slots are `u32`, laps wrap in 30 bits, so every id is
+//! below [`LEDGER_LIMIT`] (2^62) and never taken for a tagged one; the
+//! counts are at most the slot count, and each falls only for a slot it
+//! counted: written `wrapping_`, they never wrap.
+
+use super::wr_id::LEDGER_LIMIT;
+
+/// Laps wrap here: `lap << 32 | slot` stays below [`LEDGER_LIMIT`].
+const LAPS: u32 = 1 << 30;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// The CPU's, in the free stack: may be posted.
+    Free,
+    /// Posted in lap `lap`: the NIC's.
+    Nic { lap: u32 },
+    /// Its receive completed: the CPU's, lent to a reader.
+    Lent,
+}
+
+/// Why a completion or a release was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The id names no slot, or a slot not at the NIC in that lap: a
+    /// duplicate, a stale or a foreign completion.
+    NotPosted { wr_id: u64 },
+    /// Released a slot that was not lent.
+    NotLent { slot: u32 },
+}
+
+/// The slots of one SRQ ring. Allocated once; nothing here allocates
+/// afterwards.
+#[derive(Debug)]
+pub(crate) struct SrqLedger {
+    states: Box<[State]>,
+    /// The lap of each slot's last post.
+    laps: Box<[u32]>,
+    /// Free slots, the most recently freed last.
+    free: Vec<u32>,
+    at_nic: usize,
+    lent: usize,
+    /// A post failed without saying which receives it took: every claimed
+    /// slot stays the NIC's, and nothing more is posted.
+    broken: bool,
+}
+
+/// The id of slot `slot`'s receive in lap `lap`.
+fn wr_id(slot: u32, lap: u32) -> u64 {
+    u64::from(lap) << 32 | u64::from(slot)
+}
+
+impl SrqLedger {
+    pub(crate) fn new(slots: u32) -> SrqLedger {
+        SrqLedger {
+            states: vec![State::Free; slots as usize].into(),
+            laps: vec![0; slots as usize].into(),
+            free: (0..slots).rev().collect(),
+            at_nic: 0,
+            lent: 0,
+            broken: false,
+        }
+    }
+
+    /// Slots free to post.
+    pub(crate) fn free(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Slots whose receives are posted.
+    pub(crate) fn at_nic(&self) -> usize {
+        self.at_nic
+    }
+
+    /// Slots lent to readers.
+    pub(crate) fn lent(&self) -> usize {
+        self.lent
+    }
+
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    /// Claims a free slot for a receive about to be posted: the NIC's from
+    /// now on (until [`give_back`](Self::give_back) if the post refuses
+    /// it). Returns the slot and its receive's id; `None` when none is
+    /// free or the ledger is broken.
+    pub(crate) fn claim(&mut self) -> Option<(u32, u64)> {
+        if self.broken {
+            return None;
+        }
+        let slot = self.free.pop()?;
+        let i = slot as usize;
+        let lap = self.laps[i].wrapping_add(1) % LAPS;
+        self.laps[i] = lap;
+        self.states[i] = State::Nic { lap };
+        self.at_nic = self.at_nic.wrapping_add(1);
+        debug_assert!(wr_id(slot, lap) < LEDGER_LIMIT);
+        Some((slot, wr_id(slot, lap)))
+    }
+
+    /// The post refused the receive of `slot` (it said so, naming it or
+    /// one before it): the slot is the CPU's again, free.
+    pub(crate) fn give_back(&mut self, slot: u32) {
+        let i = slot as usize;
+        if matches!(self.states.get(i), Some(State::Nic { .. })) {
+            self.states[i] = State::Free;
+            self.at_nic = self.at_nic.wrapping_sub(1);
+            self.free.push(slot);
+        }
+    }
+
+    /// A post failed without naming what it refused: every claimed slot
+    /// stays the NIC's (it may have taken them all), and the ledger claims
+    /// nothing more.
+    pub(crate) fn break_down(&mut self) {
+        self.broken = true;
+    }
+
+    /// The completion of the receive `wr_id`: the slot it filled, now lent
+    /// to its reader.
+    pub(crate) fn complete(&mut self, wr_id: u64) -> Result<u32, Refused> {
+        let refused = Refused::NotPosted { wr_id };
+        let (slot, lap) = (wr_id as u32, (wr_id >> 32) as u32);
+        if wr_id >> 32 >= u64::from(LAPS) {
+            return Err(refused);
+        }
+        match self.states.get(slot as usize) {
+            Some(State::Nic { lap: posted }) if *posted == lap => {
+                self.states[slot as usize] = State::Lent;
+                self.at_nic = self.at_nic.wrapping_sub(1);
+                self.lent = self.lent.wrapping_add(1);
+                Ok(slot)
+            }
+            _ => Err(refused),
+        }
+    }
+
+    /// The reader of `slot` is done: free to post again.
+    pub(crate) fn release(&mut self, slot: u32) -> Result<(), Refused> {
+        match self.states.get(slot as usize) {
+            Some(State::Lent) => {
+                self.states[slot as usize] = State::Free;
+                self.lent = self.lent.wrapping_sub(1);
+                self.free.push(slot);
+                Ok(())
+            }
+            _ => Err(Refused::NotLent { slot }),
+        }
+    }
+
+    /// Whether `slot`'s bytes are the CPU's to read now (lent).
+    pub(crate) fn is_readable(&self, slot: u32) -> bool {
+        matches!(self.states.get(slot as usize), Some(State::Lent))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::arithmetic_side_effects)] // counts of the tests' own
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Claim,
+        /// Complete the k-th (mod) receive at the NIC, in any order.
+        Complete(usize),
+        /// A completion with an id of the test's choosing.
+        Bogus(u64),
+        /// Complete again a receive completed before.
+        Duplicate(usize),
+        Release(usize),
+        GiveBack(usize),
+        Break,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => Just(Op::Claim),
+            4 => any::<usize>().prop_map(Op::Complete),
+            1 => any::<u64>().prop_map(Op::Bogus),
+            1 => any::<usize>().prop_map(Op::Duplicate),
+            3 => any::<usize>().prop_map(Op::Release),
+            1 => any::<usize>().prop_map(Op::GiveBack),
+            1 => Just(Op::Break),
+        ]
+    }
+
+    proptest! {
+        /// Whatever order receives complete in, and whatever ids come,
+        /// a slot is in exactly one of free, at the NIC and lent; only
+        /// an id posted and not yet completed completes; a slot is posted
+        /// again only after its completion and release.
+        #[test]
+        fn every_slot_has_one_owner_whatever_comes(
+            slots in 1u32..12,
+            ops in prop::collection::vec(op(), 0..300),
+        ) {
+            let mut ledger = SrqLedger::new(slots);
+            let mut nic: Vec<(u32, u64)> = Vec::new(); // the model: posted receives
+            let mut lent: Vec<u32> = Vec::new();
+            let mut done: Vec<u64> = Vec::new(); // ids completed
+            let mut broken = false;
+            for op in ops {
+                match op {
+                    Op::Claim => match ledger.claim() {
+                        Some((slot, id)) => {
+                            prop_assert!(!broken);
+                            prop_assert!(id < LEDGER_LIMIT);
+                            prop_assert!(!nic.iter().any(|&(s, _)| s == slot), "posted twice");
+                            prop_assert!(!lent.contains(&slot), "posted while lent");
+                            prop_assert!(!done.contains(&id), "an id reused");
+                            nic.push((slot, id));
+                        }
+                        None => prop_assert!(broken || nic.len() + lent.len() == slots as usize),
+                    },
+                    Op::Complete(k) if !nic.is_empty() => {
+                        let (slot, id) = nic.remove(k % nic.len());
+                        prop_assert_eq!(ledger.complete(id), Ok(slot));
+                        prop_assert!(ledger.is_readable(slot));
+                        lent.push(slot);
+                        done.push(id);
+                    }
+                    Op::Complete(_) => {}
+                    Op::Bogus(id) => {
+                        let posted = nic.iter().position(|&(_, i)| i == id);
+                        match posted {
+                            Some(at) => {
+                                let (slot, _) = nic.remove(at);
+                                prop_assert_eq!(ledger.complete(id), Ok(slot));
+                                lent.push(slot);
+                                done.push(id);
+                            }
+                            None => prop_assert_eq!(
+                                ledger.complete(id),
+                                Err(Refused::NotPosted { wr_id: id })
+                            ),
+                        }
+                    }
+                    Op::Duplicate(k) if !done.is_empty() => {
+                        let id = done[k % done.len()];
+                        prop_assert_eq!(ledger.complete(id), Err(Refused::NotPosted { wr_id: id }));
+                    }
+                    Op::Duplicate(_) => {}
+                    Op::Release(k) if !lent.is_empty() => {
+                        let slot = lent.remove(k % lent.len());
+                        prop_assert_eq!(ledger.release(slot), Ok(()));
+                        prop_assert_eq!(ledger.release(slot), Err(Refused::NotLent { slot }));
+                    }
+                    Op::Release(_) => {}
+                    Op::GiveBack(k) if !nic.is_empty() && !broken => {
+                        let (slot, id) = nic.remove(k % nic.len());
+                        ledger.give_back(slot);
+                        prop_assert_eq!(ledger.complete(id), Err(Refused::NotPosted { wr_id: id }));
+                    }
+                    Op::GiveBack(_) => {}
+                    Op::Break => {
+                        ledger.break_down();
+                        broken = true;
+                    }
+                }
+                prop_assert_eq!(ledger.is_broken(), broken);
+                prop_assert_eq!(ledger.at_nic(), nic.len());
+                prop_assert_eq!(ledger.lent(), lent.len());
+                prop_assert_eq!(ledger.free() + ledger.at_nic() + ledger.lent(), slots as usize);
+            }
+        }
+    }
+
+    #[test]
+    fn laps_wrap_below_the_ledger_limit() {
+        let mut ledger = SrqLedger::new(1);
+        ledger.laps[0] = LAPS - 1;
+        let (slot, id) = ledger.claim().unwrap();
+        assert_eq!((slot, id), (0, 0), "lap 0 after the last");
+        assert_eq!(ledger.complete(id), Ok(0));
+        // An id with a lap past the wrap names nothing.
+        assert_eq!(
+            ledger.complete(u64::from(LAPS) << 32),
+            Err(Refused::NotPosted {
+                wr_id: u64::from(LAPS) << 32
+            })
+        );
+    }
+}
