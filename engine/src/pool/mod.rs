@@ -2,5 +2,6 @@
 //! built from, tested on the host before the poller itself exists. See
 //! `docs/design/many-peers-per-core.md`.
 
+pub(crate) mod budget;
 pub(crate) mod qpn_table;
 pub(crate) mod slab;
