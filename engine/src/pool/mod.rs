@@ -3,5 +3,6 @@
 //! `docs/design/many-peers-per-core.md`.
 
 pub(crate) mod budget;
+pub(crate) mod ending;
 pub(crate) mod qpn_table;
 pub(crate) mod slab;
