@@ -4,5 +4,6 @@
 
 pub(crate) mod budget;
 pub(crate) mod ending;
+pub(crate) mod idle;
 pub(crate) mod qpn_table;
 pub(crate) mod slab;
