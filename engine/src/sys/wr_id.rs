@@ -51,10 +51,106 @@ pub(crate) fn raw(id: u64) -> Option<u64> {
     (id & TAGS == 0).then_some(id | RAW)
 }
 
+/// Bits of a pooled id's generation (issue 25's poller: many connections
+/// share one CQ, so an id names its connection as well as its request).
+pub(crate) const POOLED_GEN_BITS: u32 = 14;
+/// Bits of a pooled id's connection slot: a poller holds at most 2^16.
+pub(crate) const POOLED_INDEX_BITS: u32 = 16;
+
+/// The id of the request with sequence number `seq` of the pooled
+/// connection in slot `index` (below 2^16), generation `gen` (its low 14
+/// bits are kept): `00`, generation, slot, the sequence number's low 32
+/// bits, from the top. Always below [`LEDGER_LIMIT`], so never taken for
+/// a tagged id; the connection's ledger rebuilds the sequence number from
+/// its low bits (`Ledger::unfold`).
+#[cfg_attr(
+    not(test),
+    expect(dead_code, reason = "issue 25's poller builds on it")
+)]
+pub(crate) fn pooled(index: u32, gen: u32, seq: u64) -> u64 {
+    debug_assert!(index >> POOLED_INDEX_BITS == 0, "slot {index} past 2^16");
+    let gen = u64::from(gen) & ((1 << POOLED_GEN_BITS) - 1);
+    let index = u64::from(index) & ((1 << POOLED_INDEX_BITS) - 1);
+    gen << 48 | index << 32 | (seq & u64::from(u32::MAX))
+}
+
+/// The parts of a pooled id: slot, generation (14 bits), the sequence
+/// number's low 32 bits.
+#[cfg_attr(
+    not(test),
+    expect(dead_code, reason = "issue 25's poller builds on it")
+)]
+pub(crate) fn unpack_pooled(wr_id: u64) -> (u32, u32, u32) {
+    let index = (wr_id >> 32) as u32 & ((1 << POOLED_INDEX_BITS) - 1);
+    let gen = (wr_id >> 48) as u32 & ((1 << POOLED_GEN_BITS) - 1);
+    (index, gen, wr_id as u32)
+}
+
+/// The one sequence number in `[retired, posted)` whose low 32 bits are
+/// `low`, if there is one (the window is never longer than 2^32: depths
+/// are at most 2^20).
+#[cfg_attr(
+    not(test),
+    expect(dead_code, reason = "issue 25's poller builds on it")
+)]
+pub(crate) fn unfold(low: u32, retired: u64, posted: u64) -> Option<u64> {
+    let top = posted.checked_sub(1)?;
+    let back = u64::from((top as u32).wrapping_sub(low));
+    let seq = top.checked_sub(back)?;
+    (seq >= retired).then_some(seq)
+}
+
 #[cfg(test)]
 #[allow(clippy::arithmetic_side_effects)] // counts of the tests' own
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    proptest! {
+        /// Every request of a window, also across 2^32, is found again
+        /// from its low bits, and nothing outside the window is.
+        #[test]
+        fn a_window_s_sequence_numbers_unfold_from_their_low_bits(
+            start in prop_oneof![0u64..10, (1u64 << 32) - 20..(1u64 << 32) + 20, any::<u64>().prop_map(|v| v % (LEDGER_LIMIT - (1 << 21)))],
+            len in 0u64..(1 << 20),
+            probe in any::<u32>(),
+        ) {
+            let (retired, posted) = (start, start + len);
+            for seq in [retired, retired + len / 2, posted.saturating_sub(1)] {
+                if seq >= retired && seq < posted {
+                    prop_assert_eq!(unfold(seq as u32, retired, posted), Some(seq));
+                }
+            }
+            match unfold(probe, retired, posted) {
+                Some(seq) => {
+                    prop_assert!(seq >= retired && seq < posted);
+                    prop_assert_eq!(seq as u32, probe);
+                }
+                None => prop_assert!((retired..posted).all(|s| s as u32 != probe) || len > 4096),
+            }
+        }
+
+        #[test]
+        fn pooled_ids_pack_and_unpack_below_the_ledger_limit(
+            index in 0u32..(1 << 16),
+            gen in any::<u32>(),
+            seq in 0u64..LEDGER_LIMIT,
+        ) {
+            let id = pooled(index, gen, seq);
+            prop_assert!(id < LEDGER_LIMIT);
+            prop_assert_eq!(owner(id), Owner::Ledger);
+            prop_assert_eq!(unpack_pooled(id), (index, gen & 0x3fff, seq as u32));
+        }
+    }
+
+    #[test]
+    fn an_empty_window_unfolds_nothing() {
+        assert_eq!(unfold(0, 0, 0), None);
+        assert_eq!(unfold(5, 7, 7), None);
+        assert_eq!(unfold(6, 7, 9), None, "below the window");
+        assert_eq!(unfold(9, 7, 9), None, "at its end");
+    }
 
     #[test]
     fn tagged_ids_never_fall_in_a_ledgers_range() {
