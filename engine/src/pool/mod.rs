@@ -4,6 +4,7 @@
 
 pub(crate) mod budget;
 pub(crate) mod ending;
+pub(crate) mod fair;
 pub(crate) mod idle;
 pub(crate) mod qpn_table;
 pub(crate) mod slab;
