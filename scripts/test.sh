@@ -52,9 +52,9 @@ if [ "$host" = 1 ]; then
         cargo test -p pinpoll --release --lib -- loom_tests | tee target/loom.log
     grep -q '^test result: ok\. [1-9]' target/loom.log \
         || { echo "error: no loom test ran" >&2; exit 1; }
-    step "fuzzing: every decoder a peer reaches, 20 s a target (scripts/fuzz.sh)"
+    step "fuzzing: every decoder a peer reaches, 12 s a target (scripts/fuzz.sh)"
     pinpoll_ensure_cargo_fuzz
-    scripts/fuzz.sh --seconds 20
+    scripts/fuzz.sh --seconds 12
     step "build matrix: libclang 14/16/19, a dependent crate, rust-version"
     scripts/check-builds.sh
     step "publishable: cargo publish --dry-run, the tarballs' tests, docs as docs.rs builds them"
