@@ -17,6 +17,7 @@ use crate::connect::oob::Prepared;
 use crate::connect::RegionDescriptor;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Misuse, Result};
+use crate::sys::cq::Reaper;
 use crate::sys::layout::SlotLayout;
 use crate::sys::mr::{Access, RemoteSlice};
 use crate::sys::recv_queue::RecvQueue;
@@ -33,6 +34,8 @@ pub const MAX_PRIVATE_DATA: usize = 56 - RegionDescriptor::LEN;
 pub(crate) struct Rings {
     pub(super) sq: SendQueue,
     pub(super) rq: RecvQueue,
+    pub(super) send_cq: Reaper,
+    pub(super) recv_cq: Reaper,
     pub(super) target: SharedRegion,
 }
 
@@ -62,7 +65,6 @@ impl Rings {
         let batch = cfg.batch_size.max(1) as usize;
         let inline_threshold = cfg.inline_threshold.min(ep.max_inline()) as usize;
         let sq = SendQueue::new(
-            pollers.send,
             send,
             read,
             layout,
@@ -71,7 +73,7 @@ impl Rings {
             batch,
             inline_threshold,
         );
-        let mut rq = RecvQueue::new(pollers.recv, recv, recv_layout, batch);
+        let mut rq = RecvQueue::new(recv, recv_layout, batch);
         if let Err(e) = rq.refill(ep.qp()) {
             // Some receives may be queued on the QP, which outlives this
             // call: the ring they write into must outlive the QP.
@@ -81,6 +83,8 @@ impl Rings {
         Ok(Rings {
             sq,
             rq,
+            send_cq: Reaper::new(pollers.send),
+            recv_cq: Reaper::new(pollers.recv),
             target: SharedRegion::new(target),
         })
     }

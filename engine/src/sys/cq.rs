@@ -215,6 +215,42 @@ impl CompletionQueue {
     }
 }
 
+/// Completions taken from a CQ per poll.
+pub(crate) const POLL_BATCH: usize = 32;
+
+/// A CQ's poller with room for one poll's completions: what a queue that
+/// settles completions is handed, so the CQ need not be its own (one
+/// connection's, or a poller's shared by many).
+pub(crate) struct Reaper {
+    poller: CqPoller,
+    wcs: [WorkCompletion; POLL_BATCH],
+}
+
+impl std::fmt::Debug for Reaper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reaper")
+            .field("poller", &self.poller)
+            .finish()
+    }
+}
+
+impl Reaper {
+    pub(crate) fn new(poller: CqPoller) -> Reaper {
+        Reaper {
+            poller,
+            wcs: WorkCompletion::array(),
+        }
+    }
+
+    /// Polls up to `max` completions (at most [`POLL_BATCH`]) and lends
+    /// them until the next poll. Never blocks, never allocates.
+    #[inline]
+    pub(crate) fn reap(&mut self, max: usize) -> Result<&[WorkCompletion]> {
+        let n = self.poller.poll(&mut self.wcs[..max.min(POLL_BATCH)])?;
+        Ok(&self.wcs[..n])
+    }
+}
+
 impl CqPoller {
     /// Arms the CQ: the next completion added to it raises one event on
     /// its channel. One only, and only for a completion added after this

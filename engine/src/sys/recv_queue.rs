@@ -7,12 +7,11 @@
 //! one lap later is posted. Views of a slot are made only in between, and
 //! posting needs `&mut self`, so no view outlives its slot's turn.
 
-use super::cq::{CqPoller, WorkCompletion};
+use super::cq::{Reaper, WorkCompletion, POLL_BATCH};
 use super::layout::SlotLayout;
 use super::ledger::RecvLedger;
 use super::mr::{LocalSlice, Registration};
 use super::qp::QueuePair;
-use super::send_queue::POLL_BATCH;
 use super::wr::{Indeterminate, PostFailed, RecvChain};
 use crate::error::Result;
 use crate::status::{WcOpcode, WcStatus};
@@ -37,8 +36,6 @@ pub(crate) struct RecvQueue {
     ledger: RecvLedger,
     ring: Registration,
     layout: SlotLayout,
-    poller: CqPoller,
-    wcs: [WorkCompletion; POLL_BATCH],
     /// A post failed without saying which receive it refused: every one
     /// counts as posted, the QP is in ERR, and no more are posted.
     broken: Option<Indeterminate>,
@@ -56,20 +53,13 @@ impl std::fmt::Debug for RecvQueue {
 impl RecvQueue {
     /// One receive per slot of `layout` in `ring`, posted in batches of up
     /// to `batch`.
-    pub(crate) fn new(
-        poller: CqPoller,
-        ring: Registration,
-        layout: SlotLayout,
-        batch: usize,
-    ) -> RecvQueue {
+    pub(crate) fn new(ring: Registration, layout: SlotLayout, batch: usize) -> RecvQueue {
         assert!(ring.len() >= layout.bytes());
         RecvQueue {
             chain: RecvChain::new(batch.min(layout.count())),
             ledger: RecvLedger::new(layout.count()),
             ring,
             layout,
-            poller,
-            wcs: WorkCompletion::array(),
             broken: None,
         }
     }
@@ -151,24 +141,40 @@ impl RecvQueue {
         }
     }
 
-    /// Polls for up to `max` receive completions (at most [`POLL_BATCH`])
-    /// and hands each to `on` with its bytes (empty for WRITE_WITH_IMM and
-    /// failed receives). Returns how many were taken; a completion that
-    /// names no outstanding receive of this ring (another poster's) is
-    /// passed over, and reported as [`crate::Error::ForeignCompletion`]
-    /// once the others were handed on.
+    /// Polls `cq` (this queue's own) for up to `max` receive completions
+    /// (at most [`POLL_BATCH`]): see [`settle`](Self::settle).
+    #[inline]
+    pub(crate) fn poll(
+        &mut self,
+        cq: &mut Reaper,
+        max: usize,
+        on: impl FnMut(Arrival, &[u8]),
+    ) -> Result<usize> {
+        let wcs = cq.reap(max.min(POLL_BATCH))?;
+        self.settle(wcs, on)
+    }
+
+    /// Completes the receives `wcs` (completions of this ring's receives)
+    /// name and hands each to `on` with its bytes (empty for
+    /// WRITE_WITH_IMM and failed receives). Returns how many completions
+    /// there were; one that names no outstanding receive of this ring
+    /// (another poster's) is passed over, and reported as
+    /// [`crate::Error::ForeignCompletion`] once the others were handed on.
     ///
     /// Should `on` panic, the walk's guard still completes every receive
-    /// the completions taken name, so the ledger never waits for one that
-    /// was polled already; those after the panicking one were never
-    /// handed on, and the queue says so ([`is_unwound`](Self::is_unwound)).
+    /// the completions name, so the ledger never waits for one that was
+    /// polled already; those after the panicking one were never handed
+    /// on, and the queue says so ([`is_unwound`](Self::is_unwound)).
     #[inline]
-    pub(crate) fn poll(&mut self, max: usize, mut on: impl FnMut(Arrival, &[u8])) -> Result<usize> {
-        let max = max.min(POLL_BATCH);
-        let n = self.poller.poll(&mut self.wcs[..max])?;
+    pub(crate) fn settle(
+        &mut self,
+        wcs: &[WorkCompletion],
+        mut on: impl FnMut(Arrival, &[u8]),
+    ) -> Result<usize> {
+        let n = wcs.len();
         let mut walk = RecvWalk {
             ledger: &mut self.ledger,
-            rest: &self.wcs[..n],
+            rest: wcs,
         };
         let mut foreign = None;
         while let Some((wc, rest)) = walk.rest.split_first() {

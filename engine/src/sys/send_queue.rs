@@ -13,7 +13,7 @@
 
 use std::marker::PhantomData;
 
-use super::cq::{CqPoller, WorkCompletion};
+use super::cq::{Reaper, WorkCompletion};
 use super::layout::SlotLayout;
 use super::ledger::{Admitted, Ledger, Request, RequestKind};
 use super::lent::LentRegions;
@@ -24,8 +24,7 @@ use super::wr::{Indeterminate, Payload, PostFailed, SendChain, SendOpcode, SendR
 use crate::error::{Error, Remedy, Result};
 use crate::status::WcStatus;
 
-/// Completions taken from the CQ per poll.
-pub(crate) const POLL_BATCH: usize = 32;
+pub(crate) use super::cq::POLL_BATCH;
 
 /// A SEND or an RDMA WRITE, the operations that carry a payload out.
 #[derive(Debug, Clone, Copy)]
@@ -81,8 +80,6 @@ pub(crate) struct SendQueue {
     read_ring: Registration,
     layout: SlotLayout,
     inline_threshold: usize,
-    poller: CqPoller,
-    wcs: [WorkCompletion; POLL_BATCH],
     /// Regions requests send from, until those requests retire.
     lent: LentRegions,
     /// A post failed without saying which request it refused: every
@@ -107,7 +104,6 @@ impl SendQueue {
     /// rings have `layout`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        poller: CqPoller,
         send_ring: Registration,
         read_ring: Registration,
         layout: SlotLayout,
@@ -124,8 +120,6 @@ impl SendQueue {
             read_ring,
             layout,
             inline_threshold,
-            poller,
-            wcs: WorkCompletion::array(),
             // Every outstanding request may send from a lent region, and
             // as many again may wait, rolled back, to be reclaimed.
             lent: LentRegions::new((depth as usize).saturating_mul(2)),
@@ -441,20 +435,31 @@ impl SendQueue {
         }
     }
 
-    /// Polls the CQ once and retires what completed, handing each retired
-    /// request to `on`, oldest first. Returns the completions taken; a
-    /// completion that names no outstanding request (another poster's) is
-    /// passed over, and reported as [`Error::ForeignCompletion`] once the
-    /// others were handed on.
+    /// Polls `cq` (this queue's own) once and retires what completed: see
+    /// [`retire`](Self::retire).
+    #[inline]
+    pub(crate) fn poll(&mut self, cq: &mut Reaper, on: impl FnMut(Retired<'_>)) -> Result<usize> {
+        let wcs = cq.reap(POLL_BATCH)?;
+        self.retire(wcs, on)
+    }
+
+    /// Retires what `wcs` (completions of this queue's requests) name,
+    /// handing each retired request to `on`, oldest first. Returns how
+    /// many completions there were; a completion that names no
+    /// outstanding request (another poster's) is passed over, and reported
+    /// as [`Error::ForeignCompletion`] once the others were handed on.
     ///
     /// Should `on` panic, the walk's guard still retires and releases
-    /// every request the completions taken name: no completion goes
+    /// every request the completions name: no completion goes
     /// unaccounted, and no request stays retired with its slots held;
     /// and it closes the queue, their verdicts never given.
     #[inline]
-    pub(crate) fn poll(&mut self, mut on: impl FnMut(Retired<'_>)) -> Result<usize> {
-        let n = self.poller.poll(&mut self.wcs)?;
-        let wcs = &self.wcs[..n];
+    pub(crate) fn retire(
+        &mut self,
+        wcs: &[WorkCompletion],
+        mut on: impl FnMut(Retired<'_>),
+    ) -> Result<usize> {
+        let n = wcs.len();
         let mut walk = SendWalk {
             ledger: &mut self.ledger,
             rest: wcs,
