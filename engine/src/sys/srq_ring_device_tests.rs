@@ -240,7 +240,8 @@ fn a_refill_refused_part_way_gives_back_exactly_the_refused_receives() {
     const BATCH: usize = 8;
     let mut rig = Rig::new(DEPTH, BATCH);
     let room = 12;
-    let fillers = rig.ring.srq().max_wr() as usize - room;
+    let max_wr = rig.ring.srq().max_wr() as usize;
+    let fillers = max_wr - room;
     let mut chain = RecvChain::new(fillers);
     for i in 0..fillers {
         chain.patch(i, 1 << 62 | i as u64, None);
@@ -250,7 +251,10 @@ fn a_refill_refused_part_way_gives_back_exactly_the_refused_receives() {
     assert_eq!(rig.ring.refill().expect("the first chain fits"), BATCH);
     match rig.ring.refill() {
         Err(Error::PostRecv { posted: 4, .. }) => {}
-        other => panic!("expected the 5th receive of the chain refused, got {other:?}"),
+        other => panic!(
+            "expected the 5th receive of the chain refused by an SRQ of {max_wr} with \
+             {fillers} fillers, got {other:?}"
+        ),
     }
     assert_eq!(
         (rig.ring.at_nic(), rig.ring.free()),
