@@ -259,6 +259,19 @@ pub enum Error {
         /// The error number the call returned.
         source: io::Error,
     },
+    /// A post to a shared receive queue failed without naming the receive
+    /// it refused, so every receive of the call is kept as posted. Unlike
+    /// a queue pair, a shared receive queue has no error state that would
+    /// flush them, so it takes no more receives: the ones posted still
+    /// complete as messages arrive, and its connections must move to
+    /// another shared receive queue for more.
+    #[error("ibv_post_srq_recv failed without naming the receive it refused, so all {requests} receive(s) of the call are kept as posted; a shared receive queue has no error state to flush them, so it takes no more receives: its connections must move to another one")]
+    SrqBroken {
+        /// Receives in the failed call, all kept as posted.
+        requests: usize,
+        /// The error number the call returned.
+        source: io::Error,
+    },
     /// A completion on a connection's queue named a work request that the
     /// queue did not post or has retired already — another poster's, e.g.
     /// a raw request posted on the endpoint before the connection was
@@ -775,6 +788,7 @@ impl Error {
             E::PostSend { .. }
             | E::PostRecv { .. }
             | E::PostIndeterminate { .. }
+            | E::SrqBroken { .. }
             | E::Completion(_)
             | E::PollCq(_)
             | E::Disconnected

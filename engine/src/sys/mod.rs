@@ -19,7 +19,10 @@
 //!   [`recv_queue`] (a connection's rings, whose slots only these modules
 //!   hand between CPU and NIC, and which keeps the regions a caller lends
 //!   it in [`lent`] until their requests retire), over the pure accounting
-//!   in [`ledger`] and [`layout`], and the work-request builder in [`wr`].
+//!   in [`ledger`] and [`layout`], and the work-request builder in [`wr`];
+//!   for many connections on one core (issue 25), [`srq`] (a shared
+//!   receive queue) and [`srq_ring`] (its ring of receive slots, over the
+//!   pure [`srq_ledger`]).
 //! - [`handoff`]: the lock-free slot ring between an application thread
 //!   and the engine's worker, over [`slot_storage`] (its bytes, and under
 //!   loom the record of every access to them); [`cpu`], [`alloc`]: thread
@@ -73,6 +76,17 @@ pub(crate) mod srq;
     )
 )]
 pub(crate) mod srq_ledger;
+#[cfg_attr(
+    not(test),
+    expect(
+        dead_code,
+        reason = "issue 25's poller builds on it; only its tests use it yet"
+    )
+)]
+pub(crate) mod srq_ring;
+#[cfg(test)]
+#[allow(clippy::arithmetic_side_effects)] // counts of the tests' own
+mod srq_ring_device_tests;
 pub(crate) mod wr;
 pub(crate) mod wr_id;
 

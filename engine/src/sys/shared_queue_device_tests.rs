@@ -27,7 +27,7 @@ const WAIT: Duration = Duration::from_secs(10);
 const SLOT: usize = 4096;
 const SLOTS: usize = 8;
 
-fn device() -> String {
+pub(super) fn device() -> String {
     guest("PINPOLL_DEVICE")
 }
 
@@ -103,30 +103,14 @@ impl Shared {
     /// A queue pair on the shared queues, connected to a fresh ordinary
     /// endpoint over the out-of-band exchange: (ours, the peer).
     fn connect(&self) -> (Endpoint, Endpoint) {
-        let tcp = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind loopback");
-        let addr = tcp.local_addr().expect("bound address");
-        let peer = std::thread::spawn(move || {
-            let prepared = Prepared::new(Some(&device()), &qp_config(), Access::REMOTE_WRITE)
-                .expect("prepare the peer");
-            let mut stream = tcp.accept().expect("accept TCP").0;
-            prepared
-                .handshake(&mut stream, None)
-                .expect("the peer's handshake")
-        });
-        let queues = Queues {
-            send_cq: &self.send_cq,
-            recv_cq: &self.recv_cq,
-            srq: Some(&self.srq),
-        };
-        let ours =
-            Endpoint::create_shared(&self.pd, queues, &qp_config()).expect("a QP on the SRQ");
-        let prepared = Prepared::with_endpoint(ours, &qp_config(), Access::REMOTE_WRITE)
-            .expect("prepare ours");
-        let mut stream = TcpStream::connect(addr).expect("connect TCP");
-        let ours = prepared
-            .handshake(&mut stream, None)
-            .expect("our handshake");
-        (ours, peer.join().expect("the peer's thread"))
+        connect_on(
+            &self.pd,
+            Queues {
+                send_cq: &self.send_cq,
+                recv_cq: &self.recv_cq,
+                srq: Some(&self.srq),
+            },
+        )
     }
 
     /// The next `n` receive completions, within [`WAIT`].
@@ -176,6 +160,29 @@ impl Shared {
     }
 }
 
+/// A queue pair on `queues` in `pd`, connected to a fresh ordinary
+/// endpoint over the out-of-band exchange: (ours, the peer).
+pub(super) fn connect_on(pd: &Arc<ProtectionDomain>, queues: Queues<'_>) -> (Endpoint, Endpoint) {
+    let tcp = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind loopback");
+    let addr = tcp.local_addr().expect("bound address");
+    let peer = std::thread::spawn(move || {
+        let prepared = Prepared::new(Some(&device()), &qp_config(), Access::REMOTE_WRITE)
+            .expect("prepare the peer");
+        let mut stream = tcp.accept().expect("accept TCP").0;
+        prepared
+            .handshake(&mut stream, None)
+            .expect("the peer's handshake")
+    });
+    let ours = Endpoint::create_shared(pd, queues, &qp_config()).expect("a QP on the SRQ");
+    let prepared =
+        Prepared::with_endpoint(ours, &qp_config(), Access::REMOTE_WRITE).expect("prepare ours");
+    let mut stream = TcpStream::connect(addr).expect("connect TCP");
+    let ours = prepared
+        .handshake(&mut stream, None)
+        .expect("our handshake");
+    (ours, peer.join().expect("the peer's thread"))
+}
+
 impl Drop for Shared {
     fn drop(&mut self) {
         // Receives may still name the ring: it goes with the SRQ.
@@ -186,7 +193,7 @@ impl Drop for Shared {
 }
 
 /// Sends `data` from `peer` and waits for its completion.
-fn send(peer: &mut Endpoint, data: &[u8]) {
+pub(super) fn send(peer: &mut Endpoint, data: &[u8]) {
     let mut region = peer
         .register(data.len(), PageSize::Base, Access::LOCAL_READ)
         .expect("register");

@@ -165,6 +165,16 @@ impl SrqLedger {
     pub(crate) fn is_readable(&self, slot: u32) -> bool {
         matches!(self.states.get(slot as usize), Some(State::Lent))
     }
+
+    /// Whether the receive `wr_id` completed and its slot is still lent:
+    /// not released since, so neither posted again nor lent to the reader
+    /// of a later receive into the same slot.
+    pub(crate) fn is_lent(&self, wr_id: u64) -> bool {
+        let (slot, lap) = (wr_id as u32, (wr_id >> 32) as u32);
+        wr_id >> 32 < u64::from(LAPS)
+            && self.is_readable(slot)
+            && self.laps.get(slot as usize) == Some(&lap)
+    }
 }
 
 #[cfg(test)]
@@ -279,6 +289,32 @@ mod tests {
                 prop_assert_eq!(ledger.free() + ledger.at_nic() + ledger.lent(), slots as usize);
             }
         }
+    }
+
+    #[test]
+    fn a_receive_is_lent_from_its_completion_to_its_release_and_no_later_lap_is() {
+        let mut ledger = SrqLedger::new(2);
+        let (slot, first) = ledger.claim().unwrap();
+        assert!(!ledger.is_lent(first), "at the NIC");
+        assert_eq!(ledger.complete(first), Ok(slot));
+        assert!(ledger.is_lent(first));
+        assert!(!ledger.is_lent(first | 1 << 40), "another lap of the slot");
+        assert!(
+            !ledger.is_lent(u64::from(LAPS) << 32 | first),
+            "a lap past the wrap"
+        );
+        ledger.release(slot).unwrap();
+        assert!(!ledger.is_lent(first), "released");
+        // The slot comes back (last freed, first claimed) in its next lap:
+        // lent again, but not to the reader of the first receive.
+        let (again, second) = ledger.claim().unwrap();
+        assert_eq!(again, slot);
+        assert_eq!(ledger.complete(second), Ok(slot));
+        assert!(ledger.is_lent(second));
+        assert!(
+            !ledger.is_lent(first),
+            "a stale receive of a slot lent again"
+        );
     }
 
     #[test]

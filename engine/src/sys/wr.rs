@@ -462,13 +462,6 @@ impl RecvChain {
     /// Every patched buffer is memory the NIC may write until its receive
     /// completes (or the SRQ is destroyed), and nothing reads it meanwhile.
     #[inline]
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "issue 25's poller builds on it; only its device tests use it yet"
-        )
-    )]
     pub(crate) unsafe fn post_shared(
         &mut self,
         poster: &mut SrqPoster,
