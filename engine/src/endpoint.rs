@@ -648,7 +648,6 @@ impl Endpoint {
     /// Busy-polls one CQ for one completion within `wait`, noticing an
     /// rdma_cm disconnect (which flushes the QP, so the wait ends).
     fn wait_one(&mut self, receive: bool, wait: &mut BoundedWait) -> Result<WorkCompletion> {
-        let mut wc = [WorkCompletion::zeroed()];
         let mut gone = false;
         loop {
             let poller = if receive {
@@ -656,8 +655,7 @@ impl Endpoint {
             } else {
                 self.send_cq.as_mut()
             };
-            if poller.ok_or_else(pollers_taken)?.poll(&mut wc)? == 1 {
-                let [wc] = wc;
+            if let Some(wc) = poller.ok_or_else(pollers_taken)?.poll_one()? {
                 return Ok(wc);
             }
             if wait

@@ -62,9 +62,11 @@ impl Rings {
             Access::LOCAL_WRITE | remote_access,
         )?;
         let pollers = ep.take_pollers()?;
+        let (send_cq, recv_cq) = (Reaper::new(pollers.send), Reaper::new(pollers.recv));
         let batch = cfg.batch_size.max(1) as usize;
         let inline_threshold = cfg.inline_threshold.min(ep.max_inline()) as usize;
         let sq = SendQueue::new(
+            send_cq.id(),
             send,
             read,
             layout,
@@ -73,7 +75,7 @@ impl Rings {
             batch,
             inline_threshold,
         );
-        let mut rq = RecvQueue::new(recv, recv_layout, batch);
+        let mut rq = RecvQueue::new(recv_cq.id(), recv, recv_layout, batch);
         if let Err(e) = rq.refill(ep.qp()) {
             // Some receives may be queued on the QP, which outlives this
             // call: the ring they write into must outlive the QP.
@@ -83,8 +85,8 @@ impl Rings {
         Ok(Rings {
             sq,
             rq,
-            send_cq: Reaper::new(pollers.send),
-            recv_cq: Reaper::new(pollers.recv),
+            send_cq,
+            recv_cq,
             target: SharedRegion::new(target),
         })
     }

@@ -259,3 +259,44 @@ fn a_setup_that_fails_after_posting_receives_keeps_their_ring_with_the_queue_pai
         "the receive ring was freed while its receives may be queued"
     );
 }
+
+/// A queue handed completions polled from another CQ believes none of
+/// them (hostile read 36a, F2): a receive's completion names position 0,
+/// which is also the id of the send queue's first request, a WRITE still
+/// outstanding. Had the send queue believed it, it would have retired the
+/// WRITE — and a READ's slot so retired would be viewed while the NIC
+/// may still write it.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_queue_believes_no_completion_polled_from_another_cq() {
+    let cfg = EngineConfig {
+        signal_interval: 1,
+        ..config()
+    };
+    let (mut client, mut server) = pair(&cfg);
+    let seq = client.try_write(&[7u8; 8], 0, None).expect("WRITE");
+    assert_eq!(seq, 0, "the send queue's first request");
+    server.try_send(b"to the client").expect("SEND");
+    let mut wait = BoundedWait::new(WAIT, "the receive's completion");
+    let refused = loop {
+        let (sq, recv_cq) = (&mut client.sq, &mut client.recv_cq);
+        match sq.poll(recv_cq, |retired| {
+            panic!("the send queue retired {retired:?} for a receive's completion")
+        }) {
+            Ok(0) => {
+                wait.tick().expect("a receive completes");
+            }
+            other => break other,
+        }
+    };
+    assert!(
+        matches!(refused, Err(Error::ForeignCompletion { wr_id: 0, .. })),
+        "{refused:?}"
+    );
+    assert_eq!(client.outstanding(), 1, "the WRITE is still outstanding");
+    assert_eq!(
+        retire_everything(&mut client),
+        1,
+        "the WRITE retires as its own"
+    );
+}

@@ -5,6 +5,7 @@ use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
 
 use super::device::{fd_ready, set_nonblocking, Context};
@@ -21,8 +22,20 @@ pub(crate) struct CompletionQueue {
     ptr: *mut ffi::ibv_cq,
     /// The channel its events go to, which outlives it.
     channel: Option<Arc<CompletionChannel>>,
+    /// The last tag given to a receive ring completing here
+    /// ([`CompletionQueue::ring_tag`]).
+    ring_tags: AtomicU16,
     _ctx: Arc<Context>,
 }
+
+/// Which live CQ a completion was polled from: the address of its handle,
+/// which no other live CQ has. Made only from a CQ this crate holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CqId(usize);
+
+/// Tags a CQ gives its receive rings ([`CompletionQueue::ring_tag`]):
+/// 1 to this, so a zeroed id carries none.
+pub(crate) const RING_TAGS: u16 = (1 << 10) - 1;
 
 /// An `ibv_comp_channel`: the file descriptor that says a completion
 /// arrived on an armed CQ made on it ([`CqPoller::arm`]), for a poller
@@ -187,6 +200,7 @@ impl CompletionQueue {
         let cq = Arc::new(CompletionQueue {
             ptr,
             channel: channel.map(Arc::clone),
+            ring_tags: AtomicU16::new(0),
             _ctx: Arc::clone(ctx),
         });
         let poller = CqPoller {
@@ -194,6 +208,29 @@ impl CompletionQueue {
             _not_sync: PhantomData,
         };
         Ok((cq, poller))
+    }
+
+    /// Which CQ this is, as its completions are branded.
+    pub(crate) fn id(&self) -> CqId {
+        CqId(self.ptr as usize)
+    }
+
+    /// A tag for one more receive ring whose receives complete here: no
+    /// two rings of this CQ get the same, so a completion polled here is
+    /// never taken for another ring's receive. [`RING_TAGS`] of them per
+    /// CQ; past that, an error.
+    pub(crate) fn ring_tag(&self) -> Result<u16> {
+        self.ring_tags
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                // Never wraps: below RING_TAGS.
+                (t < RING_TAGS).then_some(t.wrapping_add(1))
+            })
+            .map(|t| t.wrapping_add(1))
+            .map_err(|_| Error::SharedReceiveQueue {
+                call: "a receive ring's tag",
+                what: "a completion queue serves at most 1023 receive rings over its life",
+                source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+            })
     }
 
     pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_cq {
@@ -223,6 +260,9 @@ pub(crate) const POLL_BATCH: usize = 32;
 /// connection's, or a poller's shared by many).
 pub(crate) struct Reaper {
     poller: CqPoller,
+    /// The CQ's id, kept beside the buffer: branding a poll costs no
+    /// load through the poller's `Arc`.
+    cq: CqId,
     wcs: [WorkCompletion; POLL_BATCH],
 }
 
@@ -237,17 +277,87 @@ impl std::fmt::Debug for Reaper {
 impl Reaper {
     pub(crate) fn new(poller: CqPoller) -> Reaper {
         Reaper {
+            cq: poller.cq.id(),
             poller,
             wcs: WorkCompletion::array(),
         }
     }
 
+    /// The CQ it polls.
+    pub(crate) fn id(&self) -> CqId {
+        self.cq
+    }
+
     /// Polls up to `max` completions (at most [`POLL_BATCH`]) and lends
-    /// them until the next poll. Never blocks, never allocates.
+    /// them, branded with this CQ, until the next poll. Never blocks,
+    /// never allocates.
     #[inline]
-    pub(crate) fn reap(&mut self, max: usize) -> Result<&[WorkCompletion]> {
+    pub(crate) fn reap(&mut self, max: usize) -> Result<Reaped<'_>> {
         let n = self.poller.poll(&mut self.wcs[..max.min(POLL_BATCH)])?;
-        Ok(&self.wcs[..n])
+        Ok(Reaped {
+            cq: self.cq,
+            wcs: &self.wcs[..n],
+        })
+    }
+}
+
+/// Completions polled from one CQ, and which CQ: a queue that settles
+/// them checks that they are its own CQ's before it believes the ids
+/// they name. Made only by polling ([`Reaper::reap`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reaped<'r> {
+    cq: CqId,
+    wcs: &'r [WorkCompletion],
+}
+
+impl<'r> Reaped<'r> {
+    /// The CQ they were polled from.
+    #[inline(always)]
+    pub(crate) fn cq(&self) -> CqId {
+        self.cq
+    }
+
+    #[inline(always)]
+    pub(crate) fn wcs(&self) -> &'r [WorkCompletion] {
+        self.wcs
+    }
+
+    /// Each completion alone, still branded: what a poller of many queues
+    /// on one CQ hands each queue.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "issue 25's poller builds on it")
+    )]
+    pub(crate) fn each(self) -> impl Iterator<Item = Polled<'r>> {
+        self.wcs.iter().map(move |wc| Polled { cq: self.cq, wc })
+    }
+}
+
+/// One completion polled from a CQ, and which CQ ([`Reaped::each`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Polled<'r> {
+    cq: CqId,
+    wc: &'r WorkCompletion,
+}
+
+impl<'r> Polled<'r> {
+    #[inline(always)]
+    pub(crate) fn cq(&self) -> CqId {
+        self.cq
+    }
+
+    #[inline(always)]
+    pub(crate) fn wc(&self) -> &'r WorkCompletion {
+        self.wc
+    }
+
+    /// As a batch of one, for a queue that retires batches.
+    #[expect(dead_code, reason = "issue 25's poller builds on it")]
+    pub(crate) fn alone(self) -> Reaped<'r> {
+        Reaped {
+            cq: self.cq,
+            wcs: std::slice::from_ref(self.wc),
+        }
     }
 }
 
@@ -284,6 +394,12 @@ impl CqPoller {
             unsafe { ffi::ibv_req_notify_cq(self.cq.ptr, 0) },
             "arming the CQ",
         )
+    }
+
+    /// Polls one completion, if there is one. Never blocks.
+    pub(crate) fn poll_one(&mut self) -> Result<Option<WorkCompletion>> {
+        let mut wc = [WorkCompletion::zeroed()];
+        Ok((self.poll(&mut wc)? == 1).then_some(wc[0]))
     }
 
     /// Polls up to `out.len()` completions into `out`, returning how many.
@@ -327,14 +443,17 @@ pub(crate) struct WorkCompletion(ffi::ibv_wc);
 
 impl WorkCompletion {
     /// An empty slot to poll into.
-    pub(crate) fn zeroed() -> Self {
+    ///
+    /// Only `sys` makes one: outside it, every completion was polled, so
+    /// no id a queue believes is made up.
+    pub(super) fn zeroed() -> Self {
         // SAFETY: ibv_wc is plain data (integers and a union of integers);
         // all-zero is a valid value.
         WorkCompletion(unsafe { MaybeUninit::<ffi::ibv_wc>::zeroed().assume_init() })
     }
 
     /// A fixed array of empty slots, for polling in batches without allocating.
-    pub(crate) fn array<const N: usize>() -> [WorkCompletion; N] {
+    pub(super) fn array<const N: usize>() -> [WorkCompletion; N] {
         std::array::from_fn(|_| WorkCompletion::zeroed())
     }
 

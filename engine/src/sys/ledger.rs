@@ -529,14 +529,20 @@ impl RecvLedger {
     #[inline]
     pub(crate) fn complete(&mut self, wr_id: u64) -> Result<u64, NotOutstanding> {
         if wr_id != self.done || self.done == self.posted {
-            return Err(NotOutstanding {
-                wr_id,
-                retired: self.done,
-                posted: self.posted,
-            });
+            return Err(self.refusal(wr_id));
         }
         self.done = self.done.wrapping_add(1);
         Ok(wr_id)
+    }
+
+    /// How a completion naming `wr_id` is refused: not an outstanding
+    /// receive of this queue.
+    pub(crate) fn refusal(&self, wr_id: u64) -> NotOutstanding {
+        NotOutstanding {
+            wr_id,
+            retired: self.done,
+            posted: self.posted,
+        }
     }
 
     /// Whether the slot of completed position `pos` is still the CPU's:

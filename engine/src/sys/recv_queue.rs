@@ -7,7 +7,7 @@
 //! one lap later is posted. Views of a slot are made only in between, and
 //! posting needs `&mut self`, so no view outlives its slot's turn.
 
-use super::cq::{Reaper, WorkCompletion, POLL_BATCH};
+use super::cq::{CqId, Reaped, Reaper, WorkCompletion, POLL_BATCH};
 use super::layout::SlotLayout;
 use super::ledger::RecvLedger;
 use super::mr::{LocalSlice, Registration};
@@ -36,6 +36,8 @@ pub(crate) struct RecvQueue {
     ledger: RecvLedger,
     ring: Registration,
     layout: SlotLayout,
+    /// The CQ this queue's completions are polled from.
+    cq: CqId,
     /// A post failed without saying which receive it refused: every one
     /// counts as posted, the QP is in ERR, and no more are posted.
     broken: Option<Indeterminate>,
@@ -53,13 +55,14 @@ impl std::fmt::Debug for RecvQueue {
 impl RecvQueue {
     /// One receive per slot of `layout` in `ring`, posted in batches of up
     /// to `batch`.
-    pub(crate) fn new(ring: Registration, layout: SlotLayout, batch: usize) -> RecvQueue {
+    pub(crate) fn new(cq: CqId, ring: Registration, layout: SlotLayout, batch: usize) -> RecvQueue {
         assert!(ring.len() >= layout.bytes());
         RecvQueue {
             chain: RecvChain::new(batch.min(layout.count())),
             ledger: RecvLedger::new(layout.count()),
             ring,
             layout,
+            cq,
             broken: None,
         }
     }
@@ -150,16 +153,17 @@ impl RecvQueue {
         max: usize,
         on: impl FnMut(Arrival, &[u8]),
     ) -> Result<usize> {
-        let wcs = cq.reap(max.min(POLL_BATCH))?;
-        self.settle(wcs, on)
+        let reaped = cq.reap(max.min(POLL_BATCH))?;
+        self.settle(reaped, on)
     }
 
-    /// Completes the receives `wcs` (completions of this ring's receives)
-    /// name and hands each to `on` with its bytes (empty for
-    /// WRITE_WITH_IMM and failed receives). Returns how many completions
-    /// there were; one that names no outstanding receive of this ring
-    /// (another poster's) is passed over, and reported as
-    /// [`crate::Error::ForeignCompletion`] once the others were handed on.
+    /// Completes the receives `reaped` names and hands each to `on` with
+    /// its bytes (empty for WRITE_WITH_IMM and failed receives). Returns
+    /// how many completions there were; one that names no outstanding
+    /// receive of this ring (another poster's) is passed over, and
+    /// reported as [`crate::Error::ForeignCompletion`] once the others
+    /// were handed on. Completions polled from another CQ than this
+    /// queue's (which must be its alone) are refused whole, none believed.
     ///
     /// Should `on` panic, the walk's guard still completes every receive
     /// the completions name, so the ledger never waits for one that was
@@ -168,9 +172,13 @@ impl RecvQueue {
     #[inline]
     pub(crate) fn settle(
         &mut self,
-        wcs: &[WorkCompletion],
+        reaped: Reaped<'_>,
         mut on: impl FnMut(Arrival, &[u8]),
     ) -> Result<usize> {
+        if reaped.cq() != self.cq {
+            return Err(self.not_this_queue_s(reaped));
+        }
+        let wcs = reaped.wcs();
         let n = wcs.len();
         let mut walk = RecvWalk {
             ledger: &mut self.ledger,
@@ -212,6 +220,15 @@ impl RecvQueue {
             return &[];
         }
         bytes(&self.ring, self.layout, arrival)
+    }
+}
+
+impl RecvQueue {
+    #[cold]
+    #[inline(never)]
+    fn not_this_queue_s(&self, reaped: Reaped<'_>) -> crate::Error {
+        let wr_id = reaped.wcs().first().map_or(0, |wc| wc.wr_id());
+        self.ledger.refusal(wr_id).into()
     }
 }
 

@@ -13,7 +13,7 @@
 
 use std::marker::PhantomData;
 
-use super::cq::{Reaper, WorkCompletion};
+use super::cq::{CqId, Reaped, Reaper, WorkCompletion};
 use super::layout::SlotLayout;
 use super::ledger::{Admitted, Ledger, Request, RequestKind};
 use super::lent::LentRegions;
@@ -80,6 +80,8 @@ pub(crate) struct SendQueue {
     read_ring: Registration,
     layout: SlotLayout,
     inline_threshold: usize,
+    /// The CQ this queue's completions are polled from.
+    cq: CqId,
     /// Regions requests send from, until those requests retire.
     lent: LentRegions,
     /// A post failed without saying which request it refused: every
@@ -104,6 +106,7 @@ impl SendQueue {
     /// rings have `layout`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
+        cq: CqId,
         send_ring: Registration,
         read_ring: Registration,
         layout: SlotLayout,
@@ -120,6 +123,7 @@ impl SendQueue {
             read_ring,
             layout,
             inline_threshold,
+            cq,
             // Every outstanding request may send from a lent region, and
             // as many again may wait, rolled back, to be reclaimed.
             lent: LentRegions::new((depth as usize).saturating_mul(2)),
@@ -439,15 +443,21 @@ impl SendQueue {
     /// [`retire`](Self::retire).
     #[inline]
     pub(crate) fn poll(&mut self, cq: &mut Reaper, on: impl FnMut(Retired<'_>)) -> Result<usize> {
-        let wcs = cq.reap(POLL_BATCH)?;
-        self.retire(wcs, on)
+        let reaped = cq.reap(POLL_BATCH)?;
+        self.retire(reaped, on)
     }
 
-    /// Retires what `wcs` (completions of this queue's requests) name,
-    /// handing each retired request to `on`, oldest first. Returns how
-    /// many completions there were; a completion that names no
-    /// outstanding request (another poster's) is passed over, and reported
-    /// as [`Error::ForeignCompletion`] once the others were handed on.
+    /// Retires what `reaped` names, handing each retired request to `on`,
+    /// oldest first. Returns how many completions there were; a
+    /// completion that names no outstanding request (another poster's) is
+    /// passed over, and reported as [`Error::ForeignCompletion`] once the
+    /// others were handed on. Completions polled from another CQ than this
+    /// queue's are refused whole, none believed: their ids are another
+    /// queue's, and a READ's slot named by one may still be the NIC's.
+    ///
+    /// The CQ must be this queue's alone (a connection's): on a CQ that
+    /// several queue pairs share, a completion's queue pair is checked
+    /// first by whoever hands it here (issue 25's poller).
     ///
     /// Should `on` panic, the walk's guard still retires and releases
     /// every request the completions name: no completion goes
@@ -456,9 +466,13 @@ impl SendQueue {
     #[inline]
     pub(crate) fn retire(
         &mut self,
-        wcs: &[WorkCompletion],
+        reaped: Reaped<'_>,
         mut on: impl FnMut(Retired<'_>),
     ) -> Result<usize> {
+        if reaped.cq() != self.cq {
+            return Err(self.not_this_queue_s(reaped));
+        }
+        let wcs = reaped.wcs();
         let n = wcs.len();
         let mut walk = SendWalk {
             ledger: &mut self.ledger,
@@ -506,6 +520,18 @@ impl SendQueue {
         match foreign {
             None => Ok(n),
             Some(e) => Err(e.into()),
+        }
+    }
+}
+
+impl SendQueue {
+    #[cold]
+    #[inline(never)]
+    fn not_this_queue_s(&self, reaped: Reaped<'_>) -> Error {
+        Error::ForeignCompletion {
+            wr_id: reaped.wcs().first().map_or(0, |wc| wc.wr_id()),
+            retired: self.ledger.retired(),
+            posted: self.ledger.posted(),
         }
     }
 }

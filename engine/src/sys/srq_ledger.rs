@@ -6,20 +6,21 @@
 //! arrived until it is released, then free to post again. Unlike a queue
 //! pair's own receive queue, completions come in any order (several queue
 //! pairs take from the one queue, each at its own pace), so no cursor
-//! tells the owner: each slot has a state. A receive's id carries its slot
-//! and the slot's lap, so a completion for a slot not at the NIC, for an
-//! earlier post of it, or seen already, is refused — never taken for
-//! another receive.
+//! tells the owner: each slot has a state. A receive's id carries its
+//! ring's tag, its slot and the slot's lap ([`srq_recv`]), so a completion
+//! for another ring, for a slot not at the NIC, for an earlier post of it,
+//! or seen already, is refused — never taken for another receive.
 //!
-//! Arithmetic: slots are `u32`, laps wrap in 30 bits, so every id is
-//! below [`LEDGER_LIMIT`] (2^62) and never taken for a tagged one; the
-//! counts are at most the slot count, and each falls only for a slot it
-//! counted: written `wrapping_`, they never wrap.
+//! Arithmetic: slots are below 2^20, laps wrap in 30 bits; the counts are
+//! at most the slot count, and each falls only for a slot it counted:
+//! written `wrapping_`, they never wrap.
 
-use super::wr_id::LEDGER_LIMIT;
+use super::wr_id::{srq_recv, unpack_srq_recv, SRQ_LAP_BITS, SRQ_SLOT_BITS};
 
-/// Laps wrap here: `lap << 32 | slot` stays below [`LEDGER_LIMIT`].
-const LAPS: u32 = 1 << 30;
+/// Laps wrap here.
+const LAPS: u32 = 1 << SRQ_LAP_BITS;
+/// The most slots a ledger keeps.
+pub(crate) const MAX_SLOTS: u32 = 1 << SRQ_SLOT_BITS;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -45,6 +46,8 @@ pub(crate) enum Refused {
 /// afterwards.
 #[derive(Debug)]
 pub(crate) struct SrqLedger {
+    /// The ring's tag in its receives' ids.
+    tag: u16,
     states: Box<[State]>,
     /// The lap of each slot's last post.
     laps: Box<[u32]>,
@@ -57,14 +60,13 @@ pub(crate) struct SrqLedger {
     broken: bool,
 }
 
-/// The id of slot `slot`'s receive in lap `lap`.
-fn wr_id(slot: u32, lap: u32) -> u64 {
-    u64::from(lap) << 32 | u64::from(slot)
-}
-
 impl SrqLedger {
-    pub(crate) fn new(slots: u32) -> SrqLedger {
+    /// `slots` slots (at most [`MAX_SLOTS`]) of the ring tagged `tag` (1 to
+    /// 1023, from the CQ its receives complete on).
+    pub(crate) fn new(slots: u32, tag: u16) -> SrqLedger {
+        assert!(slots <= MAX_SLOTS && tag != 0 && tag >> 10 == 0);
         SrqLedger {
+            tag,
             states: vec![State::Free; slots as usize].into(),
             laps: vec![0; slots as usize].into(),
             free: (0..slots).rev().collect(),
@@ -107,8 +109,7 @@ impl SrqLedger {
         self.laps[i] = lap;
         self.states[i] = State::Nic { lap };
         self.at_nic = self.at_nic.wrapping_add(1);
-        debug_assert!(wr_id(slot, lap) < LEDGER_LIMIT);
-        Some((slot, wr_id(slot, lap)))
+        Some((slot, srq_recv(self.tag, lap, slot)))
     }
 
     /// The post refused the receive of `slot` (it said so, naming it or
@@ -133,10 +134,9 @@ impl SrqLedger {
     /// to its reader.
     pub(crate) fn complete(&mut self, wr_id: u64) -> Result<u32, Refused> {
         let refused = Refused::NotPosted { wr_id };
-        let (slot, lap) = (wr_id as u32, (wr_id >> 32) as u32);
-        if wr_id >> 32 >= u64::from(LAPS) {
+        let Some((lap, slot)) = unpack_srq_recv(self.tag, wr_id) else {
             return Err(refused);
-        }
+        };
         match self.states.get(slot as usize) {
             Some(State::Nic { lap: posted }) if *posted == lap => {
                 self.states[slot as usize] = State::Lent;
@@ -170,10 +170,9 @@ impl SrqLedger {
     /// not released since, so neither posted again nor lent to the reader
     /// of a later receive into the same slot.
     pub(crate) fn is_lent(&self, wr_id: u64) -> bool {
-        let (slot, lap) = (wr_id as u32, (wr_id >> 32) as u32);
-        wr_id >> 32 < u64::from(LAPS)
-            && self.is_readable(slot)
-            && self.laps.get(slot as usize) == Some(&lap)
+        unpack_srq_recv(self.tag, wr_id).is_some_and(|(lap, slot)| {
+            self.is_readable(slot) && self.laps.get(slot as usize) == Some(&lap)
+        })
     }
 }
 
@@ -183,6 +182,8 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    const TAG: u16 = 7;
 
     #[derive(Debug, Clone)]
     enum Op {
@@ -220,7 +221,7 @@ mod tests {
             slots in 1u32..12,
             ops in prop::collection::vec(op(), 0..300),
         ) {
-            let mut ledger = SrqLedger::new(slots);
+            let mut ledger = SrqLedger::new(slots, TAG);
             let mut nic: Vec<(u32, u64)> = Vec::new(); // the model: posted receives
             let mut lent: Vec<u32> = Vec::new();
             let mut done: Vec<u64> = Vec::new(); // ids completed
@@ -230,7 +231,7 @@ mod tests {
                     Op::Claim => match ledger.claim() {
                         Some((slot, id)) => {
                             prop_assert!(!broken);
-                            prop_assert!(id < LEDGER_LIMIT);
+                            prop_assert_eq!(unpack_srq_recv(TAG, id).map(|(_, s)| s), Some(slot));
                             prop_assert!(!nic.iter().any(|&(s, _)| s == slot), "posted twice");
                             prop_assert!(!lent.contains(&slot), "posted while lent");
                             prop_assert!(!done.contains(&id), "an id reused");
@@ -293,15 +294,16 @@ mod tests {
 
     #[test]
     fn a_receive_is_lent_from_its_completion_to_its_release_and_no_later_lap_is() {
-        let mut ledger = SrqLedger::new(2);
+        let mut ledger = SrqLedger::new(2, TAG);
         let (slot, first) = ledger.claim().unwrap();
         assert!(!ledger.is_lent(first), "at the NIC");
         assert_eq!(ledger.complete(first), Ok(slot));
         assert!(ledger.is_lent(first));
         assert!(!ledger.is_lent(first | 1 << 40), "another lap of the slot");
+        assert!(!ledger.is_lent(first | 1 << 50), "a lap past the wrap");
         assert!(
-            !ledger.is_lent(u64::from(LAPS) << 32 | first),
-            "a lap past the wrap"
+            !ledger.is_lent(srq_recv(TAG + 1, 1, slot)),
+            "another ring's receive into the same slot and lap"
         );
         ledger.release(slot).unwrap();
         assert!(!ledger.is_lent(first), "released");
@@ -319,17 +321,44 @@ mod tests {
 
     #[test]
     fn laps_wrap_below_the_ledger_limit() {
-        let mut ledger = SrqLedger::new(1);
+        let mut ledger = SrqLedger::new(1, TAG);
         ledger.laps[0] = LAPS - 1;
         let (slot, id) = ledger.claim().unwrap();
-        assert_eq!((slot, id), (0, 0), "lap 0 after the last");
+        assert_eq!((slot, id), (0, srq_recv(TAG, 0, 0)), "lap 0 after the last");
         assert_eq!(ledger.complete(id), Ok(0));
         // An id with a lap past the wrap names nothing.
+        let past = srq_recv(TAG, 0, 0) | 1 << 50;
         assert_eq!(
-            ledger.complete(u64::from(LAPS) << 32),
-            Err(Refused::NotPosted {
-                wr_id: u64::from(LAPS) << 32
-            })
+            ledger.complete(past),
+            Err(Refused::NotPosted { wr_id: past })
         );
+    }
+
+    /// Two rings on one CQ: each takes only its own receives, even for
+    /// the same slot in the same lap; a ledger's or a zeroed id is no
+    /// ring's.
+    #[test]
+    fn a_ring_refuses_another_ring_s_receive_into_the_same_slot_and_lap() {
+        let (mut one, mut two) = (SrqLedger::new(4, 1), SrqLedger::new(4, 2));
+        let (slot_one, id_one) = one.claim().unwrap();
+        let (slot_two, id_two) = two.claim().unwrap();
+        assert_eq!(slot_one, slot_two, "the same slot, the same lap");
+        assert_eq!(
+            one.complete(id_two),
+            Err(Refused::NotPosted { wr_id: id_two })
+        );
+        assert_eq!(
+            two.complete(id_one),
+            Err(Refused::NotPosted { wr_id: id_one })
+        );
+        for foreign in [0, 1, u64::from(slot_one), 1 << 32 | u64::from(slot_one)] {
+            assert_eq!(
+                one.complete(foreign),
+                Err(Refused::NotPosted { wr_id: foreign })
+            );
+        }
+        assert_eq!(one.at_nic(), 1, "nothing refused changed hands");
+        assert_eq!(one.complete(id_one), Ok(slot_one));
+        assert_eq!(two.complete(id_two), Ok(slot_two));
     }
 }

@@ -18,10 +18,11 @@
 
 use std::sync::Arc;
 
+use super::cq::{CompletionQueue, CqId, Polled};
 use super::mr::{Access, LocalSlice, Registration};
 use super::pd::ProtectionDomain;
 use super::srq::{SharedReceiveQueue, SrqPoster};
-use super::srq_ledger::{Refused, SrqLedger};
+use super::srq_ledger::{Refused, SrqLedger, MAX_SLOTS};
 use super::wr::{Indeterminate, PostFailed, RecvChain};
 use crate::config::{bad_setting, PageSize};
 use crate::error::{errno, Error, Result};
@@ -31,15 +32,17 @@ use crate::error::{errno, Error, Result};
 /// [`SrqRing::release`]. Neither `Clone` nor constructible outside this
 /// module, so a slot has at most one reader and none after its release.
 #[derive(Debug, PartialEq, Eq)]
+#[must_use = "a slot dropped unreleased stays lent for the ring's life: the SRQ has one receive fewer"]
 pub(crate) struct SrqSlot {
-    /// The completed receive's id: the slot and its lap.
+    /// The completed receive's id: the ring's tag, the slot and its lap.
     wr_id: u64,
+    slot: u32,
 }
 
 impl SrqSlot {
     /// The slot's index in the ring.
     pub(crate) fn index(&self) -> u32 {
-        self.wr_id as u32
+        self.slot
     }
 }
 
@@ -49,6 +52,9 @@ impl SrqSlot {
 pub(crate) struct SrqRing {
     poster: SrqPoster,
     ledger: SrqLedger,
+    /// The CQ its receives complete on (every queue pair on the SRQ has
+    /// it as its receive CQ): completions polled elsewhere are refused.
+    cq: CqId,
     chain: RecvChain,
     /// The slots of the chain being posted, in its order: what a partial
     /// refusal gives back is found here.
@@ -75,21 +81,26 @@ impl SrqRing {
     /// An SRQ of `depth` receives in `pd` (the device granting fewer is an
     /// error), a ring of `depth` slots of `slot_size` bytes on `pages`,
     /// registered for the NIC to write locally only, and a chain of
-    /// `batch` receives (at most `depth`). Nothing is posted yet.
+    /// `batch` receives (at most `depth`). Every queue pair on the SRQ
+    /// must have `cq` as its receive CQ: the ring takes its tag from it,
+    /// and settles only completions polled from it. Nothing is posted yet.
     pub(crate) fn new(
         pd: &Arc<ProtectionDomain>,
+        cq: &CompletionQueue,
         depth: u32,
         slot_size: usize,
         batch: usize,
         pages: PageSize,
     ) -> Result<SrqRing> {
         let bytes = ring_bytes(depth, slot_size, batch)?;
+        let tag = cq.ring_tag()?;
         let (_, poster) = SharedReceiveQueue::new(pd, depth)?;
         // Freed at once if this fails: nothing is posted yet.
         let ring = Registration::new(pd, bytes, pages, Access::LOCAL_WRITE)?;
         Ok(SrqRing {
             poster,
-            ledger: SrqLedger::new(depth),
+            ledger: SrqLedger::new(depth, tag),
+            cq: cq.id(),
             chain: RecvChain::new(batch),
             claimed: vec![0; batch].into(),
             ring: Some(ring),
@@ -103,9 +114,17 @@ impl SrqRing {
         self.poster.srq()
     }
 
-    /// Slots free to post.
+    /// Slots free to post (a broken ring still counts its released ones,
+    /// though `refill` posts none: check [`Self::is_broken`] before
+    /// refilling on this count).
     pub(crate) fn free(&self) -> usize {
         self.ledger.free()
+    }
+
+    /// Whether a post failed without naming what it refused: the ring
+    /// posts nothing more ([`Error::SrqBroken`]).
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken.is_some()
     }
 
     /// Slots whose receives are posted (or, after an unnamed failure, may
@@ -192,16 +211,22 @@ impl SrqRing {
         }
     }
 
-    /// The completion of receive `wr_id`, polled from a CQ of a queue pair
-    /// on this SRQ: its slot, now lent to the caller. Settled before
-    /// anything else is done with the completion (whatever its status or
-    /// queue pair), so the slot is the CPU's again whoever it landed on. A
-    /// duplicate, an earlier lap's or another poster's id is refused, and
-    /// no slot changes hands.
+    /// The completion of a receive, polled from the CQ this ring's
+    /// receives complete on: its slot, now lent to the caller. Settled
+    /// before anything else is done with the completion (whatever its
+    /// status or queue pair), so the slot is the CPU's again whoever it
+    /// landed on. A completion polled from another CQ, another ring's (the
+    /// tag in its id), a duplicate or an earlier lap's is refused, and no
+    /// slot changes hands: only a receive this ring posted and the NIC
+    /// completed is ever lent.
     #[inline]
-    pub(crate) fn settle(&mut self, wr_id: u64) -> Result<SrqSlot, Refused> {
-        self.ledger.complete(wr_id)?;
-        Ok(SrqSlot { wr_id })
+    pub(crate) fn settle(&mut self, polled: Polled<'_>) -> Result<SrqSlot, Refused> {
+        let wr_id = polled.wc().wr_id();
+        if polled.cq() != self.cq {
+            return Err(Refused::NotPosted { wr_id });
+        }
+        let slot = self.ledger.complete(wr_id)?;
+        Ok(SrqSlot { wr_id, slot })
     }
 
     /// The first `len` bytes of `slot` (what its receive delivered, as its
@@ -254,11 +279,11 @@ impl Drop for SrqRing {
 /// The bytes of a ring of `depth` slots of `slot_size` with a chain of
 /// `batch`, or why not.
 fn ring_bytes(depth: u32, slot_size: usize, batch: usize) -> Result<usize> {
-    if depth == 0 {
+    if depth == 0 || depth > MAX_SLOTS {
         return Err(bad_setting(
             "srq_depth",
             depth,
-            "holds at least one receive",
+            format!("must be 1 to {MAX_SLOTS} receives"),
         ));
     }
     if slot_size == 0 || u32::try_from(slot_size).is_err() {
@@ -345,7 +370,7 @@ mod tests {
 
     #[test]
     fn a_chain_the_srq_took_whole_stays_at_the_nic() {
-        let mut ledger = SrqLedger::new(8);
+        let mut ledger = SrqLedger::new(8, 1);
         let chain = claimed(&mut ledger, 5);
         assert_eq!(account(&mut ledger, &slots(&chain), Ok(())).unwrap(), 5);
         assert_eq!((ledger.free(), ledger.at_nic()), (3, 5));
@@ -358,7 +383,7 @@ mod tests {
     /// ids never complete; those before it are the NIC's.
     #[test]
     fn a_refusal_naming_a_receive_gives_back_it_and_those_after_it() {
-        let mut ledger = SrqLedger::new(8);
+        let mut ledger = SrqLedger::new(8, 1);
         let chain = claimed(&mut ledger, 5);
         let refused = PostFailed::Refused {
             posted: 2,
@@ -399,7 +424,7 @@ mod tests {
 
     #[test]
     fn a_refusal_of_the_first_receive_gives_back_the_whole_chain() {
-        let mut ledger = SrqLedger::new(4);
+        let mut ledger = SrqLedger::new(4, 1);
         let chain = claimed(&mut ledger, 4);
         let refused = PostFailed::Refused {
             posted: 0,
@@ -418,7 +443,7 @@ mod tests {
     /// is claimed.
     #[test]
     fn a_failure_naming_no_receive_keeps_every_one_posted_and_breaks_the_ledger() {
-        let mut ledger = SrqLedger::new(8);
+        let mut ledger = SrqLedger::new(8, 1);
         let chain = claimed(&mut ledger, 3);
         let unknown = Indeterminate {
             call: "ibv_post_srq_recv",

@@ -9,11 +9,22 @@
 //! a tag in the top two bits. The ledgers admit only ids below
 //! [`LEDGER_LIMIT`] and take a completion only for an id they admitted,
 //! so a tagged id is never counted as a ring position or a sequence
-//! number.
+//! number. The receives of a shared receive ring ([`srq_recv`]) have ids
+//! of their own between the two, each naming its ring.
 
 /// Ids a ledger may hand out: every sequence number and ring position is
-/// below this; every tagged id is at or above it.
-pub(crate) const LEDGER_LIMIT: u64 = 1 << 62;
+/// below this (2^61 requests: centuries at any rate); every tagged id and
+/// every shared receive ring's is at or above it.
+pub(crate) const LEDGER_LIMIT: u64 = 1 << 61;
+/// The mark of a shared receive ring's receive: `001` from the top, then
+/// the ring's tag (10 bits), a zero, the slot's lap (30 bits) and the
+/// slot (20 bits).
+pub(crate) const SRQ_RECV: u64 = 1 << 61;
+/// Bits of a shared receive ring's slot: a ring holds at most 2^20.
+pub(crate) const SRQ_SLOT_BITS: u32 = 20;
+/// Bits of a slot's lap in a shared receive ring's id.
+pub(crate) const SRQ_LAP_BITS: u32 = 30;
+const SRQ_TAG_SHIFT: u32 = 51;
 /// The tag of a raw post's id ([`super::region::RawQueuePair`]).
 pub(crate) const RAW: u64 = 1 << 62;
 /// The tag of a whole region's post ([`super::region::Posted`]).
@@ -51,15 +62,39 @@ pub(crate) fn raw(id: u64) -> Option<u64> {
     (id & TAGS == 0).then_some(id | RAW)
 }
 
+/// The id of a shared receive ring's receive into `slot` (below 2^20) in
+/// lap `lap` (below 2^30), the ring tagged `tag` (1 to 1023) by the CQ
+/// its receives complete on: never a ledger's id, a tagged one, or
+/// another ring's of that CQ.
+pub(crate) fn srq_recv(tag: u16, lap: u32, slot: u32) -> u64 {
+    debug_assert!(tag != 0 && tag >> 10 == 0, "ring tag {tag}");
+    debug_assert!(lap >> SRQ_LAP_BITS == 0 && slot >> SRQ_SLOT_BITS == 0);
+    SRQ_RECV | u64::from(tag) << SRQ_TAG_SHIFT | u64::from(lap) << SRQ_SLOT_BITS | u64::from(slot)
+}
+
+/// The lap and slot a shared receive ring tagged `tag` gave `wr_id`, if
+/// it is one of that ring's ids at all.
+pub(crate) fn unpack_srq_recv(tag: u16, wr_id: u64) -> Option<(u32, u32)> {
+    let ring = SRQ_RECV | u64::from(tag) << SRQ_TAG_SHIFT;
+    let low = wr_id.checked_sub(ring)?;
+    // What is left must fit the lap and the slot: the bit between them
+    // and the tag stays clear, so no other ring's id (nor a ledger's, nor
+    // a tagged one) gets here.
+    (low >> (SRQ_LAP_BITS + SRQ_SLOT_BITS) == 0).then_some((
+        (low >> SRQ_SLOT_BITS) as u32,
+        low as u32 & ((1 << SRQ_SLOT_BITS) - 1),
+    ))
+}
+
 /// Bits of a pooled id's generation (issue 25's poller: many connections
 /// share one CQ, so an id names its connection as well as its request).
-pub(crate) const POOLED_GEN_BITS: u32 = 14;
+pub(crate) const POOLED_GEN_BITS: u32 = 13;
 /// Bits of a pooled id's connection slot: a poller holds at most 2^16.
 pub(crate) const POOLED_INDEX_BITS: u32 = 16;
 
 /// The id of the request with sequence number `seq` of the pooled
-/// connection in slot `index` (below 2^16), generation `gen` (its low 14
-/// bits are kept): `00`, generation, slot, the sequence number's low 32
+/// connection in slot `index` (below 2^16), generation `gen` (its low 13
+/// bits are kept): `000`, generation, slot, the sequence number's low 32
 /// bits, from the top. Always below [`LEDGER_LIMIT`], so never taken for
 /// a tagged id; the connection's ledger rebuilds the sequence number from
 /// its low bits (`Ledger::unfold`).
@@ -74,7 +109,7 @@ pub(crate) fn pooled(index: u32, gen: u32, seq: u64) -> u64 {
     gen << 48 | index << 32 | (seq & u64::from(u32::MAX))
 }
 
-/// The parts of a pooled id: slot, generation (14 bits), the sequence
+/// The parts of a pooled id: slot, generation (13 bits), the sequence
 /// number's low 32 bits.
 #[cfg_attr(
     not(test),
@@ -140,7 +175,35 @@ mod tests {
             let id = pooled(index, gen, seq);
             prop_assert!(id < LEDGER_LIMIT);
             prop_assert_eq!(owner(id), Owner::Ledger);
-            prop_assert_eq!(unpack_pooled(id), (index, gen & 0x3fff, seq as u32));
+            prop_assert_eq!(unpack_pooled(id), (index, gen & 0x1fff, seq as u32));
+        }
+
+        /// A shared receive ring's id is found again by its ring, and by
+        /// no other ring; no ledger's, pooled or tagged id is taken for
+        /// any ring's.
+        #[test]
+        fn a_shared_ring_s_ids_are_its_own_alone(
+            tag in 1u16..1024,
+            other in 1u16..1024,
+            lap in 0u32..(1 << SRQ_LAP_BITS),
+            slot in 0u32..(1 << SRQ_SLOT_BITS),
+            seq in 0u64..LEDGER_LIMIT,
+            index in 0u32..(1 << 16),
+            gen in any::<u32>(),
+            anything in any::<u64>(),
+        ) {
+            let id = srq_recv(tag, lap, slot);
+            prop_assert!((LEDGER_LIMIT..RAW).contains(&id));
+            prop_assert_eq!(unpack_srq_recv(tag, id), Some((lap, slot)));
+            if other != tag {
+                prop_assert_eq!(unpack_srq_recv(other, id), None);
+            }
+            for foreign in [seq, pooled(index, gen, seq), raw(seq).unwrap(), seq | OWNED] {
+                prop_assert_eq!(unpack_srq_recv(tag, foreign), None);
+            }
+            if let Some((l, s)) = unpack_srq_recv(tag, anything) {
+                prop_assert_eq!(srq_recv(tag, l, s), anything, "one id per lap and slot");
+            }
         }
     }
 
@@ -160,7 +223,7 @@ mod tests {
             assert_eq!(owner(tagged), Owner::Raw(id));
             assert_eq!(owner(id), Owner::Ledger);
         }
-        assert_eq!(raw(LEDGER_LIMIT), None, "bit 62 is the raw tag");
+        assert_eq!(raw(RAW), None, "bit 62 is the raw tag");
         assert_eq!(raw(u64::MAX), None);
         assert_eq!(raw(OWNED | 5), None, "bit 63 is the owned tag");
         assert_eq!(owner(OWNED), Owner::Owned);
