@@ -606,9 +606,16 @@ pub enum Misuse {
     PeerWritableRegion,
     /// A queue pair was to be made in one protection domain on
     /// completion queues of another device context, or on a shared
-    /// receive queue of another protection domain.
-    #[error("a queue pair's completion queues and shared receive queue must be of its own device context and protection domain")]
+    /// receive queue of another protection domain or completing its
+    /// receives on another completion queue than the one it was made for.
+    #[error("a queue pair's completion queues and shared receive queue must be of its own device context and protection domain, and a queue pair on a shared receive queue must complete its receives on that queue's receive completion queue")]
     QueuesOfAnotherDomain,
+    /// A queue was handed completions polled from another queue's
+    /// completion queue, or asked to poll one: none of them is believed
+    /// (an id of another queue's is no request of this one's). A bug in
+    /// pinpoll, not in the program: no public call hands completions on.
+    #[error("a queue was handed another completion queue's completions (none was believed); this is a bug in pinpoll: please report it")]
+    OtherQueuesCompletions,
     /// A raw work request id uses the two top bits pinpoll reserves.
     #[error("raw work request id {id:#x} uses the top two bits, which pinpoll reserves; use ids below 2^62")]
     ReservedId {

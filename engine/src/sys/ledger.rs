@@ -17,7 +17,7 @@
 //! holds a signaled request whose completion frees it.
 //!
 //! Arithmetic: sequence numbers and receive positions stay below
-//! [`LEDGER_LIMIT`] (2^62, checked at admission), and every other counter
+//! [`LEDGER_LIMIT`] (2^61, checked at admission), and every other counter
 //! here (slot cursors, retired, done) is at most one of them, so sums of
 //! them and the small depths, and differences of a counter and one it
 //! never passes, are plain counting: written `wrapping_`, they never wrap.
@@ -300,7 +300,7 @@ impl Ledger {
     /// Admits one more request of `kind`: its sequence number and whether
     /// it is signaled (forced, or the interval's turn). `None` when the
     /// queue is full: reap completions, then retry. Sequence numbers stay
-    /// below [`LEDGER_LIMIT`] (2^62 requests: centuries at any rate), so
+    /// below [`LEDGER_LIMIT`] (2^61 requests: centuries at any rate), so
     /// no tagged id is ever taken for one.
     #[inline]
     pub(crate) fn admit(&mut self, kind: RequestKind, must_signal: bool) -> Option<Admitted> {

@@ -166,9 +166,9 @@ impl Queues<'_> {
         let ctx = pd.context();
         Arc::ptr_eq(self.send_cq.context(), ctx)
             && Arc::ptr_eq(self.recv_cq.context(), ctx)
-            && self
-                .srq
-                .is_none_or(|srq| std::ptr::eq(Arc::as_ptr(srq.pd()), pd))
+            && self.srq.is_none_or(|srq| {
+                std::ptr::eq(Arc::as_ptr(srq.pd()), pd) && Arc::ptr_eq(srq.recv_cq(), self.recv_cq)
+            })
     }
 }
 

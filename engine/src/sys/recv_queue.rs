@@ -12,6 +12,7 @@ use super::layout::SlotLayout;
 use super::ledger::RecvLedger;
 use super::mr::{LocalSlice, Registration};
 use super::qp::QueuePair;
+use super::send_queue::other_queues_completions;
 use super::wr::{Indeterminate, PostFailed, RecvChain};
 use crate::error::Result;
 use crate::status::{WcOpcode, WcStatus};
@@ -153,8 +154,12 @@ impl RecvQueue {
         max: usize,
         on: impl FnMut(Arrival, &[u8]),
     ) -> Result<usize> {
+        // Checked before polling: another queue's CQ keeps its completions.
+        if cq.id() != self.cq {
+            return Err(other_queues_completions());
+        }
         let reaped = cq.reap(max.min(POLL_BATCH))?;
-        self.settle(reaped, on)
+        self.settle_own(reaped, on)
     }
 
     /// Completes the receives `reaped` names and hands each to `on` with
@@ -170,14 +175,29 @@ impl RecvQueue {
     /// polled already; those after the panicking one were never handed
     /// on, and the queue says so ([`is_unwound`](Self::is_unwound)).
     #[inline]
+    #[expect(
+        dead_code,
+        reason = "issue 25's poller of many connections builds on it"
+    )]
     pub(crate) fn settle(
+        &mut self,
+        reaped: Reaped<'_>,
+        on: impl FnMut(Arrival, &[u8]),
+    ) -> Result<usize> {
+        if reaped.cq() != self.cq {
+            return Err(other_queues_completions());
+        }
+        self.settle_own(reaped, on)
+    }
+
+    /// [`settle`](Self::settle), for completions its caller checked are
+    /// of this queue's CQ.
+    #[inline(always)]
+    fn settle_own(
         &mut self,
         reaped: Reaped<'_>,
         mut on: impl FnMut(Arrival, &[u8]),
     ) -> Result<usize> {
-        if reaped.cq() != self.cq {
-            return Err(self.not_this_queue_s(reaped));
-        }
         let wcs = reaped.wcs();
         let n = wcs.len();
         let mut walk = RecvWalk {
@@ -220,15 +240,6 @@ impl RecvQueue {
             return &[];
         }
         bytes(&self.ring, self.layout, arrival)
-    }
-}
-
-impl RecvQueue {
-    #[cold]
-    #[inline(never)]
-    fn not_this_queue_s(&self, reaped: Reaped<'_>) -> crate::Error {
-        let wr_id = reaped.wcs().first().map_or(0, |wc| wc.wr_id());
-        self.ledger.refusal(wr_id).into()
     }
 }
 

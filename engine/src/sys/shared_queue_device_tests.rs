@@ -67,7 +67,7 @@ impl Shared {
             None => CompletionQueue::new(&ctx, 64),
         }
         .expect("receive CQ");
-        let (srq, poster) = SharedReceiveQueue::new(&pd, SLOTS as u32).expect("SRQ");
+        let (srq, poster) = SharedReceiveQueue::new(&pd, &recv_cq, SLOTS as u32).expect("SRQ");
         let ring = Registration::new(&pd, SLOT * SLOTS, PageSize::Base, Access::LOCAL_WRITE)
             .expect("the receive ring");
         Shared {

@@ -22,6 +22,7 @@ use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 
+use super::cq::CompletionQueue;
 use super::ffi;
 use super::parked::ParkingLot;
 use super::pd::ProtectionDomain;
@@ -36,6 +37,10 @@ pub(crate) struct SharedReceiveQueue {
     max_wr: u32,
     /// Memory its posted receives may name.
     lot: Arc<ParkingLot>,
+    /// The CQ every queue pair on it completes its receives on: held, so
+    /// no other CQ gets its address (a ring's completions are told apart
+    /// by it) while the SRQ lives.
+    recv_cq: Arc<CompletionQueue>,
     pd: Arc<ProtectionDomain>,
 }
 
@@ -61,9 +66,15 @@ pub(crate) struct SrqPoster {
 
 impl SharedReceiveQueue {
     /// Creates an SRQ of at least `max_wr` receives of one scatter/gather
-    /// entry each, in `pd`; returns its owner (for the queue pairs) and its
-    /// poster.
-    pub(crate) fn new(pd: &Arc<ProtectionDomain>, max_wr: u32) -> Result<(Arc<Self>, SrqPoster)> {
+    /// entry each, in `pd`, whose receives complete on `recv_cq` (every
+    /// queue pair on it must have that receive CQ: its ring's ids are
+    /// tagged by that CQ alone); returns its owner (for the queue pairs)
+    /// and its poster.
+    pub(crate) fn new(
+        pd: &Arc<ProtectionDomain>,
+        recv_cq: &Arc<CompletionQueue>,
+        max_wr: u32,
+    ) -> Result<(Arc<Self>, SrqPoster)> {
         let mut attr = ffi::ibv_srq_init_attr {
             srq_context: std::ptr::null_mut(),
             attr: ffi::ibv_srq_attr {
@@ -85,6 +96,7 @@ impl SharedReceiveQueue {
             ptr,
             max_wr: attr.attr.max_wr,
             lot: ParkingLot::new(),
+            recv_cq: Arc::clone(recv_cq),
             pd: Arc::clone(pd),
         });
         if srq.max_wr < max_wr {
@@ -103,6 +115,11 @@ impl SharedReceiveQueue {
             _not_sync: PhantomData,
         };
         Ok((srq, poster))
+    }
+
+    /// The CQ its receives complete on.
+    pub(crate) fn recv_cq(&self) -> &Arc<CompletionQueue> {
+        &self.recv_cq
     }
 
     pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_srq {

@@ -86,17 +86,18 @@ impl SrqRing {
     /// and settles only completions polled from it. Nothing is posted yet.
     pub(crate) fn new(
         pd: &Arc<ProtectionDomain>,
-        cq: &CompletionQueue,
+        cq: &Arc<CompletionQueue>,
         depth: u32,
         slot_size: usize,
         batch: usize,
         pages: PageSize,
     ) -> Result<SrqRing> {
         let bytes = ring_bytes(depth, slot_size, batch)?;
-        let tag = cq.ring_tag()?;
-        let (_, poster) = SharedReceiveQueue::new(pd, depth)?;
+        let (_, poster) = SharedReceiveQueue::new(pd, cq, depth)?;
         // Freed at once if this fails: nothing is posted yet.
         let ring = Registration::new(pd, bytes, pages, Access::LOCAL_WRITE)?;
+        // Last: a ring that was not made uses up no tag.
+        let tag = cq.ring_tag()?;
         Ok(SrqRing {
             poster,
             ledger: SrqLedger::new(depth, tag),

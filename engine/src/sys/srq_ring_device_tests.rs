@@ -249,7 +249,7 @@ fn a_refill_refused_part_way_gives_back_exactly_the_refused_receives() {
     const BATCH: usize = 8;
     let mut rig = Rig::new(DEPTH, BATCH);
     let room = 12;
-    let max_wr = srq_capacity(&rig.pd, DEPTH);
+    let max_wr = srq_capacity(&rig.pd, &rig.recv_cq, DEPTH);
     let fillers = max_wr - room;
     let mut chain = RecvChain::new(fillers);
     for i in 0..fillers {
@@ -282,8 +282,8 @@ fn a_refill_refused_part_way_gives_back_exactly_the_refused_receives() {
 
 /// How many receives an SRQ asked for `depth` really holds: buffer-less
 /// receives posted one by one to a fresh one until it refuses one.
-fn srq_capacity(pd: &Arc<ProtectionDomain>, depth: u32) -> usize {
-    let (srq, mut poster) = SharedReceiveQueue::new(pd, depth).expect("a probe SRQ");
+fn srq_capacity(pd: &Arc<ProtectionDomain>, cq: &Arc<CompletionQueue>, depth: u32) -> usize {
+    let (srq, mut poster) = SharedReceiveQueue::new(pd, cq, depth).expect("a probe SRQ");
     let mut one = RecvChain::new(1);
     for held in 0..=64 * depth as usize {
         one.patch(0, 1 << 62 | held as u64, None);
@@ -441,4 +441,36 @@ fn a_ring_settles_only_completions_of_its_own_receives_polled_from_its_own_cq() 
     let data_a = pattern(300, 1);
     send(&mut peer_a, &data_a);
     rig.receive(1, |_| data_a.clone());
+}
+
+/// A queue pair on a ring's SRQ must complete its receives on the CQ the
+/// SRQ was made for (hostile read 36b, F1): a ring's receives are told
+/// apart from another's by that CQ and the tag it gave, so one completing
+/// on another CQ would carry that CQ's brand and maybe another ring's
+/// tag. Made on another receive CQ, the queue pair is refused before any
+/// verb.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_queue_pair_on_a_ring_s_srq_completing_elsewhere_is_refused() {
+    let rig = Rig::new(4, 4);
+    let (other_cq, _other_poller) =
+        CompletionQueue::new(rig.pd.context(), 64).expect("another receive CQ");
+    let refused = Endpoint::create_shared(
+        &rig.pd,
+        Queues {
+            send_cq: &rig.send_cq,
+            recv_cq: &other_cq,
+            srq: Some(rig.ring.srq()),
+        },
+        &crate::datapath::device_tests::qp_config(),
+    );
+    assert!(
+        matches!(
+            refused,
+            Err(Error::Misuse(crate::error::Misuse::QueuesOfAnotherDomain))
+        ),
+        "{refused:?}"
+    );
+    // On its own CQ, it is made.
+    let _made = rig.connect();
 }
