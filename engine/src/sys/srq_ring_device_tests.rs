@@ -173,20 +173,7 @@ fn two_queue_pairs_on_one_ring_deliver_three_laps_byte_exact() {
         // No more in flight than receives posted: each SEND then finds one.
         let room = rig.ring.at_nic().min(BURST);
         assert!(room > 0, "the SRQ ran dry");
-        let mut burst = 0;
-        for k in 0..room {
-            let p = if sent[k % 2] < per_peer {
-                k % 2
-            } else {
-                1 - k % 2
-            };
-            if sent[p] == per_peer {
-                break;
-            }
-            send(&mut peers[p], &message(p, sent[p]));
-            sent[p] += 1;
-            burst += 1;
-        }
+        let burst = send_burst(&mut peers, &mut sent, per_peer, room);
         let peer_of = |wc: &WorkCompletion| {
             qpns.iter()
                 .position(|&q| q == wc.qp_num())
@@ -232,6 +219,31 @@ fn two_queue_pairs_on_one_ring_deliver_three_laps_byte_exact() {
         0,
         "a stray completion"
     );
+}
+
+/// Up to `room` messages from the two peers, alternating while both have
+/// some of their `per_peer` left to send; returns how many were sent.
+fn send_burst(
+    peers: &mut [Endpoint; 2],
+    sent: &mut [usize; 2],
+    per_peer: usize,
+    room: usize,
+) -> usize {
+    let mut burst = 0;
+    for k in 0..room {
+        let p = if sent[k % 2] < per_peer {
+            k % 2
+        } else {
+            1 - k % 2
+        };
+        if sent[p] == per_peer {
+            break;
+        }
+        send(&mut peers[p], &message(p, sent[p]));
+        sent[p] += 1;
+        burst += 1;
+    }
+    burst
 }
 
 /// A refill the SRQ refuses part way, naming the receive it refused,
@@ -397,41 +409,22 @@ fn a_ring_settles_only_completions_of_its_own_receives_polled_from_its_own_cq() 
     send(&mut peer_c, &data_c);
     let at_nic = rig.ring.at_nic();
     // The second ring's receive, polled from the CQ the first ring uses.
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let reaped = rig.recv.reap(1).expect("poll");
-        if let Some(polled) = reaped.each().next() {
-            assert_eq!(
-                rig.ring.settle(polled),
-                Err(Refused::NotPosted {
-                    wr_id: polled.wc().wr_id()
-                }),
-                "the first ring took the second's receive"
-            );
-            let slot = settle(&mut same_cq_ring, polled, &data_b);
-            same_cq_ring.release(slot).expect("release");
-            break;
-        }
-        assert!(Instant::now() < deadline, "no completion on the shared CQ");
-    }
+    refused_then_settled(
+        &mut rig.ring,
+        &mut rig.recv,
+        &mut same_cq_ring,
+        &data_b,
+        "the first ring took the second's receive",
+    );
     // The third ring's receive, from the other CQ: the same id as the
     // first ring's slot 0 in lap 1, which is at the NIC.
-    loop {
-        let reaped = other_recv.reap(1).expect("poll");
-        if let Some(polled) = reaped.each().next() {
-            assert_eq!(
-                rig.ring.settle(polled),
-                Err(Refused::NotPosted {
-                    wr_id: polled.wc().wr_id()
-                }),
-                "the first ring took a completion polled from another CQ"
-            );
-            let slot = settle(&mut other_cq_ring, polled, &data_c);
-            other_cq_ring.release(slot).expect("release");
-            break;
-        }
-        assert!(Instant::now() < deadline, "no completion on the other CQ");
-    }
+    refused_then_settled(
+        &mut rig.ring,
+        &mut other_recv,
+        &mut other_cq_ring,
+        &data_c,
+        "the first ring took a completion polled from another CQ",
+    );
     assert_eq!(
         rig.ring.at_nic(),
         at_nic,
@@ -441,6 +434,33 @@ fn a_ring_settles_only_completions_of_its_own_receives_polled_from_its_own_cq() 
     let data_a = pattern(300, 1);
     send(&mut peer_a, &data_a);
     rig.receive(1, |_| data_a.clone());
+}
+
+/// The next completion polled from `cq`, within [`WAIT`]: refused by
+/// `wrong` (saying `why` if not), then settled by `owner`, holding `data`.
+fn refused_then_settled(
+    wrong: &mut SrqRing,
+    cq: &mut Reaper,
+    owner: &mut SrqRing,
+    data: &[u8],
+    why: &str,
+) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let reaped = cq.reap(1).expect("poll");
+        if let Some(polled) = reaped.each().next() {
+            let wr_id = polled.wc().wr_id();
+            assert_eq!(
+                wrong.settle(polled),
+                Err(Refused::NotPosted { wr_id }),
+                "{why}"
+            );
+            let slot = settle(owner, polled, data);
+            owner.release(slot).expect("release");
+            return;
+        }
+        assert!(Instant::now() < deadline, "no completion");
+    }
 }
 
 /// A queue pair on a ring's SRQ must complete its receives on the CQ the
