@@ -34,8 +34,6 @@ pub const MAX_PRIVATE_DATA: usize = 56 - RegionDescriptor::LEN;
 pub(crate) struct Rings {
     pub(super) sq: SendQueue,
     pub(super) rq: RecvQueue,
-    pub(super) send_cq: Reaper,
-    pub(super) recv_cq: Reaper,
     pub(super) target: SharedRegion,
 }
 
@@ -62,11 +60,10 @@ impl Rings {
             Access::LOCAL_WRITE | remote_access,
         )?;
         let pollers = ep.take_pollers()?;
-        let (send_cq, recv_cq) = (Reaper::new(pollers.send), Reaper::new(pollers.recv));
         let batch = cfg.batch_size.max(1) as usize;
         let inline_threshold = cfg.inline_threshold.min(ep.max_inline()) as usize;
         let sq = SendQueue::new(
-            send_cq.id(),
+            Reaper::new(pollers.send),
             send,
             read,
             layout,
@@ -75,7 +72,7 @@ impl Rings {
             batch,
             inline_threshold,
         );
-        let mut rq = RecvQueue::new(recv_cq.id(), recv, recv_layout, batch);
+        let mut rq = RecvQueue::new(Reaper::new(pollers.recv), recv, recv_layout, batch);
         if let Err(e) = rq.refill(ep.qp()) {
             // Some receives may be queued on the QP, which outlives this
             // call: the ring they write into must outlive the QP.
@@ -85,8 +82,6 @@ impl Rings {
         Ok(Rings {
             sq,
             rq,
-            send_cq,
-            recv_cq,
             target: SharedRegion::new(target),
         })
     }

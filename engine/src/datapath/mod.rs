@@ -36,7 +36,6 @@ use crate::config::EngineConfig;
 use crate::endpoint::Endpoint;
 use crate::error::Result;
 use crate::status::WcError;
-use crate::sys::cq::Reaper;
 use crate::sys::mr::RemoteSlice;
 use crate::sys::recv_queue::RecvQueue;
 use crate::sys::region::{MemoryRegion, SharedRegion};
@@ -53,9 +52,6 @@ pub struct Connection {
     ep: Endpoint,
     sq: SendQueue,
     rq: RecvQueue,
-    /// The connection's own CQs: its send queue's and its receive queue's.
-    send_cq: Reaper,
-    recv_cq: Reaper,
     /// The peer RDMA-writes (and reads) here; its descriptor went to the peer.
     target: SharedRegion,
     /// The peer's target ring.
@@ -120,13 +116,7 @@ impl Connection {
         peer: RemoteSlice,
         cfg: &EngineConfig,
     ) -> Connection {
-        let Rings {
-            sq,
-            rq,
-            send_cq,
-            recv_cq,
-            target,
-        } = rings;
+        let Rings { sq, rq, target } = rings;
         // At error level so that it is on whenever the engine's warnings
         // are: an info span is filtered out under a `warn` filter, and the
         // warnings would lose the connection's name.
@@ -135,8 +125,6 @@ impl Connection {
             ep,
             sq,
             rq,
-            send_cq,
-            recv_cq,
             target,
             peer,
             completion_timeout: cfg.completion_timeout,

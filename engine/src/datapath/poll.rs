@@ -63,8 +63,7 @@ impl Connection {
             closing: self.closing,
             stats: &mut self.stats,
         };
-        self.sq
-            .poll(&mut self.send_cq, |retired| verdict.judge(retired, on))
+        self.sq.poll(|retired| verdict.judge(retired, on))
     }
 }
 

@@ -50,8 +50,7 @@ impl Connection {
             self.rq.refill(self.ep.qp())?;
         }
         let mut got = None;
-        self.rq
-            .poll(&mut self.recv_cq, 1, |arrival, _| got = Some(arrival))?;
+        self.rq.poll(1, |arrival, _| got = Some(arrival))?;
         match got {
             Some(arrival) if arrival.status == WcStatus::SUCCESS => {
                 self.stats.received += 1;
@@ -103,28 +102,26 @@ impl Connection {
     #[inline]
     pub(super) fn poll_recv(&mut self, on: &mut impl FnMut(Event<'_>)) -> Result<usize> {
         let (failure, stats) = (&mut self.failure, &mut self.stats);
-        let n = self
-            .rq
-            .poll(&mut self.recv_cq, usize::MAX, |arrival, data| {
-                if arrival.status == WcStatus::SUCCESS {
-                    stats.received += 1;
-                    on(match arrival.imm {
-                        Some(imm) if arrival.write_imm => Event::WriteImm {
-                            imm,
-                            len: arrival.len,
-                        },
-                        _ => Event::Received { data },
-                    });
-                } else if arrival.status == WcStatus::WR_FLUSH_ERR || failure.is_some() {
-                    stats.recv_flushed += 1;
-                    on(Event::RecvFlushed);
-                } else {
-                    let err = receive_error(&arrival);
-                    *failure = Some(err);
-                    stats.failed += 1;
-                    on(Event::Failed(err));
-                }
-            })?;
+        let n = self.rq.poll(usize::MAX, |arrival, data| {
+            if arrival.status == WcStatus::SUCCESS {
+                stats.received += 1;
+                on(match arrival.imm {
+                    Some(imm) if arrival.write_imm => Event::WriteImm {
+                        imm,
+                        len: arrival.len,
+                    },
+                    _ => Event::Received { data },
+                });
+            } else if arrival.status == WcStatus::WR_FLUSH_ERR || failure.is_some() {
+                stats.recv_flushed += 1;
+                on(Event::RecvFlushed);
+            } else {
+                let err = receive_error(&arrival);
+                *failure = Some(err);
+                stats.failed += 1;
+                on(Event::Failed(err));
+            }
+        })?;
         if n > 0 && self.failure.is_none() && !self.closing {
             self.rq.refill(self.ep.qp())?;
         }

@@ -7,7 +7,7 @@
 //! one lap later is posted. Views of a slot are made only in between, and
 //! posting needs `&mut self`, so no view outlives its slot's turn.
 
-use super::cq::{CqId, Reaped, Reaper, WorkCompletion, POLL_BATCH};
+use super::cq::{Reaped, Reaper, WorkCompletion, POLL_BATCH};
 use super::layout::SlotLayout;
 use super::ledger::RecvLedger;
 use super::mr::{LocalSlice, Registration};
@@ -37,8 +37,9 @@ pub(crate) struct RecvQueue {
     ledger: RecvLedger,
     ring: Registration,
     layout: SlotLayout,
-    /// The CQ this queue's completions are polled from.
-    cq: CqId,
+    /// The poller of the CQ this queue's completions arrive on, its own:
+    /// what it reaps needs no check that it is this queue's.
+    cq: Reaper,
     /// A post failed without saying which receive it refused: every one
     /// counts as posted, the QP is in ERR, and no more are posted.
     broken: Option<Indeterminate>,
@@ -56,7 +57,12 @@ impl std::fmt::Debug for RecvQueue {
 impl RecvQueue {
     /// One receive per slot of `layout` in `ring`, posted in batches of up
     /// to `batch`.
-    pub(crate) fn new(cq: CqId, ring: Registration, layout: SlotLayout, batch: usize) -> RecvQueue {
+    pub(crate) fn new(
+        cq: Reaper,
+        ring: Registration,
+        layout: SlotLayout,
+        batch: usize,
+    ) -> RecvQueue {
         assert!(ring.len() >= layout.bytes());
         RecvQueue {
             chain: RecvChain::new(batch.min(layout.count())),
@@ -145,21 +151,20 @@ impl RecvQueue {
         }
     }
 
-    /// Polls `cq` (this queue's own) for up to `max` receive completions
-    /// (at most [`POLL_BATCH`]): see [`settle`](Self::settle).
+    /// Polls this queue's own CQ for up to `max` receive completions (at
+    /// most [`POLL_BATCH`]): see [`settle`](Self::settle). No check: the
+    /// queue owns its CQ's poller, so every completion it reaps is its CQ's.
     #[inline]
-    pub(crate) fn poll(
-        &mut self,
-        cq: &mut Reaper,
-        max: usize,
-        on: impl FnMut(Arrival, &[u8]),
-    ) -> Result<usize> {
-        // Checked before polling: another queue's CQ keeps its completions.
-        if cq.id() != self.cq {
-            return Err(other_queues_completions());
-        }
-        let reaped = cq.reap(max.min(POLL_BATCH))?;
-        self.settle_own(reaped, on)
+    pub(crate) fn poll(&mut self, max: usize, on: impl FnMut(Arrival, &[u8])) -> Result<usize> {
+        let reaped = self.cq.reap(max.min(POLL_BATCH))?;
+        settle_walk(&mut self.ledger, &self.ring, self.layout, reaped.wcs(), on)
+    }
+
+    /// The poller of this queue's CQ, for a test that hands a queue another's
+    /// completions.
+    #[cfg(test)]
+    pub(crate) fn reaper_mut(&mut self) -> &mut Reaper {
+        &mut self.cq
     }
 
     /// Completes the receives `reaped` names and hands each to `on` with
@@ -184,44 +189,10 @@ impl RecvQueue {
         reaped: Reaped<'_>,
         on: impl FnMut(Arrival, &[u8]),
     ) -> Result<usize> {
-        if reaped.cq() != self.cq {
+        if reaped.cq() != self.cq.id() {
             return Err(other_queues_completions());
         }
-        self.settle_own(reaped, on)
-    }
-
-    /// [`settle`](Self::settle), for completions its caller checked are
-    /// of this queue's CQ.
-    #[inline(always)]
-    fn settle_own(
-        &mut self,
-        reaped: Reaped<'_>,
-        mut on: impl FnMut(Arrival, &[u8]),
-    ) -> Result<usize> {
-        let wcs = reaped.wcs();
-        let n = wcs.len();
-        let mut walk = RecvWalk {
-            ledger: &mut self.ledger,
-            rest: wcs,
-        };
-        let mut foreign = None;
-        while let Some((wc, rest)) = walk.rest.split_first() {
-            walk.rest = rest;
-            match walk.ledger.complete(wc.wr_id()) {
-                Ok(pos) => {
-                    let arrival = describe(wc, pos);
-                    on(arrival, bytes(&self.ring, self.layout, &arrival));
-                }
-                Err(e) => {
-                    foreign.get_or_insert(e);
-                }
-            }
-        }
-        std::mem::forget(walk);
-        match foreign {
-            None => Ok(n),
-            Some(e) => Err(e.into()),
-        }
+        settle_walk(&mut self.ledger, &self.ring, self.layout, reaped.wcs(), on)
     }
 
     /// Whether a poll's callback panicked while handed receives: the
@@ -240,6 +211,40 @@ impl RecvQueue {
             return &[];
         }
         bytes(&self.ring, self.layout, arrival)
+    }
+}
+
+/// [`RecvQueue::settle`]'s walk over completions known to be of the
+/// queue's CQ, whose receives land in `ring` (of `layout`). A function of
+/// the queue's parts, not a method, so that `poll` can walk what its own
+/// poller reaped while that poller stays borrowed.
+#[inline(always)]
+fn settle_walk(
+    ledger: &mut RecvLedger,
+    ring: &Registration,
+    layout: SlotLayout,
+    wcs: &[WorkCompletion],
+    mut on: impl FnMut(Arrival, &[u8]),
+) -> Result<usize> {
+    let n = wcs.len();
+    let mut walk = RecvWalk { ledger, rest: wcs };
+    let mut foreign = None;
+    while let Some((wc, rest)) = walk.rest.split_first() {
+        walk.rest = rest;
+        match walk.ledger.complete(wc.wr_id()) {
+            Ok(pos) => {
+                let arrival = describe(wc, pos);
+                on(arrival, bytes(ring, layout, &arrival));
+            }
+            Err(e) => {
+                foreign.get_or_insert(e);
+            }
+        }
+    }
+    std::mem::forget(walk);
+    match foreign {
+        None => Ok(n),
+        Some(e) => Err(e.into()),
     }
 }
 

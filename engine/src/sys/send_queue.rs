@@ -13,7 +13,7 @@
 
 use std::marker::PhantomData;
 
-use super::cq::{CqId, Reaped, Reaper, WorkCompletion};
+use super::cq::{Reaped, Reaper, WorkCompletion};
 use super::layout::SlotLayout;
 use super::ledger::{Admitted, Ledger, Request, RequestKind};
 use super::lent::LentRegions;
@@ -80,8 +80,9 @@ pub(crate) struct SendQueue {
     read_ring: Registration,
     layout: SlotLayout,
     inline_threshold: usize,
-    /// The CQ this queue's completions are polled from.
-    cq: CqId,
+    /// The poller of the CQ this queue's completions arrive on, its own:
+    /// what it reaps needs no check that it is this queue's.
+    cq: Reaper,
     /// Regions requests send from, until those requests retire.
     lent: LentRegions,
     /// A post failed without saying which request it refused: every
@@ -106,7 +107,7 @@ impl SendQueue {
     /// rings have `layout`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        cq: CqId,
+        cq: Reaper,
         send_ring: Registration,
         read_ring: Registration,
         layout: SlotLayout,
@@ -439,16 +440,19 @@ impl SendQueue {
         }
     }
 
-    /// Polls `cq` (this queue's own) once and retires what completed: see
-    /// [`retire`](Self::retire).
+    /// Polls this queue's own CQ once and retires what completed: see
+    /// [`retire`](Self::retire). No check: the queue owns its CQ's poller,
+    /// so every completion it reaps is of this queue's CQ.
     #[inline]
-    pub(crate) fn poll(&mut self, cq: &mut Reaper, on: impl FnMut(Retired<'_>)) -> Result<usize> {
-        // Checked before polling: another queue's CQ keeps its completions.
-        if cq.id() != self.cq {
-            return Err(other_queues_completions());
-        }
-        let reaped = cq.reap(POLL_BATCH)?;
-        self.retire_own(reaped, on)
+    pub(crate) fn poll(&mut self, on: impl FnMut(Retired<'_>)) -> Result<usize> {
+        let reaped = self.cq.reap(POLL_BATCH)?;
+        retire_walk(
+            &mut self.ledger,
+            &self.read_ring,
+            self.layout,
+            reaped.wcs(),
+            on,
+        )
     }
 
     /// Retires what `reaped` names, handing each retired request to `on`,
@@ -468,74 +472,88 @@ impl SendQueue {
     /// unaccounted, and no request stays retired with its slots held;
     /// and it closes the queue, their verdicts never given.
     #[inline]
-    #[expect(
-        dead_code,
-        reason = "issue 25's poller of many connections builds on it"
+    #[cfg_attr(
+        not(test),
+        expect(
+            dead_code,
+            reason = "issue 25's poller of many connections builds on it"
+        )
     )]
     pub(crate) fn retire(
         &mut self,
         reaped: Reaped<'_>,
         on: impl FnMut(Retired<'_>),
     ) -> Result<usize> {
-        if reaped.cq() != self.cq {
+        if reaped.cq() != self.cq.id() {
             return Err(other_queues_completions());
         }
-        self.retire_own(reaped, on)
+        retire_walk(
+            &mut self.ledger,
+            &self.read_ring,
+            self.layout,
+            reaped.wcs(),
+            on,
+        )
     }
+}
 
-    /// [`retire`](Self::retire), for completions its caller checked are
-    /// of this queue's CQ.
-    #[inline(always)]
-    fn retire_own(&mut self, reaped: Reaped<'_>, mut on: impl FnMut(Retired<'_>)) -> Result<usize> {
-        let wcs = reaped.wcs();
-        let n = wcs.len();
-        let mut walk = SendWalk {
-            ledger: &mut self.ledger,
-            rest: wcs,
-            range: 0..0,
-        };
-        let mut foreign = None;
-        while let Some((wc, rest)) = walk.rest.split_first() {
-            walk.rest = rest;
-            match walk.ledger.retire_through(wc.wr_id()) {
-                Ok(range) => walk.range = range,
-                Err(e) => {
-                    foreign.get_or_insert(e);
-                    continue;
+/// [`SendQueue::retire`]'s walk over completions known to be of the
+/// queue's CQ; `read_ring` (of `layout`) holds its READs' data. A
+/// function of the queue's parts, not a method, so that `poll` can walk
+/// what its own poller reaped while that poller stays borrowed.
+#[inline(always)]
+fn retire_walk(
+    ledger: &mut Ledger,
+    read_ring: &Registration,
+    layout: SlotLayout,
+    wcs: &[WorkCompletion],
+    mut on: impl FnMut(Retired<'_>),
+) -> Result<usize> {
+    let n = wcs.len();
+    let mut walk = SendWalk {
+        ledger,
+        rest: wcs,
+        range: 0..0,
+    };
+    let mut foreign = None;
+    while let Some((wc, rest)) = walk.rest.split_first() {
+        walk.rest = rest;
+        match walk.ledger.retire_through(wc.wr_id()) {
+            Ok(range) => walk.range = range,
+            Err(e) => {
+                foreign.get_or_insert(e);
+                continue;
+            }
+        }
+        let (status, vendor_err) = (wc.status(), wc.vendor_err());
+        for seq in walk.range.by_ref() {
+            let released = walk.ledger.release(seq);
+            let named = seq == wc.wr_id();
+            let read = match released.read_pos {
+                Some(pos) if named && status == WcStatus::SUCCESS => {
+                    let r = layout.range(pos, released.request.read_len as usize);
+                    // SAFETY: this READ's own successful completion: the
+                    // NIC wrote the data and is done with the slot, which
+                    // was just released; a later READ could claim it only
+                    // through &mut self, held by this loop while `on` runs.
+                    Some(unsafe { std::slice::from_raw_parts(read_ring.at(r.start), r.len()) })
                 }
-            }
-            let (status, vendor_err) = (wc.status(), wc.vendor_err());
-            for seq in walk.range.by_ref() {
-                let released = walk.ledger.release(seq);
-                let named = seq == wc.wr_id();
-                let read = match released.read_pos {
-                    Some(pos) if named && status == WcStatus::SUCCESS => {
-                        let r = self.layout.range(pos, released.request.read_len as usize);
-                        // SAFETY: this READ's own successful completion: the
-                        // NIC wrote the data and is done with the slot, which
-                        // was just released; a later READ could claim it only
-                        // through &mut self, held by this loop while `on` runs.
-                        Some(unsafe {
-                            std::slice::from_raw_parts(self.read_ring.at(r.start), r.len())
-                        })
-                    }
-                    _ => None,
-                };
-                on(Retired {
-                    seq,
-                    request: released.request,
-                    named,
-                    status,
-                    vendor_err,
-                    read,
-                });
-            }
+                _ => None,
+            };
+            on(Retired {
+                seq,
+                request: released.request,
+                named,
+                status,
+                vendor_err,
+                read,
+            });
         }
-        std::mem::forget(walk);
-        match foreign {
-            None => Ok(n),
-            Some(e) => Err(e.into()),
-        }
+    }
+    std::mem::forget(walk);
+    match foreign {
+        None => Ok(n),
+        Some(e) => Err(e.into()),
     }
 }
 
