@@ -49,11 +49,15 @@ pub(crate) mod mem;
 pub(crate) mod mr;
 pub(crate) mod parked;
 pub(crate) mod pd;
+#[cfg(test)]
+#[allow(clippy::arithmetic_side_effects)] // counts of the tests' own
+mod pooled_send_device_tests;
 pub(crate) mod posted;
 pub(crate) mod qp;
 pub(crate) mod raw;
 pub(crate) mod recv_queue;
 pub(crate) mod region;
+pub(crate) mod send_names;
 pub(crate) mod send_queue;
 #[cfg(test)]
 #[allow(clippy::arithmetic_side_effects)] // counts of the tests' own

@@ -4,7 +4,8 @@
 //!
 //! A slot is the CPU's until the request that claimed it is posted, and
 //! the NIC's until that request retires ([`Ledger`]); retirement happens
-//! only here, for a completion polled from this queue's own CQ. So a
+//! only here, for a completion polled from this queue's CQ that names one
+//! of its requests (its wr_ids: [`super::send_names`]). So a
 //! send-ring slot is written only before its post, and a read-ring slot
 //! is read only after its READ completed and before a later READ takes it.
 //! A caller's own [`MemoryRegion`] that a request sends from is moved
@@ -15,11 +16,12 @@ use std::marker::PhantomData;
 
 use super::cq::{Reaped, Reaper, WorkCompletion};
 use super::layout::SlotLayout;
-use super::ledger::{Admitted, Ledger, Request, RequestKind};
+use super::ledger::{Admitted, Ledger, NotOutstanding, Request, RequestKind};
 use super::lent::LentRegions;
 use super::mr::{LocalSlice, Registration, RemoteSlice};
 use super::qp::QueuePair;
 use super::region::{MemoryRegion, RegionRefused};
+use super::send_names::{Naming, OwnCq};
 use super::wr::{Indeterminate, Payload, PostFailed, SendChain, SendOpcode, SendRequest};
 use crate::error::{Error, Remedy, Result};
 use crate::status::WcStatus;
@@ -72,17 +74,22 @@ pub(crate) struct Retired<'a> {
     pub read: Option<&'a [u8]>,
 }
 
-/// The send queue of one connection.
-pub(crate) struct SendQueue {
+/// The send queue of one connection: on a CQ of its own (`OwnCq`, a
+/// [`Connection`](crate::Connection)'s) or on one it shares with the other
+/// connections of a poller (`PooledIds`).
+pub(crate) struct SendQueue<N: Naming = OwnCq> {
     chain: SendChain,
     ledger: Ledger,
     send_ring: Registration,
     read_ring: Registration,
     layout: SlotLayout,
     inline_threshold: usize,
-    /// The poller of the CQ this queue's completions arrive on, its own:
-    /// what it reaps needs no check that it is this queue's.
-    cq: Reaper,
+    /// What the queue holds of the CQ its completions arrive on: its
+    /// poller, when the CQ is its own (what it reaps needs no check that it
+    /// is this queue's), or the brand of a CQ it shares.
+    cq: N::Cq,
+    /// How its requests are named in their wr_ids.
+    names: N,
     /// Regions requests send from, until those requests retire.
     lent: LentRegions,
     /// A post failed without saying which request it refused: every
@@ -91,7 +98,7 @@ pub(crate) struct SendQueue {
     broken: Option<Indeterminate>,
 }
 
-impl std::fmt::Debug for SendQueue {
+impl<N: Naming> std::fmt::Debug for SendQueue<N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SendQueue")
             .field("ledger", &self.ledger)
@@ -100,7 +107,7 @@ impl std::fmt::Debug for SendQueue {
     }
 }
 
-impl SendQueue {
+impl SendQueue<OwnCq> {
     /// `depth` requests, signaled at least every `interval`, batches of up
     /// to `batch` requests; payloads up to `inline_threshold` go inline,
     /// larger ones through `send_ring`; READs land in `read_ring`. Both
@@ -116,6 +123,40 @@ impl SendQueue {
         batch: usize,
         inline_threshold: usize,
     ) -> SendQueue {
+        let rings = (send_ring, read_ring, layout);
+        SendQueue::named(cq, OwnCq, rings, depth, interval, batch, inline_threshold)
+    }
+
+    /// Polls this queue's own CQ once and retires what completed: see
+    /// [`retire`](Self::retire). No check: the queue owns its CQ's poller,
+    /// so every completion it reaps is of this queue's CQ.
+    #[inline]
+    pub(crate) fn poll(&mut self, on: impl FnMut(Retired<'_>)) -> Result<usize> {
+        let reaped = self.cq.reap(POLL_BATCH)?;
+        retire_walk(
+            &mut self.ledger,
+            self.names,
+            &self.read_ring,
+            self.layout,
+            reaped.wcs(),
+            on,
+        )
+    }
+}
+
+impl<N: Naming> SendQueue<N> {
+    /// [`new`](SendQueue::new), on `cq`, its requests named by `names`;
+    /// `rings` are the send ring, the read ring and their layout.
+    pub(crate) fn named(
+        cq: N::Cq,
+        names: N,
+        rings: (Registration, Registration, SlotLayout),
+        depth: u32,
+        interval: u32,
+        batch: usize,
+        inline_threshold: usize,
+    ) -> SendQueue<N> {
+        let (send_ring, read_ring, layout) = rings;
         assert!(send_ring.len() >= layout.bytes() && read_ring.len() >= layout.bytes());
         SendQueue {
             chain: SendChain::new(batch),
@@ -125,6 +166,7 @@ impl SendQueue {
             layout,
             inline_threshold,
             cq,
+            names,
             // Every outstanding request may send from a lent region, and
             // as many again may wait, rolled back, to be reclaimed.
             lent: LentRegions::new((depth as usize).saturating_mul(2)),
@@ -261,7 +303,7 @@ impl SendQueue {
         self.chain.patch(
             0,
             &SendRequest {
-                wr_id: a.seq,
+                wr_id: self.names.wr_id(a.seq),
                 opcode,
                 payload,
                 remote,
@@ -428,7 +470,7 @@ impl SendQueue {
 
     /// Starts a batch: up to the chain's capacity of requests, one doorbell.
     #[inline]
-    pub(crate) fn batch<'q, 'd>(&'q mut self, qp: &'q mut QueuePair) -> SendBatch<'q, 'd> {
+    pub(crate) fn batch<'q, 'd>(&'q mut self, qp: &'q mut QueuePair) -> SendBatch<'q, 'd, N> {
         let first = self.ledger.open_batch();
         SendBatch {
             sq: self,
@@ -440,21 +482,6 @@ impl SendQueue {
         }
     }
 
-    /// Polls this queue's own CQ once and retires what completed: see
-    /// [`retire`](Self::retire). No check: the queue owns its CQ's poller,
-    /// so every completion it reaps is of this queue's CQ.
-    #[inline]
-    pub(crate) fn poll(&mut self, on: impl FnMut(Retired<'_>)) -> Result<usize> {
-        let reaped = self.cq.reap(POLL_BATCH)?;
-        retire_walk(
-            &mut self.ledger,
-            &self.read_ring,
-            self.layout,
-            reaped.wcs(),
-            on,
-        )
-    }
-
     /// Retires what `reaped` names, handing each retired request to `on`,
     /// oldest first. Returns how many completions there were; a
     /// completion that names no outstanding request (another poster's) is
@@ -463,9 +490,13 @@ impl SendQueue {
     /// queue's are refused whole, none believed: their ids are another
     /// queue's, and a READ's slot named by one may still be the NIC's.
     ///
-    /// The CQ must be this queue's alone (a connection's): on a CQ that
-    /// several queue pairs share, a completion's queue pair is checked
-    /// first by whoever hands it here (issue 25's poller).
+    /// On a CQ of the queue's own, every completion of that CQ is of its
+    /// queue pair. On a CQ that several queue pairs share (`PooledIds`),
+    /// whoever hands completions here checks their queue pair first (issue
+    /// 25's poller); the queue still believes only ids of its own slot and
+    /// generation, within what it has outstanding, so a completion of
+    /// another connection — or of the one before it in its slot — is
+    /// refused as foreign.
     ///
     /// Should `on` panic, the walk's guard still retires and releases
     /// every request the completions name: no completion goes
@@ -484,11 +515,12 @@ impl SendQueue {
         reaped: Reaped<'_>,
         on: impl FnMut(Retired<'_>),
     ) -> Result<usize> {
-        if reaped.cq() != self.cq.id() {
+        if reaped.cq() != N::cq_id(&self.cq) {
             return Err(other_queues_completions());
         }
         retire_walk(
             &mut self.ledger,
+            self.names,
             &self.read_ring,
             self.layout,
             reaped.wcs(),
@@ -498,12 +530,14 @@ impl SendQueue {
 }
 
 /// [`SendQueue::retire`]'s walk over completions known to be of the
-/// queue's CQ; `read_ring` (of `layout`) holds its READs' data. A
-/// function of the queue's parts, not a method, so that `poll` can walk
-/// what its own poller reaped while that poller stays borrowed.
+/// queue's CQ, whose requests are named by `names`; `read_ring` (of
+/// `layout`) holds its READs' data. A function of the queue's parts, not
+/// a method, so that `poll` can walk what its own poller reaped while
+/// that poller stays borrowed.
 #[inline(always)]
-fn retire_walk(
+fn retire_walk<N: Naming>(
     ledger: &mut Ledger,
+    names: N,
     read_ring: &Registration,
     layout: SlotLayout,
     wcs: &[WorkCompletion],
@@ -512,30 +546,36 @@ fn retire_walk(
     let n = wcs.len();
     let mut walk = SendWalk {
         ledger,
+        names,
         rest: wcs,
         range: 0..0,
     };
     let mut foreign = None;
     while let Some((wc, rest)) = walk.rest.split_first() {
         walk.rest = rest;
-        match walk.ledger.retire_through(wc.wr_id()) {
-            Ok(range) => walk.range = range,
+        let named = match retire_named(walk.ledger, names, wc.wr_id()) {
+            Ok((range, named)) => {
+                walk.range = range;
+                named
+            }
             Err(e) => {
                 foreign.get_or_insert(e);
                 continue;
             }
-        }
+        };
         let (status, vendor_err) = (wc.status(), wc.vendor_err());
         for seq in walk.range.by_ref() {
             let released = walk.ledger.release(seq);
-            let named = seq == wc.wr_id();
+            let named = seq == named;
             let read = match released.read_pos {
                 Some(pos) if named && status == WcStatus::SUCCESS => {
                     let r = layout.range(pos, released.request.read_len as usize);
                     // SAFETY: this READ's own successful completion: the
                     // NIC wrote the data and is done with the slot, which
                     // was just released; a later READ could claim it only
-                    // through &mut self, held by this loop while `on` runs.
+                    // through the ledger, which this walk holds mutably
+                    // (from the queue's &mut) while `on` runs. The range is
+                    // inside the ring (`SendQueue::named` checked its size).
                     Some(unsafe { std::slice::from_raw_parts(read_ring.at(r.start), r.len()) })
                 }
                 _ => None,
@@ -557,6 +597,25 @@ fn retire_walk(
     }
 }
 
+/// Retires through the request `wr_id` names, if it is one of `names`'
+/// and outstanding: the range newly retired and the named request's
+/// sequence number.
+#[inline(always)]
+fn retire_named<N: Naming>(
+    ledger: &mut Ledger,
+    names: N,
+    wr_id: u64,
+) -> std::result::Result<(std::ops::Range<u64>, u64), NotOutstanding> {
+    match names.seq(wr_id, ledger.retired(), ledger.posted()) {
+        Some(seq) => ledger.retire_through(seq).map(|range| (range, seq)),
+        None => Err(NotOutstanding {
+            wr_id,
+            retired: ledger.retired(),
+            posted: ledger.posted(),
+        }),
+    }
+}
+
 #[cold]
 #[inline(never)]
 pub(crate) fn other_queues_completions() -> Error {
@@ -571,20 +630,21 @@ pub(crate) fn other_queues_completions() -> Error {
 /// verdicts instead — a field more in the walk, more work in this drop —
 /// made the compiler store the ledger's counters on every request
 /// retired: +3.6 instructions a request.)
-struct SendWalk<'a> {
+struct SendWalk<'a, N: Naming> {
     ledger: &'a mut Ledger,
+    names: N,
     rest: &'a [WorkCompletion],
     range: std::ops::Range<u64>,
 }
 
-impl Drop for SendWalk<'_> {
+impl<N: Naming> Drop for SendWalk<'_, N> {
     #[cold]
     fn drop(&mut self) {
         for seq in self.range.clone() {
             self.ledger.release(seq);
         }
         for wc in self.rest {
-            if let Ok(range) = self.ledger.retire_through(wc.wr_id()) {
+            if let Ok((range, _)) = retire_named(self.ledger, self.names, wc.wr_id()) {
                 for seq in range {
                     self.ledger.release(seq);
                 }
@@ -600,8 +660,8 @@ impl Drop for SendWalk<'_> {
 /// Requests gathered for one `ibv_post_send`. Dropped unposted, it
 /// forgets them: nothing reached the NIC.
 #[must_use = "a batch posts nothing until .post() is called"]
-pub(crate) struct SendBatch<'q, 'd> {
-    sq: &'q mut SendQueue,
+pub(crate) struct SendBatch<'q, 'd, N: Naming = OwnCq> {
+    sq: &'q mut SendQueue<N>,
     qp: &'q mut QueuePair,
     first: u64,
     len: usize,
@@ -610,13 +670,13 @@ pub(crate) struct SendBatch<'q, 'd> {
     _data: PhantomData<&'d [u8]>,
 }
 
-impl std::fmt::Debug for SendBatch<'_, '_> {
+impl<N: Naming> std::fmt::Debug for SendBatch<'_, '_, N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SendBatch").field("len", &self.len).finish()
     }
 }
 
-impl<'d> SendBatch<'_, 'd> {
+impl<'d, N: Naming> SendBatch<'_, 'd, N> {
     #[inline]
     pub(crate) fn len(&self) -> usize {
         self.len
@@ -652,7 +712,7 @@ impl<'d> SendBatch<'_, 'd> {
         self.sq.chain.patch(
             self.len,
             &SendRequest {
-                wr_id: a.seq,
+                wr_id: self.sq.names.wr_id(a.seq),
                 opcode,
                 payload,
                 remote,
@@ -768,7 +828,7 @@ impl<'d> SendBatch<'_, 'd> {
     }
 }
 
-impl Drop for SendBatch<'_, '_> {
+impl<N: Naming> Drop for SendBatch<'_, '_, N> {
     fn drop(&mut self) {
         // Never posted, whatever was admitted (also a request whose payload
         // was being staged when a panic unwound through the batch): the NIC

@@ -13,7 +13,7 @@ use super::device::{AsyncEvent, Context};
 use super::mr::{Access, Registration};
 use super::pd::ProtectionDomain;
 use super::qp::Queues;
-use super::region::RegionOp;
+use super::region::{RegionOp, SharedRegion};
 use super::srq::{SharedReceiveQueue, SrqPoster};
 use super::wr::RecvChain;
 use crate::config::PageSize;
@@ -163,15 +163,44 @@ impl Shared {
 /// A queue pair on `queues` in `pd`, connected to a fresh ordinary
 /// endpoint over the out-of-band exchange: (ours, the peer).
 pub(super) fn connect_on(pd: &Arc<ProtectionDomain>, queues: Queues<'_>) -> (Endpoint, Endpoint) {
+    let (ours, peer, _) = connect_exposing(pd, queues, None);
+    (ours, peer)
+}
+
+/// [`connect_on`], the peer exposing `region` (bytes it holds at the
+/// start, which ours may WRITE and READ) in its record; ours finds it with
+/// [`Endpoint::remote_region`]. Returns the peer's region too: the caller
+/// drops it after the peer.
+pub(super) fn connect_exposing(
+    pd: &Arc<ProtectionDomain>,
+    queues: Queues<'_>,
+    region: Option<Vec<u8>>,
+) -> (Endpoint, Endpoint, Option<SharedRegion>) {
     let tcp = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind loopback");
     let addr = tcp.local_addr().expect("bound address");
     let peer = std::thread::spawn(move || {
-        let prepared = Prepared::new(Some(&device()), &qp_config(), Access::REMOTE_WRITE)
-            .expect("prepare the peer");
+        let mut prepared = Prepared::new(
+            Some(&device()),
+            &qp_config(),
+            Access::REMOTE_WRITE | Access::REMOTE_READ,
+        )
+        .expect("prepare the peer");
+        let exposed = region.map(|bytes| {
+            let mut shared = prepared
+                .endpoint()
+                .register_shared(bytes.len(), PageSize::Base, true)
+                .expect("the peer's region");
+            shared.copy_from(0, &bytes).expect("fill the peer's region");
+            shared
+        });
+        let remote = exposed
+            .as_ref()
+            .map(|r| r.remote(0..r.len()).expect("the whole region"));
         let mut stream = tcp.accept().expect("accept TCP").0;
-        prepared
-            .handshake(&mut stream, None)
-            .expect("the peer's handshake")
+        let peer = prepared
+            .handshake(&mut stream, remote)
+            .expect("the peer's handshake");
+        (peer, exposed)
     });
     let ours = Endpoint::create_shared(pd, queues, &qp_config()).expect("a QP on the SRQ");
     let prepared =
@@ -180,7 +209,8 @@ pub(super) fn connect_on(pd: &Arc<ProtectionDomain>, queues: Queues<'_>) -> (End
     let ours = prepared
         .handshake(&mut stream, None)
         .expect("our handshake");
-    (ours, peer.join().expect("the peer's thread"))
+    let (peer, exposed) = peer.join().expect("the peer's thread");
+    (ours, peer, exposed)
 }
 
 impl Drop for Shared {

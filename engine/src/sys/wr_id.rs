@@ -101,10 +101,6 @@ pub(crate) const POOLED_INDEX_BITS: u32 = 16;
 /// bits, from the top. Always below [`LEDGER_LIMIT`], so never taken for
 /// a tagged id; the connection's ledger rebuilds the sequence number from
 /// its low bits (`Ledger::unfold`).
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "issue 25's poller builds on it")
-)]
 pub(crate) fn pooled(index: u32, gen: u32, seq: u64) -> u64 {
     debug_assert!(index >> POOLED_INDEX_BITS == 0, "slot {index} past 2^16");
     let gen = u64::from(gen) & ((1 << POOLED_GEN_BITS) - 1);
@@ -114,10 +110,6 @@ pub(crate) fn pooled(index: u32, gen: u32, seq: u64) -> u64 {
 
 /// The parts of a pooled id: slot, generation (13 bits), the sequence
 /// number's low 32 bits.
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "issue 25's poller builds on it")
-)]
 pub(crate) fn unpack_pooled(wr_id: u64) -> (u32, u32, u32) {
     let index = (wr_id >> 32) as u32 & ((1 << POOLED_INDEX_BITS) - 1);
     let gen = (wr_id >> 48) as u32 & ((1 << POOLED_GEN_BITS) - 1);
@@ -127,10 +119,6 @@ pub(crate) fn unpack_pooled(wr_id: u64) -> (u32, u32, u32) {
 /// The one sequence number in `[retired, posted)` whose low 32 bits are
 /// `low`, if there is one (the window is never longer than 2^32: depths
 /// are at most 2^20).
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "issue 25's poller builds on it")
-)]
 pub(crate) fn unfold(low: u32, retired: u64, posted: u64) -> Option<u64> {
     let top = posted.checked_sub(1)?;
     let back = u64::from((top as u32).wrapping_sub(low));
