@@ -63,7 +63,7 @@ pub(crate) fn qp_config() -> QpConfig {
     }
 }
 
-fn config() -> EngineConfig {
+pub(crate) fn config() -> EngineConfig {
     EngineConfig {
         qp: qp_config(),
         batch_size: 8,
@@ -292,27 +292,46 @@ fn a_send_queue_believes_no_completion_polled_from_another_cq() {
     // The SEND completed at the server: its receive's completion is in
     // the client's receive CQ.
     assert_eq!(retire_everything(&mut server), 1, "the SEND completes");
+    // The receive's completion is shown to the send queue (which must
+    // refuse it), then settled by its own queue.
     let mut wait = BoundedWait::new(WAIT, "the receive's completion");
-    let refused = loop {
-        let reaped = client.rq.reaper_mut().reap(1).expect("reap the receive CQ");
-        if let Some(wc) = reaped.wcs().first() {
-            assert_eq!(
-                wc.wr_id(),
-                0,
-                "the receive of position 0: the WRITE's id too"
-            );
-            break client.sq.retire(reaped, |retired| {
-                panic!("the send queue retired {retired:?} for a receive's completion")
-            });
-        }
+    let (mut refused, mut received) = (None, None);
+    while received.is_none() {
+        let sq = &mut client.sq;
+        client
+            .rq
+            .poll_shown(
+                1,
+                |reaped| {
+                    if let Some(wc) = reaped.wcs().first() {
+                        assert_eq!(
+                            wc.wr_id(),
+                            0,
+                            "the receive of position 0: the WRITE's id too"
+                        );
+                        refused = Some(sq.retire(reaped, |retired| {
+                            panic!("the send queue retired {retired:?} for a receive's completion")
+                        }));
+                    }
+                },
+                |_, data| received = Some(data.to_vec()),
+            )
+            .expect("poll the receive queue");
         wait.tick().expect("the receive's completion");
-    };
+    }
     assert!(
         matches!(
             refused,
-            Err(Error::Misuse(crate::error::Misuse::OtherQueuesCompletions))
+            Some(Err(Error::Misuse(
+                crate::error::Misuse::OtherQueuesCompletions
+            )))
         ),
         "{refused:?}"
+    );
+    assert_eq!(
+        received.as_deref(),
+        Some(&b"to the client"[..]),
+        "the receive reached its own queue"
     );
     assert_eq!(client.outstanding(), 1, "the WRITE is still outstanding");
     let mut wait = BoundedWait::new(WAIT, "the WRITE's own completion");

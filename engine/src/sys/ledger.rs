@@ -397,9 +397,9 @@ impl Ledger {
     /// A completion for `seq` arrived: every request through it is done.
     /// Returns the sequence numbers newly retired, which the caller must
     /// [`release`](Ledger::release) in order — all of them, also when it
-    /// is interrupted (see `SendQueue::poll`). A sequence number outside
-    /// the outstanding ones (not this queue's, or retired already)
-    /// changes nothing.
+    /// is interrupted (see `retire_walk` and `SendWalk` in
+    /// `send_queue.rs`). A sequence number outside the outstanding ones
+    /// (not this queue's, or retired already) changes nothing.
     #[inline]
     pub(crate) fn retire_through(&mut self, seq: u64) -> Result<Range<u64>, NotOutstanding> {
         if seq < self.retired || seq >= self.posted {

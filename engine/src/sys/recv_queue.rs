@@ -160,11 +160,19 @@ impl RecvQueue {
         settle_walk(&mut self.ledger, &self.ring, self.layout, reaped.wcs(), on)
     }
 
-    /// The poller of this queue's CQ, for a test that hands a queue another's
-    /// completions.
+    /// [`poll`](Self::poll), showing the test what it reaped before the
+    /// queue settles it: a test hands another queue these completions
+    /// (which it must refuse) without taking them from this one.
     #[cfg(test)]
-    pub(crate) fn reaper_mut(&mut self) -> &mut Reaper {
-        &mut self.cq
+    pub(crate) fn poll_shown(
+        &mut self,
+        max: usize,
+        show: impl FnOnce(Reaped<'_>),
+        on: impl FnMut(Arrival, &[u8]),
+    ) -> Result<usize> {
+        let reaped = self.cq.reap(max.min(POLL_BATCH))?;
+        show(reaped);
+        settle_walk(&mut self.ledger, &self.ring, self.layout, reaped.wcs(), on)
     }
 
     /// Completes the receives `reaped` names and hands each to `on` with
@@ -217,7 +225,11 @@ impl RecvQueue {
 /// [`RecvQueue::settle`]'s walk over completions known to be of the
 /// queue's CQ, whose receives land in `ring` (of `layout`). A function of
 /// the queue's parts, not a method, so that `poll` can walk what its own
-/// poller reaped while that poller stays borrowed.
+/// poller reaped while that poller stays borrowed. Its callers (`poll`,
+/// `settle`) must pass: `wcs` polled from the CQ of the queue pair that
+/// `ledger`'s receives were posted to; the ring whose slots `ledger`
+/// numbers; and parts of a queue they hold `&mut` until it returns, so no
+/// receive is posted again while `on` sees its slot.
 #[inline(always)]
 fn settle_walk(
     ledger: &mut RecvLedger,
@@ -261,7 +273,9 @@ fn bytes<'r>(ring: &'r Registration, layout: SlotLayout, arrival: &Arrival) -> &
     // SAFETY: the receive at `pos` completed (the ledger checked its
     // completion, or `data` checked is_readable), so the NIC is done
     // writing the slot, and its next receive is posted only by `refill`,
-    // which needs &mut of the queue while this borrows its ring. The range
+    // which needs &mut of the queue: `data` borrows the queue for the
+    // slice's life, and `settle_walk`'s callers hold the queue's &mut
+    // while `on`, which cannot keep the slice, runs. The range
     // is inside the ring (`new` checked its size).
     unsafe { std::slice::from_raw_parts(ring.at(range.start), range.len()) }
 }
