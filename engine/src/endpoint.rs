@@ -182,10 +182,6 @@ impl Endpoint {
     /// An endpoint whose queue pair is made in `pd` on `queues` that
     /// others share (a shared receive queue, completion queues polled by
     /// their owner): it has no pollers of its own.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "the poller of issue 25 builds on it")
-    )]
     pub(crate) fn create_shared(
         pd: &Arc<ProtectionDomain>,
         queues: Queues<'_>,

@@ -319,6 +319,18 @@ pub enum Error {
         /// What makes room ([`Error::is_retryable`] when it is polling).
         remedy: Remedy,
     },
+    /// A poller of many connections takes no more: `what` is at its
+    /// `limit` (its connections, or the entries of the completion queue
+    /// their send queues share, which must hold every one of their
+    /// requests at once). Nothing was created; raise the limit in the
+    /// poller's configuration, or end a connection first.
+    #[error("the poller's {what} are all taken ({limit}); end a connection, or make the poller with a higher limit")]
+    PoolFull {
+        /// What is at its limit.
+        what: &'static str,
+        /// The limit.
+        limit: u64,
+    },
     /// The batch carries as many requests as one doorbell can: post it,
     /// then start another (and call `signal_next` again if the refused
     /// request was to be signaled: the refusal took the request).
@@ -616,6 +628,11 @@ pub enum Misuse {
     /// pinpoll, not in the program: no public call hands completions on.
     #[error("a queue was handed another completion queue's completions (none was believed); this is a bug in pinpoll: please report it")]
     OtherQueuesCompletions,
+    /// A poller was asked for a connection that has ended: its id is
+    /// stale (the slot may hold another connection now, which the id
+    /// never reaches).
+    #[error("the connection has ended: its id names no connection of the poller any more")]
+    StaleConnection,
     /// A raw work request id uses the two top bits pinpoll reserves.
     #[error("raw work request id {id:#x} uses the top two bits, which pinpoll reserves; use ids below 2^62")]
     ReservedId {
@@ -757,7 +774,8 @@ impl Error {
             | E::Pin { .. }
             | E::OutOfMemory { .. }
             | E::Affinity(_)
-            | E::WorkerSpawn { .. } => ErrorKind::Resources,
+            | E::WorkerSpawn { .. }
+            | E::PoolFull { .. } => ErrorKind::Resources,
             E::Setting { .. }
             | E::UnknownProfile { .. }
             | E::ReadProfile { .. }

@@ -31,6 +31,7 @@ pub use batch::Batch;
 pub(crate) use builder::Rings;
 pub use builder::{ConnectionBuilder, MAX_PRIVATE_DATA};
 pub use event::{Event, Incoming, Stats};
+pub(crate) use poll::Verdict;
 
 use crate::config::EngineConfig;
 use crate::endpoint::Endpoint;

@@ -67,24 +67,25 @@ impl Connection {
     }
 }
 
-/// How a retired request is reported, given the connection's state.
-struct Verdict<'a> {
-    failure: &'a mut Option<WcError>,
+/// How a retired request is reported, given the connection's state (a
+/// [`Connection`]'s, or a pooled connection's).
+pub(crate) struct Verdict<'a> {
+    pub(crate) failure: &'a mut Option<WcError>,
     /// A send completion named an error: from then on the send queue
     /// flushes, and a request retired unnamed was not delivered. (A
     /// receive failure alone says nothing about sends already retired.)
     /// A copy, read per request: read through the reference, it made the
     /// compiler store the ledger's counters on every request.
-    send_failed: bool,
+    pub(crate) send_failed: bool,
     /// The connection's flag, written when a send completion fails.
-    send_failed_flag: &'a mut bool,
-    closing: bool,
-    stats: &'a mut Stats,
+    pub(crate) send_failed_flag: &'a mut bool,
+    pub(crate) closing: bool,
+    pub(crate) stats: &'a mut Stats,
 }
 
 impl Verdict<'_> {
     #[inline(always)]
-    fn judge(&mut self, r: Retired<'_>, on: &mut impl FnMut(Event<'_>)) {
+    pub(crate) fn judge(&mut self, r: Retired<'_>, on: &mut impl FnMut(Event<'_>)) {
         // Requests retired with a later completion completed silently,
         // unless the send queue failed before (then they were flushed).
         if r.status == WcStatus::SUCCESS || (!r.named && !self.send_failed) {

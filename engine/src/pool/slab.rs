@@ -82,6 +82,27 @@ impl<T> Slab<T> {
             .flatten()
     }
 
+    /// The id the next [`insert`](Self::insert) returns, if a slot is
+    /// free: a connection's names are fixed before it is built.
+    pub(crate) fn vacant(&self) -> Option<ConnId> {
+        let index = *self.free.last()?;
+        Some(ConnId {
+            index,
+            gen: self.slots[index as usize].gen,
+        })
+    }
+
+    /// The entry in slot `index`, if one is, with its id: where a
+    /// completion that names only the slot is taken.
+    pub(crate) fn at_mut(&mut self, index: u32) -> Option<(ConnId, &mut T)> {
+        let slot = self.slots.get_mut(index as usize)?;
+        let id = ConnId {
+            index,
+            gen: slot.gen,
+        };
+        slot.entry.as_mut().map(|entry| (id, entry))
+    }
+
     /// Takes out the entry `id` names; every id of that slot is stale from
     /// now on, and the slot is the next one [`insert`](Self::insert) uses.
     pub(crate) fn remove(&mut self, id: ConnId) -> Option<T> {
@@ -121,6 +142,24 @@ mod tests {
         assert_eq!(slab.get(c), Some(&"c"));
         assert_eq!(slab.get(b), Some(&"b"));
         assert_eq!(slab.len(), 2);
+    }
+
+    #[test]
+    fn the_vacant_id_is_the_one_insert_returns_and_at_mut_names_the_tenant() {
+        let mut slab = Slab::with_capacity(2);
+        let a = slab.vacant().expect("a free slot");
+        assert_eq!(slab.insert('a'), Ok(a));
+        let b = slab.vacant().expect("a free slot");
+        assert_eq!(slab.insert('b'), Ok(b));
+        assert_eq!(slab.vacant(), None, "full");
+        slab.remove(a).unwrap();
+        let c = slab.vacant().expect("a's slot");
+        assert_eq!((c.index, c.gen), (a.index, a.gen.wrapping_add(1)));
+        assert!(slab.at_mut(a.index).is_none(), "an empty slot names nobody");
+        assert_eq!(slab.insert('c'), Ok(c));
+        assert_eq!(slab.at_mut(c.index).map(|(id, e)| (id, *e)), Some((c, 'c')));
+        assert_eq!(slab.at_mut(b.index).map(|(id, e)| (id, *e)), Some((b, 'b')));
+        assert!(slab.at_mut(9).is_none(), "out of range");
     }
 
     #[test]

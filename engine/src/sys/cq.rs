@@ -324,10 +324,6 @@ impl<'r> Reaped<'r> {
 
     /// Each completion alone, still branded: what a poller of many queues
     /// on one CQ hands each queue.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "issue 25's poller builds on it")
-    )]
     pub(crate) fn each(self) -> impl Iterator<Item = Polled<'r>> {
         self.wcs.iter().map(move |wc| Polled { cq: self.cq, wc })
     }
@@ -352,10 +348,6 @@ impl<'r> Polled<'r> {
     }
 
     /// As a batch of one, for a queue that retires batches.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "issue 25's poller builds on it")
-    )]
     pub(crate) fn alone(self) -> Reaped<'r> {
         Reaped {
             cq: self.cq,

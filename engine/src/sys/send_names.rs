@@ -66,13 +66,6 @@ pub(crate) struct PooledIds {
 
 impl PooledIds {
     /// The names of connection `index` (below 2^16), generation `gen`.
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "issue 25's poller builds on it; only its tests use it yet"
-        )
-    )]
     pub(crate) fn new(index: u32, gen: u32) -> PooledIds {
         assert!(
             index >> wr_id::POOLED_INDEX_BITS == 0,

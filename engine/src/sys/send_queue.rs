@@ -503,13 +503,6 @@ impl<N: Naming> SendQueue<N> {
     /// unaccounted, and no request stays retired with its slots held;
     /// and it closes the queue, their verdicts never given.
     #[inline]
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "issue 25's poller of many connections builds on it"
-        )
-    )]
     pub(crate) fn retire(
         &mut self,
         reaped: Reaped<'_>,
@@ -533,7 +526,10 @@ impl<N: Naming> SendQueue<N> {
 /// queue's CQ, whose requests are named by `names`; `read_ring` (of
 /// `layout`) holds its READs' data. A function of the queue's parts, not
 /// a method, so that `poll` can walk what its own poller reaped while
-/// that poller stays borrowed.
+/// that poller stays borrowed. Its callers (`poll`, `retire`) must pass:
+/// `wcs` polled from the CQ of the queue pair that `ledger`'s requests
+/// were posted to; the read ring whose slots `ledger` hands out; and
+/// parts of a queue they hold `&mut` until it returns.
 #[inline(always)]
 fn retire_walk<N: Naming>(
     ledger: &mut Ledger,
@@ -573,9 +569,10 @@ fn retire_walk<N: Naming>(
                     // SAFETY: this READ's own successful completion: the
                     // NIC wrote the data and is done with the slot, which
                     // was just released; a later READ could claim it only
-                    // through the ledger, which this walk holds mutably
-                    // (from the queue's &mut) while `on` runs. The range is
-                    // inside the ring (`SendQueue::named` checked its size).
+                    // through `&mut Ledger`, which this walk holds (borrowed
+                    // from its caller's &mut of the queue) until it returns,
+                    // and `on` cannot keep the slice. The range is inside
+                    // the ring (`SendQueue::named` checked its size).
                     Some(unsafe { std::slice::from_raw_parts(read_ring.at(r.start), r.len()) })
                 }
                 _ => None,

@@ -1,0 +1,297 @@
+//! Device tests of one poller serving many connections (issue 25, S3.3):
+//! the poller's side shares one send CQ, one receive CQ and one shared
+//! receive queue; each peer is an ordinary [`Connection`]. Run in the
+//! guest like the other device tests.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::poller::{Poller, PoolConfig};
+use super::slab::ConnId;
+use crate::config::EngineConfig;
+use crate::datapath::device_tests::{config, guest, pattern};
+use crate::datapath::{Connection, Event};
+use crate::error::{Error, Misuse};
+use crate::sys::mr::Access;
+use crate::wait::BoundedWait;
+
+const WAIT: Duration = Duration::from_secs(10);
+const MESSAGES: usize = 3;
+/// Where the peers' and the poller's WRITEs land in the target rings, and
+/// where the poller READs from the peers' rings.
+const WRITE_AT: u64 = 0;
+const READ_AT: usize = 8192;
+const READ_LEN: usize = 700;
+
+fn pool(max_connections: u32) -> PoolConfig {
+    PoolConfig {
+        max_connections,
+        srq_depth: 32,
+        srq_batch: 8,
+    }
+}
+
+fn remote_access() -> Access {
+    Access::REMOTE_WRITE | Access::REMOTE_READ
+}
+
+/// A peer connecting over TCP to the poller's `listener`, in a thread
+/// (both handshakes block until the other side's).
+fn peer(
+    listener: &TcpListener,
+    cfg: &EngineConfig,
+) -> JoinHandle<crate::error::Result<Connection>> {
+    let addr = listener.local_addr().expect("bound address");
+    let cfg = cfg.clone();
+    std::thread::spawn(move || {
+        let mut stream = TcpStream::connect(addr).expect("connect TCP");
+        Connection::builder(&cfg)
+            .remote_access(remote_access())
+            .over_tcp(&mut stream)
+    })
+}
+
+/// `n` peers joined to `poller`, in joining order.
+fn join(poller: &mut Poller, cfg: &EngineConfig, n: usize) -> Vec<(ConnId, Connection)> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind loopback");
+    (0..n)
+        .map(|_| {
+            let client = peer(&listener, cfg);
+            let mut stream = listener.accept().expect("accept TCP").0;
+            let id = poller
+                .over_tcp(&mut stream, remote_access())
+                .expect("join the poller");
+            (
+                id,
+                client
+                    .join()
+                    .expect("peer thread")
+                    .expect("the peer connects"),
+            )
+        })
+        .collect()
+}
+
+fn message(peer: usize, i: usize) -> Vec<u8> {
+    pattern(100 + 37 * peer + 11 * i, (peer * 16 + i) as u8)
+}
+
+/// Has every request `conn` posted retire (a signaled marker behind
+/// unsignaled ones).
+fn settle_peer(conn: &mut Connection) {
+    conn.flush_tail().expect("the peer's tail signaled");
+    conn.wait_idle(|_| {}).expect("the peer's requests retire");
+}
+
+/// Four peers on one poller: every SEND and WRITE_WITH_IMM of each peer
+/// reaches the poller as its own connection's, byte for byte; the
+/// poller's SENDs, WRITEs and READs on each connection reach that peer
+/// alone, and each READ brings back that peer's bytes. A fifth peer is
+/// refused before any verb, and the poller saw no stale completion.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn connections_on_one_poller_arrive_byte_exact() {
+    let cfg = config();
+    let device = guest("PINPOLL_DEVICE");
+    let mut poller = Poller::new(Some(&device), &cfg, pool(4)).expect("a poller");
+    let mut peers = join(&mut poller, &cfg, 4);
+    assert_eq!(poller.len(), 4);
+    let ids: Vec<ConnId> = peers.iter().map(|(id, _)| *id).collect();
+    let mut indexes: Vec<u32> = ids.iter().map(|id| id.index).collect();
+    indexes.sort_unstable();
+    assert_eq!(indexes, [0, 1, 2, 3], "{ids:?}");
+
+    // Peers → poller.
+    for (p, (_, conn)) in peers.iter_mut().enumerate() {
+        conn.target_mut()
+            .copy_from(READ_AT, &pattern(READ_LEN, 200 + p as u8))
+            .expect("fill the peer's ring");
+        for i in 0..MESSAGES {
+            conn.try_send(&message(p, i)).expect("the peer's SEND");
+        }
+        conn.try_write(&message(p, 9), WRITE_AT, Some(p as u32))
+            .expect("the peer's WRITE_WITH_IMM");
+        settle_peer(conn);
+    }
+    let mut got: HashMap<ConnId, Vec<Vec<u8>>> = HashMap::new();
+    let mut imms: HashMap<ConnId, (u32, u32)> = HashMap::new();
+    let mut wait = BoundedWait::new(WAIT, "every peer's messages at the poller");
+    while got.values().map(Vec::len).sum::<usize>() < 4 * MESSAGES || imms.len() < 4 {
+        poller
+            .poll(|id, ev| match ev {
+                Event::Received { data } => got.entry(id).or_default().push(data.to_vec()),
+                Event::WriteImm { imm, len } => assert!(imms.insert(id, (imm, len)).is_none()),
+                other => panic!("{id:?}: {other:?}"),
+            })
+            .expect("the poller polls");
+        wait.tick().expect("every peer's messages");
+    }
+    for (p, id) in ids.iter().enumerate() {
+        let expected: Vec<Vec<u8>> = (0..MESSAGES).map(|i| message(p, i)).collect();
+        assert_eq!(
+            got[id], expected,
+            "peer {p}'s SENDs, in order, on its own connection"
+        );
+        let written = message(p, 9);
+        assert_eq!(
+            imms[id],
+            (p as u32, written.len() as u32),
+            "peer {p}'s immediate"
+        );
+        let mut landed = vec![0u8; written.len()];
+        let conn = poller.conn(*id).expect("a live connection");
+        conn.target()
+            .copy_to(WRITE_AT as usize, &mut landed)
+            .expect("the target ring");
+        assert_eq!(
+            landed, written,
+            "peer {p}'s WRITE landed in its own target ring"
+        );
+        assert_eq!(
+            conn.stats().received,
+            MESSAGES as u64 + 1,
+            "peer {p}'s SENDs and immediate, counted on its connection"
+        );
+    }
+
+    // Poller → peers.
+    let mut seqs = HashMap::new();
+    for (p, id) in ids.iter().enumerate() {
+        let mut conn = poller.conn(*id).expect("a live connection");
+        conn.try_send(&message(p, 20)).expect("the poller's SEND");
+        conn.try_write(&message(p, 21), WRITE_AT, None)
+            .expect("the poller's WRITE");
+        let read = conn
+            .try_read(READ_AT as u64, READ_LEN)
+            .expect("the poller's READ");
+        seqs.insert(*id, read);
+    }
+    let mut reads: HashMap<ConnId, Vec<u8>> = HashMap::new();
+    let mut wait = BoundedWait::new(WAIT, "the poller's requests to retire");
+    while reads.len() < 4 {
+        poller
+            .poll(|id, ev| match ev {
+                Event::ReadCompleted { seq, data } => {
+                    assert_eq!(seq, seqs[&id], "{id:?}'s READ");
+                    assert!(reads.insert(id, data.to_vec()).is_none());
+                }
+                Event::Completed { .. } => {}
+                other => panic!("{id:?}: {other:?}"),
+            })
+            .expect("the poller polls");
+        wait.tick().expect("the poller's READs");
+    }
+    for id in &ids {
+        let conn = poller.conn(*id).expect("a live connection");
+        assert_eq!(
+            conn.outstanding(),
+            0,
+            "the READ's completion retired all before it"
+        );
+    }
+    for (p, (id, conn)) in peers.iter_mut().enumerate() {
+        assert_eq!(
+            reads[id],
+            pattern(READ_LEN, 200 + p as u8),
+            "peer {p}'s bytes"
+        );
+        let mut received = None;
+        let mut wait = BoundedWait::new(WAIT, "the poller's SEND at the peer");
+        while received.is_none() {
+            conn.poll(|ev| match ev {
+                Event::Received { data } => received = Some(data.to_vec()),
+                other => panic!("peer {p}: {other:?}"),
+            })
+            .expect("the peer polls");
+            wait.tick().expect("the poller's SEND");
+        }
+        assert_eq!(received, Some(message(p, 20)), "peer {p} got its own SEND");
+        let written = message(p, 21);
+        let mut landed = vec![0u8; written.len()];
+        conn.target()
+            .copy_to(WRITE_AT as usize, &mut landed)
+            .expect("the peer's ring");
+        assert_eq!(landed, written, "the poller's WRITE landed at peer {p}");
+    }
+
+    // A fifth is refused, before any verb: its peer's handshake ends.
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind loopback");
+    let fifth = peer(&listener, &cfg);
+    let mut stream = listener.accept().expect("accept TCP").0;
+    let refused = poller.over_tcp(&mut stream, remote_access()).unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            Error::PoolFull {
+                what: "connections",
+                limit: 4
+            }
+        ),
+        "{refused}"
+    );
+    drop(stream);
+    assert!(fifth.join().expect("the fifth peer's thread").is_err());
+    assert_eq!(poller.stats().refused, 1);
+    assert_eq!(poller.len(), 4);
+    assert_eq!(poller.stats().stale, 0, "no completion went astray");
+    let stale = ConnId {
+        gen: ids[0].gen.wrapping_add(1),
+        ..ids[0]
+    };
+    assert!(matches!(
+        poller.conn(stale),
+        Err(Error::Misuse(Misuse::StaleConnection))
+    ));
+}
+
+/// A callback that panics while handed receives loses no slot of the
+/// shared queue: every receive the turn took is settled and freed, and
+/// the poller hands on nothing more.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_panic_in_the_poll_callback_settles_every_receive() {
+    let cfg = config();
+    let device = guest("PINPOLL_DEVICE");
+    let mut poller = Poller::new(Some(&device), &cfg, pool(2)).expect("a poller");
+    let depth = poller.receives_posted();
+    assert_eq!(depth, 32, "the shared queue is full at the start");
+    let mut peers = join(&mut poller, &cfg, 2);
+    for (p, (_, conn)) in peers.iter_mut().enumerate() {
+        for i in 0..2 {
+            conn.try_send(&message(p, i)).expect("the peer's SEND");
+        }
+        settle_peer(conn);
+    }
+    // Every SEND completed at its peer, so its receive completion is in
+    // the poller's receive CQ; the first one handed on panics.
+    let mut handed = 0;
+    let panicked = catch_unwind(AssertUnwindSafe(|| {
+        let mut wait = BoundedWait::new(WAIT, "a receive at the poller");
+        loop {
+            poller
+                .poll(|_, _| {
+                    handed += 1;
+                    panic!("the application's callback fails");
+                })
+                .expect("the poller polls");
+            wait.tick().expect("a receive");
+        }
+    }));
+    assert!(panicked.is_err(), "the callback panicked");
+    assert_eq!(handed, 1, "one receive was handed on");
+    assert_eq!(
+        poller.receives_posted() + poller.free_slots(),
+        depth,
+        "no slot is lost: {} posted, {} free",
+        poller.receives_posted(),
+        poller.free_slots()
+    );
+    assert!(poller.free_slots() >= 1, "the receives taken were freed");
+    assert!(matches!(
+        poller.poll(|_, _| {}),
+        Err(Error::CallbackPanicked)
+    ));
+}
