@@ -295,3 +295,87 @@ fn a_panic_in_the_poll_callback_settles_every_receive() {
         Err(Error::CallbackPanicked)
     ));
 }
+
+/// Two pollers whose connections are each other's peers: every SEND and
+/// WRITE_WITH_IMM of each connection reaches the other poller on the
+/// connection it was joined to, in order and byte for byte, both ways at
+/// once.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn two_pollers_carry_each_other_s_connections_byte_exact() {
+    const N: usize = 4;
+    let cfg = config();
+    let device = guest("PINPOLL_DEVICE");
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind loopback");
+    let addr = listener.local_addr().expect("bound address");
+    let (cfg_b, device_b) = (cfg.clone(), device.clone());
+    let b = std::thread::spawn(move || {
+        let mut b = Poller::new(Some(&device_b), &cfg_b, pool(N as u32)).expect("poller B");
+        let ids: Vec<ConnId> = (0..N)
+            .map(|_| {
+                let mut stream = TcpStream::connect(addr).expect("connect TCP");
+                b.over_tcp(&mut stream, remote_access()).expect("B joins")
+            })
+            .collect();
+        (b, ids)
+    });
+    let mut a = Poller::new(Some(&device), &cfg, pool(N as u32)).expect("poller A");
+    let a_ids: Vec<ConnId> = (0..N)
+        .map(|_| {
+            let mut stream = listener.accept().expect("accept TCP").0;
+            a.over_tcp(&mut stream, remote_access()).expect("A joins")
+        })
+        .collect();
+    let (mut b, b_ids) = b.join().expect("poller B's thread");
+    // The i-th join of each side is the same connection.
+    for i in 0..N {
+        for k in 0..MESSAGES {
+            let mut to_b = a.conn(a_ids[i]).expect("A's connection");
+            to_b.try_send(&message(i, k)).expect("A's SEND");
+            let mut to_a = b.conn(b_ids[i]).expect("B's connection");
+            to_a.try_send(&message(i + N, k)).expect("B's SEND");
+        }
+        let mut to_b = a.conn(a_ids[i]).expect("A's connection");
+        to_b.try_write(&message(i, 9), WRITE_AT, Some(i as u32))
+            .expect("A's WRITE_WITH_IMM");
+    }
+    let mut at_a: HashMap<ConnId, Vec<Vec<u8>>> = HashMap::new();
+    let mut at_b: HashMap<ConnId, Vec<Vec<u8>>> = HashMap::new();
+    let mut imms: HashMap<ConnId, u32> = HashMap::new();
+    let complete = |got: &HashMap<ConnId, Vec<Vec<u8>>>| {
+        got.values().map(Vec::len).sum::<usize>() == N * MESSAGES
+    };
+    let mut wait = BoundedWait::new(WAIT, "every message at both pollers");
+    while !complete(&at_a) || !complete(&at_b) || imms.len() < N {
+        a.poll(|id, ev| match ev {
+            Event::Received { data } => at_a.entry(id).or_default().push(data.to_vec()),
+            Event::Completed { .. } => {}
+            other => panic!("A {id:?}: {other:?}"),
+        })
+        .expect("A polls");
+        b.poll(|id, ev| match ev {
+            Event::Received { data } => at_b.entry(id).or_default().push(data.to_vec()),
+            Event::WriteImm { imm, .. } => assert!(imms.insert(id, imm).is_none()),
+            Event::Completed { .. } => {}
+            other => panic!("B {id:?}: {other:?}"),
+        })
+        .expect("B polls");
+        wait.tick().expect("every message");
+    }
+    for i in 0..N {
+        let from_a: Vec<Vec<u8>> = (0..MESSAGES).map(|k| message(i, k)).collect();
+        let from_b: Vec<Vec<u8>> = (0..MESSAGES).map(|k| message(i + N, k)).collect();
+        assert_eq!(at_b[&b_ids[i]], from_a, "connection {i} at B");
+        assert_eq!(at_a[&a_ids[i]], from_b, "connection {i} at A");
+        assert_eq!(imms[&b_ids[i]], i as u32, "connection {i}'s immediate");
+        let written = message(i, 9);
+        let mut landed = vec![0u8; written.len()];
+        b.conn(b_ids[i])
+            .expect("B's connection")
+            .target()
+            .copy_to(WRITE_AT as usize, &mut landed)
+            .expect("B's target ring");
+        assert_eq!(landed, written, "A's WRITE on connection {i}");
+    }
+    assert_eq!((a.stats().stale, b.stats().stale), (0, 0));
+}
