@@ -103,8 +103,24 @@ fn connections_on_one_poller_arrive_byte_exact() {
     let mut indexes: Vec<u32> = ids.iter().map(|id| id.index).collect();
     indexes.sort_unstable();
     assert_eq!(indexes, [0, 1, 2, 3], "{ids:?}");
+    peers_to_poller(&mut poller, &mut peers);
+    poller_to_peers(&mut poller, &mut peers);
+    a_fifth_is_refused(&mut poller, &cfg);
+    assert_eq!(poller.stats().stale, 0, "no completion went astray");
+    let stale = ConnId {
+        gen: ids[0].gen.wrapping_add(1),
+        ..ids[0]
+    };
+    assert!(matches!(
+        poller.conn(stale),
+        Err(Error::Misuse(Misuse::StaleConnection))
+    ));
+}
 
-    // Peers → poller.
+/// Each peer SENDs and WRITEs with an immediate: all of it reaches the
+/// poller on that peer's connection, byte for byte. Each peer's ring is
+/// filled for the poller's READ.
+fn peers_to_poller(poller: &mut Poller, peers: &mut [(ConnId, Connection)]) {
     for (p, (_, conn)) in peers.iter_mut().enumerate() {
         conn.target_mut()
             .copy_from(READ_AT, &pattern(READ_LEN, 200 + p as u8))
@@ -129,7 +145,7 @@ fn connections_on_one_poller_arrive_byte_exact() {
             .expect("the poller polls");
         wait.tick().expect("every peer's messages");
     }
-    for (p, id) in ids.iter().enumerate() {
+    for (p, (id, _)) in peers.iter().enumerate() {
         let expected: Vec<Vec<u8>> = (0..MESSAGES).map(|i| message(p, i)).collect();
         assert_eq!(
             got[id], expected,
@@ -156,10 +172,13 @@ fn connections_on_one_poller_arrive_byte_exact() {
             "peer {p}'s SENDs and immediate, counted on its connection"
         );
     }
+}
 
-    // Poller → peers.
+/// The poller SENDs, WRITEs and READs on each connection: each reaches
+/// that peer alone, and each READ brings back that peer's bytes.
+fn poller_to_peers(poller: &mut Poller, peers: &mut [(ConnId, Connection)]) {
     let mut seqs = HashMap::new();
-    for (p, id) in ids.iter().enumerate() {
+    for (p, (id, _)) in peers.iter().enumerate() {
         let mut conn = poller.conn(*id).expect("a live connection");
         conn.try_send(&message(p, 20)).expect("the poller's SEND");
         conn.try_write(&message(p, 21), WRITE_AT, None)
@@ -184,7 +203,7 @@ fn connections_on_one_poller_arrive_byte_exact() {
             .expect("the poller polls");
         wait.tick().expect("the poller's READs");
     }
-    for id in &ids {
+    for (id, _) in peers.iter() {
         let conn = poller.conn(*id).expect("a live connection");
         assert_eq!(
             conn.outstanding(),
@@ -216,10 +235,12 @@ fn connections_on_one_poller_arrive_byte_exact() {
             .expect("the peer's ring");
         assert_eq!(landed, written, "the poller's WRITE landed at peer {p}");
     }
+}
 
-    // A fifth is refused, before any verb: its peer's handshake ends.
+/// A fifth peer is refused, before any verb: its handshake ends.
+fn a_fifth_is_refused(poller: &mut Poller, cfg: &EngineConfig) {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind loopback");
-    let fifth = peer(&listener, &cfg);
+    let fifth = peer(&listener, cfg);
     let mut stream = listener.accept().expect("accept TCP").0;
     let refused = poller.over_tcp(&mut stream, remote_access()).unwrap_err();
     assert!(
@@ -236,15 +257,6 @@ fn connections_on_one_poller_arrive_byte_exact() {
     assert!(fifth.join().expect("the fifth peer's thread").is_err());
     assert_eq!(poller.stats().refused, 1);
     assert_eq!(poller.len(), 4);
-    assert_eq!(poller.stats().stale, 0, "no completion went astray");
-    let stale = ConnId {
-        gen: ids[0].gen.wrapping_add(1),
-        ..ids[0]
-    };
-    assert!(matches!(
-        poller.conn(stale),
-        Err(Error::Misuse(Misuse::StaleConnection))
-    ));
 }
 
 /// A callback that panics while handed receives loses no slot of the
