@@ -10,11 +10,19 @@
 //! ([`PooledIds`]), so one of a closed connection, still arriving, never
 //! retires its successor's requests. A receive's slot is settled first,
 //! whatever it is about: the SRQ ring is the poller's, not a connection's.
+//!
+//! Not yet for peers that may be hostile to each other (hostile read
+//! 39b, `docs/design/many-peers-per-core.md` §6): every connection's
+//! target ring is in the poller's one protection domain, so a peer that
+//! guesses another connection's rkey reaches that ring; a join that fails
+//! after its queue pair could receive destroys the queue pair at once,
+//! which may strand a receive of the shared queue; and a join blocks the
+//! poller while its peer takes its time.
 
 use std::net::TcpStream;
 use std::sync::Arc;
 
-use super::budget::{receives_fit, CqBudget};
+use super::budget::CqBudget;
 use super::qpn_table::QpnTable;
 use super::slab::{ConnId, Slab};
 use crate::config::{bad_setting, EngineConfig};
@@ -131,7 +139,6 @@ impl Poller {
             })?;
         let (send_cq, send) = CompletionQueue::new(&ctx, send_depth)?;
         let (recv_cq, recv) = CompletionQueue::new(&ctx, pool.srq_depth)?;
-        debug_assert!(receives_fit(pool.srq_depth, pool.srq_depth));
         crate::sys::mem::check_memlock(u64::from(pool.srq_depth) * u64::from(cfg.slot_size))?;
         let ring = SrqRing::new(
             &pd,
@@ -175,6 +182,13 @@ impl Poller {
         self.ring.at_nic()
     }
 
+    /// Requests of connection `id` not yet retired, also once the poller
+    /// refuses `conn` (a test of the panic guards).
+    #[cfg(test)]
+    pub(crate) fn outstanding_of(&self, id: ConnId) -> Option<u64> {
+        self.slab.get(id).map(|conn| conn.sq.ledger().outstanding())
+    }
+
     /// Slots of the shared queue free to post again (none is posted while
     /// its completion's data is handed on).
     #[cfg(test)]
@@ -201,6 +215,8 @@ impl Poller {
             });
         };
         let depth = self.cfg.qp.max_send_wr;
+        // Not reached while every connection has the same depth (the CQ
+        // holds max_connections of them): the slots refuse first.
         if let Err(over) = self.budget.book(depth) {
             self.stats.refused += 1;
             return Err(Error::PoolFull {
@@ -273,23 +289,30 @@ impl Poller {
                 limit: self.slab.capacity() as u64,
             });
         }
-        match self.slab.insert(pooled) {
-            Ok(got) if got == id => Ok(id),
-            got => {
-                self.qpns.remove(qpn);
-                drop(got);
-                Err(Error::PoolFull {
-                    what: "connections",
-                    limit: self.slab.capacity() as u64,
-                })
-            }
-        }
+        let refused = match self.slab.insert(pooled) {
+            Ok(got) if got == id => return Ok(id),
+            // Named for another slot: taken out again, its queue pair
+            // destroyed before its booking is given back.
+            Ok(got) => self.slab.remove(got),
+            Err(pooled) => Some(pooled),
+        };
+        self.qpns.remove(qpn);
+        drop(refused);
+        Err(Error::PoolFull {
+            what: "connections",
+            limit: self.slab.capacity() as u64,
+        })
     }
 
     /// The connection `id` names, to post on; refused once it ended
     /// ([`Misuse::StaleConnection`]), never routed to a later tenant of
     /// its slot.
     pub(crate) fn conn(&mut self, id: ConnId) -> Result<PooledConn<'_>> {
+        // The turn a callback panicked in retired other connections'
+        // requests unseen: a failure among them was never recorded.
+        if self.unwound {
+            return Err(Error::CallbackPanicked);
+        }
         match self.slab.get_mut(id) {
             Some(conn) => Ok(PooledConn { conn }),
             None => Err(Misuse::StaleConnection.into()),
@@ -302,7 +325,7 @@ impl Poller {
     ///
     /// Should `on` panic, every completion the turn took is still settled
     /// (each send request retired, each receive's slot freed), and the
-    /// poller hands on nothing more: every later call returns
+    /// poller hands on nothing more: every later `poll` and `conn` returns
     /// [`Error::CallbackPanicked`].
     pub(crate) fn poll(&mut self, mut on: impl FnMut(ConnId, Event<'_>)) -> Result<usize> {
         if self.unwound {
