@@ -53,7 +53,7 @@ impl Pooled {
         let initial = pattern(REGION, seed);
         let (ours, peer, region) = connect_exposing(pd, queues, Some(initial.clone()));
         let remote = ours.remote_region().expect("the peer's region");
-        let layout = SlotLayout::new(256, 8).expect("a layout");
+        let layout = SlotLayout::new(1024, 8).expect("a layout");
         let ring =
             |access| Registration::new(pd, layout.bytes(), PageSize::Base, access).expect("a ring");
         let rings = (ring(Access::LOCAL_READ), ring(Access::LOCAL_WRITE), layout);
