@@ -11,7 +11,10 @@
 //! or of an earlier one in the same slot, still arriving after it closed
 //! — is never taken for one of its requests.
 
+use std::ops::Range;
+
 use super::cq::{CqId, Reaper};
+use super::ledger::{Ledger, NotOutstanding};
 use super::wr_id;
 
 /// How a send queue names its requests, and what it holds of its CQ.
@@ -29,6 +32,21 @@ pub(crate) trait Naming: Copy {
     /// this queue's and in `[retired, posted)` (the ledger then checks it
     /// is outstanding): `None` for another queue's.
     fn seq(self, wr_id: u64, retired: u64, posted: u64) -> Option<u64>;
+
+    /// Retires through the request a completion's `wr_id` names, if it is
+    /// one of this queue's and outstanding: the range newly retired
+    /// ([`Ledger::retire_through`]).
+    #[inline(always)]
+    fn retire_through(self, ledger: &mut Ledger, wr_id: u64) -> Result<Range<u64>, NotOutstanding> {
+        match self.seq(wr_id, ledger.retired(), ledger.posted()) {
+            Some(seq) => ledger.retire_through(seq),
+            None => Err(NotOutstanding {
+                wr_id,
+                retired: ledger.retired(),
+                posted: ledger.posted(),
+            }),
+        }
+    }
 }
 
 /// A CQ of the queue's own: the queue owns its poller, and a wr_id is the
@@ -52,6 +70,13 @@ impl Naming for OwnCq {
     #[inline(always)]
     fn seq(self, wr_id: u64, _retired: u64, _posted: u64) -> Option<u64> {
         Some(wr_id)
+    }
+
+    /// The ledger's own check, as a connection's queue always had it: the
+    /// id is the sequence number.
+    #[inline(always)]
+    fn retire_through(self, ledger: &mut Ledger, wr_id: u64) -> Result<Range<u64>, NotOutstanding> {
+        ledger.retire_through(wr_id)
     }
 }
 

@@ -16,7 +16,7 @@ use std::marker::PhantomData;
 
 use super::cq::{Reaped, Reaper, WorkCompletion};
 use super::layout::SlotLayout;
-use super::ledger::{Admitted, Ledger, NotOutstanding, Request, RequestKind};
+use super::ledger::{Admitted, Ledger, Request, RequestKind};
 use super::lent::LentRegions;
 use super::mr::{LocalSlice, Registration, RemoteSlice};
 use super::qp::QueuePair;
@@ -549,20 +549,18 @@ fn retire_walk<N: Naming>(
     let mut foreign = None;
     while let Some((wc, rest)) = walk.rest.split_first() {
         walk.rest = rest;
-        let named = match retire_named(walk.ledger, names, wc.wr_id()) {
-            Ok((range, named)) => {
-                walk.range = range;
-                named
-            }
+        match names.retire_through(walk.ledger, wc.wr_id()) {
+            Ok(range) => walk.range = range,
             Err(e) => {
                 foreign.get_or_insert(e);
                 continue;
             }
-        };
+        }
         let (status, vendor_err) = (wc.status(), wc.vendor_err());
         for seq in walk.range.by_ref() {
             let released = walk.ledger.release(seq);
-            let named = seq == named;
+            // On a CQ of its own, `seq == wc.wr_id()`: as it always was.
+            let named = names.wr_id(seq) == wc.wr_id();
             let read = match released.read_pos {
                 Some(pos) if named && status == WcStatus::SUCCESS => {
                     let r = layout.range(pos, released.request.read_len as usize);
@@ -594,25 +592,6 @@ fn retire_walk<N: Naming>(
     }
 }
 
-/// Retires through the request `wr_id` names, if it is one of `names`'
-/// and outstanding: the range newly retired and the named request's
-/// sequence number.
-#[inline(always)]
-fn retire_named<N: Naming>(
-    ledger: &mut Ledger,
-    names: N,
-    wr_id: u64,
-) -> std::result::Result<(std::ops::Range<u64>, u64), NotOutstanding> {
-    match names.seq(wr_id, ledger.retired(), ledger.posted()) {
-        Some(seq) => ledger.retire_through(seq).map(|range| (range, seq)),
-        None => Err(NotOutstanding {
-            wr_id,
-            retired: ledger.retired(),
-            posted: ledger.posted(),
-        }),
-    }
-}
-
 #[cold]
 #[inline(never)]
 pub(crate) fn other_queues_completions() -> Error {
@@ -641,7 +620,7 @@ impl<N: Naming> Drop for SendWalk<'_, N> {
             self.ledger.release(seq);
         }
         for wc in self.rest {
-            if let Ok((range, _)) = retire_named(self.ledger, self.names, wc.wr_id()) {
+            if let Ok(range) = self.names.retire_through(self.ledger, wc.wr_id()) {
                 for seq in range {
                     self.ledger.release(seq);
                 }
