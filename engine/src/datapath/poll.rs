@@ -56,13 +56,12 @@ impl Connection {
 
     #[inline]
     pub(super) fn poll_send(&mut self, on: &mut impl FnMut(Event<'_>)) -> Result<usize> {
-        let mut verdict = Verdict {
-            failure: &mut self.failure,
-            send_failed: self.send_failed,
-            send_failed_flag: &mut self.send_failed,
-            closing: self.closing,
-            stats: &mut self.stats,
-        };
+        let mut verdict = Verdict::new(
+            &mut self.failure,
+            &mut self.send_failed,
+            self.closing,
+            &mut self.stats,
+        );
         self.sq.poll(|retired| verdict.judge(retired, on))
     }
 }
@@ -70,20 +69,38 @@ impl Connection {
 /// How a retired request is reported, given the connection's state (a
 /// [`Connection`]'s, or a pooled connection's).
 pub(crate) struct Verdict<'a> {
-    pub(crate) failure: &'a mut Option<WcError>,
+    failure: &'a mut Option<WcError>,
     /// A send completion named an error: from then on the send queue
     /// flushes, and a request retired unnamed was not delivered. (A
     /// receive failure alone says nothing about sends already retired.)
     /// A copy, read per request: read through the reference, it made the
     /// compiler store the ledger's counters on every request.
-    pub(crate) send_failed: bool,
+    send_failed: bool,
     /// The connection's flag, written when a send completion fails.
-    pub(crate) send_failed_flag: &'a mut bool,
-    pub(crate) closing: bool,
-    pub(crate) stats: &'a mut Stats,
+    send_failed_flag: &'a mut bool,
+    closing: bool,
+    stats: &'a mut Stats,
 }
 
-impl Verdict<'_> {
+impl<'a> Verdict<'a> {
+    /// The verdicts of a connection whose state is `failure`,
+    /// `send_failed`, `closing` and `stats`.
+    #[inline(always)]
+    pub(crate) fn new(
+        failure: &'a mut Option<WcError>,
+        send_failed: &'a mut bool,
+        closing: bool,
+        stats: &'a mut Stats,
+    ) -> Verdict<'a> {
+        Verdict {
+            failure,
+            send_failed: *send_failed,
+            send_failed_flag: send_failed,
+            closing,
+            stats,
+        }
+    }
+
     #[inline(always)]
     pub(crate) fn judge(&mut self, r: Retired<'_>, on: &mut impl FnMut(Event<'_>)) {
         // Requests retired with a later completion completed silently,
@@ -166,13 +183,12 @@ mod tests {
 
     impl Judged {
         fn retire(&mut self, seq: u64, kind: RequestKind, named: bool, status: WcStatus) {
-            let mut verdict = Verdict {
-                failure: &mut self.failure,
-                send_failed: self.send_failed,
-                send_failed_flag: &mut self.send_failed,
-                closing: false,
-                stats: &mut self.stats,
-            };
+            let mut verdict = Verdict::new(
+                &mut self.failure,
+                &mut self.send_failed,
+                false,
+                &mut self.stats,
+            );
             let request = Request {
                 kind,
                 signaled: named,

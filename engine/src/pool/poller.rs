@@ -358,13 +358,12 @@ impl Poller {
             let Some((id, conn)) = walk.find(polled.wc()) else {
                 continue;
             };
-            let mut verdict = Verdict {
-                failure: &mut conn.failure,
-                send_failed: conn.send_failed,
-                send_failed_flag: &mut conn.send_failed,
-                closing: false,
-                stats: &mut conn.stats,
-            };
+            let mut verdict = Verdict::new(
+                &mut conn.failure,
+                &mut conn.send_failed,
+                false,
+                &mut conn.stats,
+            );
             let judged = conn.sq.retire(polled.alone(), |retired| {
                 verdict.judge(retired, &mut |ev| on(id, ev))
             });
