@@ -633,6 +633,10 @@ pub enum Misuse {
     /// never reaches).
     #[error("the connection has ended: its id names no connection of the poller any more")]
     StaleConnection,
+    /// A post on a connection of a poller that `close` was called on: it
+    /// ends once what it had posted has completed, and takes nothing more.
+    #[error("the connection is closing: nothing more can be posted on it")]
+    ConnectionClosing,
     /// A raw work request id uses the two top bits pinpoll reserves.
     #[error("raw work request id {id:#x} uses the top two bits, which pinpoll reserves; use ids below 2^62")]
     ReservedId {

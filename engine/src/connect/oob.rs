@@ -99,10 +99,68 @@ impl Prepared {
     /// then waits for the peer to be at RTS too (one byte each way), so the
     /// first message is never sent to a QP that would drop it.
     pub fn handshake(
-        mut self,
+        self,
         stream: &mut TcpStream,
         region: Option<RemoteSlice>,
     ) -> Result<Endpoint> {
+        self.handshake_keeping(stream, region, |_| Ok(()))
+            .map_err(|failed| failed.error)
+    }
+
+    /// [`handshake`](Self::handshake), with the peer's record checked by
+    /// `check` before the queue pair can receive (RTR); a failure after
+    /// that point hands the endpoint back, in RTR or RTS, for its owner
+    /// to end through ERR: a queue pair on a shared receive queue may
+    /// already hold one of its receives, which destroying it at once
+    /// would strand.
+    pub(crate) fn handshake_keeping(
+        mut self,
+        stream: &mut TcpStream,
+        region: Option<RemoteSlice>,
+        check: impl FnOnce(&ConnectionRecord) -> Result<()>,
+    ) -> std::result::Result<Endpoint, HandshakeFailed> {
+        let peer = self
+            .exchange_records(stream, region)
+            .and_then(|(exchange, peer)| {
+                check(&peer)?;
+                Ok((exchange, peer))
+            });
+        let (mut exchange, peer) = peer.map_err(HandshakeFailed::before_rtr)?;
+        let path = crate::sys::qp::PeerPath {
+            qpn: peer.qpn,
+            psn: peer.psn,
+            lid: peer.lid,
+            gid: peer.gid,
+            global: self.endpoint.port_attr().is_ethernet() || peer.lid == 0,
+            sgid_index: self.gid.index as u8,
+            mtu: u32::from(peer.mtu).min(self.endpoint.port_attr().active_mtu),
+        };
+        if let Err(e) = self.endpoint.qp().enter_rtr(&path, &self.cfg) {
+            return Err(HandshakeFailed::before_rtr(e));
+        }
+        let ready = self
+            .endpoint
+            .qp()
+            .enter_rts(self.psn, &self.cfg)
+            .and_then(|()| exchange.ready());
+        match ready {
+            Ok(()) => {
+                self.endpoint.mark_connected(Vec::new(), peer.region);
+                Ok(self.endpoint)
+            }
+            Err(error) => Err(HandshakeFailed {
+                error,
+                at_rtr: Some(Box::new((self.endpoint, peer.region))),
+            }),
+        }
+    }
+
+    /// Sends this side's record and takes the peer's.
+    fn exchange_records<'s>(
+        &mut self,
+        stream: &'s mut TcpStream,
+        region: Option<RemoteSlice>,
+    ) -> Result<(Exchange<'s>, ConnectionRecord)> {
         let mut exchange = Exchange::new(stream, self.cfg.connect_timeout)?;
         let mine = self.record(region);
         exchange.send(
@@ -116,35 +174,26 @@ impl Prepared {
             "receiving the peer's connection record",
             "the peer's connection record",
         )?;
-        let peer = ConnectionRecord::decode(&buf)?;
+        Ok((exchange, ConnectionRecord::decode(&buf)?))
+    }
+}
 
-        let path = crate::sys::qp::PeerPath {
-            qpn: peer.qpn,
-            psn: peer.psn,
-            lid: peer.lid,
-            gid: peer.gid,
-            global: self.endpoint.port_attr().is_ethernet() || peer.lid == 0,
-            sgid_index: self.gid.index as u8,
-            mtu: u32::from(peer.mtu).min(self.endpoint.port_attr().active_mtu),
-        };
-        self.endpoint.qp().enter_rtr(&path, &self.cfg)?;
-        self.endpoint.qp().enter_rts(self.psn, &self.cfg)?;
+/// A handshake that failed, with the endpoint if its queue pair had
+/// reached RTR (it may have begun to receive), and the region the peer's
+/// record exposed.
+#[derive(Debug)]
+pub(crate) struct HandshakeFailed {
+    pub error: Error,
+    /// Boxed: the error path, and an endpoint is large.
+    pub at_rtr: Option<Box<(Endpoint, Option<RemoteSlice>)>>,
+}
 
-        exchange.send(b"R", "signalling ready", "the peer to take our ready byte")?;
-        let mut ready = [0u8; 1];
-        exchange.receive(
-            &mut ready,
-            "waiting for the peer to be ready",
-            "the peer's ready byte",
-        )?;
-        if ready != *b"R" {
-            return Err(Error::BadRecord(format!(
-                "expected the ready byte 'R', got {:#04x}",
-                ready[0]
-            )));
+impl HandshakeFailed {
+    fn before_rtr(error: Error) -> HandshakeFailed {
+        HandshakeFailed {
+            error,
+            at_rtr: None,
         }
-        self.endpoint.mark_connected(Vec::new(), peer.region);
-        Ok(self.endpoint)
     }
 }
 
@@ -226,6 +275,26 @@ impl<'a> Exchange<'a> {
                 Err(e) if waits_again(&e) => {}
                 Err(source) => return Err(Error::Exchange { op, source }),
             }
+        }
+        Ok(())
+    }
+
+    /// Says this side is at RTS (one byte), then waits for the peer's
+    /// byte saying the same, so the first message is never sent to a
+    /// queue pair that would drop it.
+    fn ready(&mut self) -> Result<()> {
+        self.send(b"R", "signalling ready", "the peer to take our ready byte")?;
+        let mut ready = [0u8; 1];
+        self.receive(
+            &mut ready,
+            "waiting for the peer to be ready",
+            "the peer's ready byte",
+        )?;
+        if ready != *b"R" {
+            return Err(Error::BadRecord(format!(
+                "expected the ready byte 'R', got {:#04x}",
+                ready[0]
+            )));
         }
         Ok(())
     }

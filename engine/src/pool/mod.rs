@@ -1,14 +1,24 @@
-//! Many connections on one poller (issue 25): the pure-data pieces it is
-//! built from, tested on the host before the poller itself exists. See
+//! Many connections on one poller (issue 25). See
 //! `docs/design/many-peers-per-core.md`.
+//!
+//! - `poller`: the poller, its joins and its turn;
+//! - `pooled`, `walks`: one connection of it, and the walks over what a
+//!   poll took;
+//! - `ends`, `ending`: how one connection ends while the others run;
+//! - pure data, tested on the host: `slab`, `qpn_table`, `budget`,
+//!   `fair`, `idle`.
 
 pub(crate) mod budget;
 #[cfg(test)]
 #[allow(clippy::arithmetic_side_effects)] // counts of the tests' own
 mod device_tests;
 pub(crate) mod ending;
+mod ends;
+pub(crate) mod event;
 pub(crate) mod fair;
 pub(crate) mod idle;
 pub(crate) mod poller;
+mod pooled;
 pub(crate) mod qpn_table;
 pub(crate) mod slab;
+mod walks;

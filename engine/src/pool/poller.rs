@@ -1,111 +1,142 @@
-//! One poller for many connections (issue 25, S3.3): their send queues
+//! One poller for many connections (issue 25): their send queues
 //! complete on one send CQ, their receives come from one shared receive
 //! queue and complete on one receive CQ, and one thread polls both and
 //! hands each completion to the connection it is about. See
 //! `docs/design/many-peers-per-core.md`.
 //!
 //! A completion names its queue pair; the [`QpnTable`] says which slot of
-//! the [`Slab`] holds that connection. A send completion is then believed
-//! only if its wr_id carries that slot and the tenant's generation
-//! ([`PooledIds`]), so one of a closed connection, still arriving, never
-//! retires its successor's requests. A receive's slot is settled first,
-//! whatever it is about: the SRQ ring is the poller's, not a connection's.
+//! the [`Slab`] holds that connection, or which ending record holds it
+//! once it ended. A send completion is then believed only if its wr_id
+//! carries that slot and the tenant's generation ([`PooledIds`]), so one
+//! of a closed connection never retires its successor's requests. A
+//! receive's slot is settled first, whatever it is about: the SRQ ring is
+//! the poller's, not a connection's.
+//!
+//! One connection's end leaves the others untouched (`ends.rs`): it
+//! leaves the slab at once, and its queue pair and rings stay until the
+//! NIC is proven done with them.
 //!
 //! Not yet for peers that may be hostile to each other (hostile read
 //! 39b, `docs/design/many-peers-per-core.md` §6): every connection's
 //! target ring is in the poller's one protection domain, so a peer that
-//! guesses another connection's rkey reaches that ring; a join that fails
-//! after its queue pair could receive destroys the queue pair at once,
-//! which may strand a receive of the shared queue; and a join blocks the
-//! poller while its peer takes its time.
+//! guesses another connection's rkey reaches that ring; and a join blocks
+//! the poller while its peer takes its time.
 
 use std::net::TcpStream;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::budget::CqBudget;
+use super::ends::EndingConn;
+use super::event::PoolEvent;
+use super::pooled::{deliver, Pooled, PooledConn};
 use super::qpn_table::QpnTable;
 use super::slab::{ConnId, Slab};
+use super::walks::{find, Found, RecvPoolWalk, SendPoolWalk};
 use crate::config::{bad_setting, EngineConfig};
-use crate::connect::oob::Prepared;
-use crate::datapath::{Event, Stats, Verdict};
+use crate::connect::oob::{HandshakeFailed, Prepared};
+use crate::datapath::{Stats, Verdict};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Misuse, Result};
-use crate::status::{WcError, WcOpcode, WcStatus};
-use crate::sys::cq::{CompletionQueue, Polled, Reaper, WorkCompletion, POLL_BATCH};
+use crate::sys::cq::{CompletionQueue, Reaper, POLL_BATCH};
 use crate::sys::device::Context;
 use crate::sys::layout::SlotLayout;
-use crate::sys::mr::{Access, RemoteSlice};
+use crate::sys::mr::{Access, Registration, RemoteSlice};
 use crate::sys::pd::ProtectionDomain;
 use crate::sys::qp::Queues;
 use crate::sys::region::SharedRegion;
 use crate::sys::send_names::PooledIds;
-use crate::sys::send_queue::{Outbound, SendQueue};
-use crate::sys::srq_ring::{SrqRing, SrqSlot};
+use crate::sys::send_queue::SendQueue;
+use crate::sys::srq_ring::SrqRing;
 use crate::sys::wr_id::POOLED_INDEX_BITS;
 
-/// How many connections a poller takes, and its shared receive queue.
+/// How many connections a poller takes, its shared receive queue, and
+/// how long an ending connection's receive side is given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PoolConfig {
-    /// Connections at once (at most 2^16: a pooled wr_id's slot bits).
+    /// Connections at once, live or ending (at most 2^16: a pooled
+    /// wr_id's slot bits).
     pub max_connections: u32,
     /// Receives posted to the shared queue: what every peer's SENDs
     /// share, each of the engine's `slot_size` bytes.
     pub srq_depth: u32,
     /// Receives posted with one doorbell when the queue is topped up.
     pub srq_batch: usize,
+    /// How long an ending connection's queue pair, its send queue proven
+    /// empty, is kept in ERR before it is destroyed, where the device
+    /// sends no `QP_LAST_WQE_REACHED` (rxe on Linux 6.1): a receive of
+    /// the shared queue it held mid-message then completes (flushed)
+    /// while its owner can still be told.
+    pub srq_grace: Duration,
 }
 
 /// What the poller refused or passed over, for tests and accounting.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct PoolStats {
-    /// Completions of no live connection of this poller (of one that
-    /// ended, or naming another tenant of its slot): counted, never
-    /// believed.
+    /// Completions of no connection of this poller, live or ending (of
+    /// one destroyed, or naming another tenant of its slot): counted,
+    /// never believed.
     pub stale: u64,
     /// Joins refused because the poller was full.
     pub refused: u64,
+    /// Joins that failed after their queue pair could receive: ended
+    /// through ERR like a connection, never handed out.
+    pub joins_ended: u64,
+    /// Ended connections destroyed at their deadline without their send
+    /// queue proven empty: their send-CQ entries stay booked for good.
+    pub unproven_sends: u64,
+    /// Ended connections destroyed after the grace, without the device's
+    /// `QP_LAST_WQE_REACHED` (every one on rxe 6.1): a receive of the
+    /// shared queue one held mid-message stays the NIC's (sound, lost).
+    pub unproven_receives: u64,
 }
 
-/// One connection of the poller, in drop order: its queue pair goes
-/// before the rings its requests name and the ring its peer writes.
-struct Pooled {
-    ep: Endpoint,
-    sq: SendQueue<PooledIds>,
-    target: SharedRegion,
-    peer: RemoteSlice,
-    failure: Option<WcError>,
-    send_failed: bool,
-    stats: Stats,
+/// Where a queue pair number's connection is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Where {
+    /// In the slab, at this slot.
+    Live(u32),
+    /// Ending, at this place of the endings.
+    Ending(u32),
 }
 
 /// Many connections polled by one thread. `Send`, not `Sync`: the SRQ's
 /// poster, the CQs' pollers and the queue pairs on them have one owner
 /// (row 2 of the unsafe contract).
 pub(crate) struct Poller {
-    // Field order is drop order: the queue pairs (in the slab) go before
-    // the SRQ ring their receives land in (which is parked with the SRQ
-    // until the SRQ, held by every queue pair, is destroyed), and before
-    // the CQs they complete on.
-    slab: Slab<Pooled>,
-    qpns: QpnTable<u32>,
+    // Field order is drop order: the queue pairs (in the slab and the
+    // endings) go before the SRQ ring their receives land in (which is
+    // parked with the SRQ until the SRQ, held by every queue pair, is
+    // destroyed), and before the CQs they complete on.
+    pub(super) slab: Slab<Pooled>,
+    /// Ended connections whose queue pairs the NIC may still use; as many
+    /// as the send CQ's bookings allow, reserved up front.
+    pub(super) endings: Vec<EndingConn>,
+    pub(super) qpns: QpnTable<Where>,
     ring: SrqRing,
     send: Reaper,
     recv: Reaper,
     send_cq: Arc<CompletionQueue>,
     recv_cq: Arc<CompletionQueue>,
-    budget: CqBudget,
+    pub(super) budget: CqBudget,
     pd: Arc<ProtectionDomain>,
-    cfg: EngineConfig,
-    stats: PoolStats,
+    pub(super) cfg: EngineConfig,
+    pub(super) pool: PoolConfig,
+    pub(super) stats: PoolStats,
+    /// Connections to end at the end of this turn (reserved up front).
+    pub(super) to_end: Vec<ConnId>,
+    /// Connections `close` was called on, until they end (reserved).
+    pub(super) closing: Vec<ConnId>,
     /// A callback panicked while handed completions: the poller's events
     /// since are incomplete, so it hands on no more.
-    unwound: bool,
+    pub(super) unwound: bool,
 }
 
 impl std::fmt::Debug for Poller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Poller")
             .field("connections", &self.slab.len())
+            .field("ending", &self.endings.len())
             .field("ring", &self.ring)
             .field("stats", &self.stats)
             .finish()
@@ -148,9 +179,11 @@ impl Poller {
             pool.srq_batch,
             cfg.pages,
         )?;
+        let max = pool.max_connections as usize;
         let mut poller = Poller {
             slab: Slab::with_capacity(pool.max_connections),
-            qpns: QpnTable::with_capacity(pool.max_connections as usize),
+            endings: Vec::with_capacity(max),
+            qpns: QpnTable::with_capacity(max),
             ring,
             send: Reaper::new(send),
             recv: Reaper::new(recv),
@@ -159,7 +192,10 @@ impl Poller {
             budget: CqBudget::new(send_depth),
             pd,
             cfg: cfg.clone(),
+            pool,
             stats: PoolStats::default(),
+            to_end: Vec::with_capacity(max),
+            closing: Vec::with_capacity(max),
             unwound: false,
         };
         while poller.ring.free() > 0 {
@@ -173,8 +209,28 @@ impl Poller {
         self.slab.len()
     }
 
+    /// Connections ended whose queue pairs are not yet destroyed.
+    pub(crate) fn endings(&self) -> usize {
+        self.endings.len()
+    }
+
     pub(crate) fn stats(&self) -> PoolStats {
         self.stats
+    }
+
+    /// Requests not yet retired of each ending connection.
+    #[cfg(test)]
+    pub(crate) fn ending_outstanding(&self) -> Vec<u64> {
+        self.endings
+            .iter()
+            .map(|e| e.conn.sq.ledger().outstanding())
+            .collect()
+    }
+
+    /// Send-CQ entries booked by live and ending connections.
+    #[cfg(test)]
+    pub(crate) fn booked(&self) -> u32 {
+        self.budget.booked()
     }
 
     /// Receives posted to the shared queue, not yet completed.
@@ -201,7 +257,9 @@ impl Poller {
     /// [`Connection::over_tcp`](crate::Connection) does on the other side,
     /// the peer allowed `remote_access` to this connection's target ring.
     /// Refused before any verb when the poller is full
-    /// ([`Error::PoolFull`]).
+    /// ([`Error::PoolFull`]). A join that fails after its queue pair could
+    /// receive ends through ERR like a connection (it may hold a receive
+    /// of the shared queue), never handed out.
     pub(crate) fn over_tcp(
         &mut self,
         stream: &mut TcpStream,
@@ -215,8 +273,8 @@ impl Poller {
             });
         };
         let depth = self.cfg.qp.max_send_wr;
-        // Not reached while every connection has the same depth (the CQ
-        // holds max_connections of them): the slots refuse first.
+        // Reached while connections are ending: each keeps its booking
+        // until its queue pair is destroyed.
         if let Err(over) = self.budget.book(depth) {
             self.stats.refused += 1;
             return Err(Error::PoolFull {
@@ -224,12 +282,19 @@ impl Poller {
                 limit: u64::from(over.left + self.budget.booked()),
             });
         }
-        let joined = self.join(id, stream, remote_access);
-        if joined.is_err() {
-            // Its queue pair, if it was made, is destroyed already.
-            self.budget.release(depth);
+        match self.join(id, stream, remote_access) {
+            Ok(joined) => Ok(joined),
+            Err(Joining::Ended(error)) => {
+                // The ending holds the booking until its destroy.
+                self.stats.joins_ended += 1;
+                Err(error)
+            }
+            Err(Joining::Failed(error)) => {
+                // Its queue pair, if it was made, is destroyed already.
+                self.budget.release(depth);
+                Err(error)
+            }
         }
-        joined
     }
 
     fn join(
@@ -237,7 +302,7 @@ impl Poller {
         id: ConnId,
         stream: &mut TcpStream,
         remote_access: Access,
-    ) -> Result<ConnId> {
+    ) -> std::result::Result<ConnId, Joining> {
         let cfg = &self.cfg;
         let layout = SlotLayout::new(cfg.slot_size as usize, cfg.slot_count as usize)?;
         crate::sys::mem::check_memlock(3 * layout.bytes() as u64)?;
@@ -254,14 +319,70 @@ impl Poller {
             cfg.pages,
             Access::LOCAL_WRITE | remote_access,
         )?);
-        let inline_threshold = cfg.inline_threshold.min(ep.max_inline()) as usize;
         let descriptor = target.remote(0..target.len())?;
-        // A failed handshake drops the queue pair inside, before the rings.
-        let ep = Prepared::with_endpoint(ep, &cfg.qp, remote_access)?
-            .handshake(stream, Some(descriptor))?;
-        let peer = ep
-            .remote_region()
-            .ok_or_else(|| Error::BadRecord("the peer exposed no target ring".into()))?;
+        // Checked before the queue pair can receive: a record the poller
+        // cannot use ends the join with nothing to drain.
+        let handshake = Prepared::with_endpoint(ep, &cfg.qp, remote_access)?.handshake_keeping(
+            stream,
+            Some(descriptor),
+            |peer| match peer.region {
+                Some(_) => Ok(()),
+                None => Err(Error::BadRecord("the peer exposed no target ring".into())),
+            },
+        );
+        let (ep, peer) = match handshake {
+            Ok(ep) => {
+                let peer = ep.remote_region();
+                (ep, peer)
+            }
+            Err(HandshakeFailed { error, at_rtr }) => {
+                let Some(kept) = at_rtr else {
+                    // Dropped inside, before the rings.
+                    return Err(Joining::Failed(error));
+                };
+                let (ep, peer) = *kept;
+                let conn = self.pooled(id, ep, (send, read, target, layout), peer);
+                self.end_join(id, conn);
+                return Err(Joining::Ended(error));
+            }
+        };
+        let conn = self.pooled(id, ep, (send, read, target, layout), peer);
+        let qpn = conn.ep.qp_num();
+        // A live queue pair's number is unique, and the table holds as
+        // many as the slab: neither refusal can come.
+        if self.qpns.insert(qpn, Where::Live(id.index)).is_err() {
+            self.end_join(id, conn);
+            return Err(Joining::Ended(full("queue pair numbers", &self.slab)));
+        }
+        match self.slab.insert(conn) {
+            Ok(got) if got == id => Ok(id),
+            // Named for another slot (never: `vacant` said which comes):
+            // taken out again and ended.
+            Ok(got) => {
+                if let Some(conn) = self.slab.remove(got) {
+                    self.end_join(got, conn);
+                }
+                Err(Joining::Ended(full("connections", &self.slab)))
+            }
+            Err(conn) => {
+                self.end_join(id, conn);
+                Err(Joining::Ended(full("connections", &self.slab)))
+            }
+        }
+    }
+
+    /// A connection of `ep` in slot `id`, on the rings `rings`, writing
+    /// to `peer` (the peer's record had one: checked before RTR).
+    fn pooled(
+        &self,
+        id: ConnId,
+        ep: Endpoint,
+        rings: (Registration, Registration, SharedRegion, SlotLayout),
+        peer: Option<RemoteSlice>,
+    ) -> Pooled {
+        let cfg = &self.cfg;
+        let (send, read, target, layout) = rings;
+        let inline_threshold = cfg.inline_threshold.min(ep.max_inline()) as usize;
         let sq = SendQueue::named(
             self.send_cq.id(),
             PooledIds::new(id.index, id.gen),
@@ -271,37 +392,31 @@ impl Poller {
             cfg.batch_size.max(1) as usize,
             inline_threshold,
         );
-        let qpn = ep.qp_num();
-        let pooled = Pooled {
+        Pooled {
             ep,
             sq,
             target,
-            peer,
+            peer: peer.unwrap_or(RemoteSlice {
+                addr: 0,
+                len: 0,
+                rkey: 0,
+            }),
             failure: None,
             send_failed: false,
             stats: Stats::default(),
-        };
-        // A live queue pair's number is unique, and the table holds as
-        // many as the slab: neither refusal can come.
-        if self.qpns.insert(qpn, id.index).is_err() {
-            return Err(Error::PoolFull {
-                what: "queue pair numbers",
-                limit: self.slab.capacity() as u64,
-            });
+            closing: None,
+            end: None,
         }
-        let refused = match self.slab.insert(pooled) {
-            Ok(got) if got == id => return Ok(id),
-            // Named for another slot: taken out again, its queue pair
-            // destroyed before its booking is given back.
-            Ok(got) => self.slab.remove(got),
-            Err(pooled) => Some(pooled),
-        };
-        self.qpns.remove(qpn);
-        drop(refused);
-        Err(Error::PoolFull {
-            what: "connections",
-            limit: self.slab.capacity() as u64,
-        })
+    }
+
+    /// Ends a join that failed after its queue pair could receive: into
+    /// ERR and the endings, unannounced.
+    fn end_join(&mut self, id: ConnId, mut conn: Pooled) {
+        if let Err(e) = conn.ep.qp().enter_error() {
+            tracing::warn!(error = %e, "moving a failed join's queue pair to ERR");
+        }
+        let ending = self.new_ending();
+        self.park(EndingConn::new(id, conn, ending, false));
     }
 
     /// The connection `id` names, to post on; refused once it ended
@@ -314,25 +429,36 @@ impl Poller {
             return Err(Error::CallbackPanicked);
         }
         match self.slab.get_mut(id) {
-            Some(conn) => Ok(PooledConn { conn }),
+            Some(conn) => Ok(PooledConn {
+                id,
+                conn,
+                to_end: &mut self.to_end,
+            }),
             None => Err(Misuse::StaleConnection.into()),
         }
     }
 
     /// One turn: polls the send CQ and the receive CQ once each, hands
-    /// every event to `on` with its connection, and tops the shared queue
-    /// up. Returns how many completions were taken.
+    /// every event to `on` with its connection, ends the connections that
+    /// failed or finished closing, moves every ending one step, and tops
+    /// the shared queue up. Returns how many completions were taken.
     ///
     /// Should `on` panic, every completion the turn took is still settled
     /// (each send request retired, each receive's slot freed), and the
     /// poller hands on nothing more: every later `poll` and `conn` returns
     /// [`Error::CallbackPanicked`].
-    pub(crate) fn poll(&mut self, mut on: impl FnMut(ConnId, Event<'_>)) -> Result<usize> {
+    pub(crate) fn poll(&mut self, mut on: impl FnMut(ConnId, PoolEvent<'_>)) -> Result<usize> {
         if self.unwound {
             return Err(Error::CallbackPanicked);
         }
         let sent = self.poll_sends(&mut on)?;
         let received = self.poll_receives(&mut on)?;
+        self.end_marked(&mut on);
+        if !self.closing.is_empty() || !self.endings.is_empty() {
+            let now = Instant::now();
+            self.finish_closing(now, &mut on);
+            self.advance_endings(now, &mut on);
+        }
         self.top_up()?;
         Ok(sent + received)
     }
@@ -345,28 +471,50 @@ impl Poller {
         Ok(())
     }
 
-    fn poll_sends(&mut self, on: &mut impl FnMut(ConnId, Event<'_>)) -> Result<usize> {
+    fn poll_sends(&mut self, on: &mut impl FnMut(ConnId, PoolEvent<'_>)) -> Result<usize> {
         let reaped = self.send.reap(POLL_BATCH)?;
         let mut walk = SendPoolWalk {
             slab: &mut self.slab,
+            endings: &mut self.endings,
             qpns: &self.qpns,
             stats: &mut self.stats,
+            to_end: &mut self.to_end,
             unwound: &mut self.unwound,
             rest: reaped.each(),
         };
-        while let Some(polled) = walk.rest.next() {
-            let Some((id, conn)) = walk.find(polled.wc()) else {
-                continue;
+        for polled in walk.rest.by_ref() {
+            let qpn = polled.wc().qp_num();
+            let judged = match find(walk.qpns, walk.slab, walk.endings, qpn) {
+                None => {
+                    walk.stats.stale += 1;
+                    continue;
+                }
+                Some(Found::Live(id, conn)) => {
+                    let mut verdict = Verdict::new(
+                        &mut conn.failure,
+                        &mut conn.send_failed,
+                        false,
+                        &mut conn.stats,
+                    );
+                    let judged = conn.sq.retire(polled.alone(), |retired| {
+                        verdict.judge(retired, &mut |ev| on(id, PoolEvent::Conn(ev)))
+                    });
+                    conn.end_if_failed(id, walk.to_end);
+                    judged
+                }
+                // Its flushes, counted, handed to no one.
+                Some(Found::Ending(conn)) => {
+                    let mut verdict = Verdict::new(
+                        &mut conn.failure,
+                        &mut conn.send_failed,
+                        true,
+                        &mut conn.stats,
+                    );
+                    conn.sq.retire(polled.alone(), |retired| {
+                        verdict.judge(retired, &mut |_| {})
+                    })
+                }
             };
-            let mut verdict = Verdict::new(
-                &mut conn.failure,
-                &mut conn.send_failed,
-                false,
-                &mut conn.stats,
-            );
-            let judged = conn.sq.retire(polled.alone(), |retired| {
-                verdict.judge(retired, &mut |ev| on(id, ev))
-            });
             // Refused (another tenant's id, or not outstanding): never
             // believed, counted.
             if judged.is_err() {
@@ -377,7 +525,7 @@ impl Poller {
         Ok(reaped.wcs().len())
     }
 
-    fn poll_receives(&mut self, on: &mut impl FnMut(ConnId, Event<'_>)) -> Result<usize> {
+    fn poll_receives(&mut self, on: &mut impl FnMut(ConnId, PoolEvent<'_>)) -> Result<usize> {
         let reaped = self.recv.reap(POLL_BATCH)?;
         let mut walk = RecvPoolWalk {
             ring: &mut self.ring,
@@ -393,15 +541,14 @@ impl Poller {
                 continue;
             };
             let lent = walk.lent.insert(slot);
-            match self
-                .qpns
-                .get(wc.qp_num())
-                .and_then(|index| self.slab.at_mut(index))
-            {
-                Some((id, conn)) => {
+            match find(&self.qpns, &mut self.slab, &mut self.endings, wc.qp_num()) {
+                Some(Found::Live(id, conn)) => {
                     let data = walk.ring.data(lent, wc.byte_len() as usize).unwrap_or(&[]);
-                    deliver(conn, wc, data, &mut |ev| on(id, ev));
+                    deliver(conn, wc, data, &mut |ev| on(id, PoolEvent::Conn(ev)));
+                    conn.end_if_failed(id, &mut self.to_end);
                 }
+                // Whatever an ended connection still receives is dropped.
+                Some(Found::Ending(conn)) => deliver(conn, wc, &[], &mut |_| {}),
                 None => self.stats.stale += 1,
             }
             if let Some(slot) = walk.lent.take() {
@@ -413,176 +560,24 @@ impl Poller {
     }
 }
 
-/// A receive's completion, reported to its connection.
-fn deliver(conn: &mut Pooled, wc: &WorkCompletion, data: &[u8], on: &mut impl FnMut(Event<'_>)) {
-    let status = wc.status();
-    if status == WcStatus::SUCCESS {
-        conn.stats.received += 1;
-        on(match wc.imm() {
-            Some(imm) if wc.opcode() == WcOpcode::RECV_RDMA_WITH_IMM => Event::WriteImm {
-                imm,
-                len: wc.byte_len(),
-            },
-            _ => Event::Received { data },
-        });
-    } else if status == WcStatus::WR_FLUSH_ERR || conn.failure.is_some() {
-        conn.stats.recv_flushed += 1;
-        on(Event::RecvFlushed);
-    } else {
-        let err = WcError {
-            wr_id: WcError::INTERNAL,
-            opcode: Some(WcOpcode::RECV),
-            status,
-            vendor_err: wc.vendor_err(),
-        };
-        conn.failure = Some(err);
-        conn.stats.failed += 1;
-        on(Event::Failed(err));
+/// How a join failed: with nothing left to end, or with its queue pair
+/// ending (it could receive).
+enum Joining {
+    Failed(Error),
+    Ended(Error),
+}
+
+impl From<Error> for Joining {
+    fn from(error: Error) -> Joining {
+        Joining::Failed(error)
     }
 }
 
-/// Where `poll_sends` is in the completions it took. Dropped only by a
-/// panic in the caller's callback, it retires the
-/// rest silently, so no connection's ledger lags the NIC, and marks the
-/// poller unwound: their events were never handed on.
-struct SendPoolWalk<'a, I: Iterator<Item = Polled<'a>>> {
-    slab: &'a mut Slab<Pooled>,
-    qpns: &'a QpnTable<u32>,
-    stats: &'a mut PoolStats,
-    unwound: &'a mut bool,
-    rest: I,
-}
-
-impl<'a, I: Iterator<Item = Polled<'a>>> SendPoolWalk<'a, I> {
-    /// The live connection `wc` is about, or `None` (counted stale).
-    fn find(&mut self, wc: &WorkCompletion) -> Option<(ConnId, &mut Pooled)> {
-        let found = self
-            .qpns
-            .get(wc.qp_num())
-            .and_then(|index| self.slab.at_mut(index));
-        if found.is_none() {
-            self.stats.stale += 1;
-        }
-        found
-    }
-
-    /// Retires what the rest of the completions name, handing nothing on.
-    #[cold]
-    fn settle_rest(&mut self) {
-        while let Some(polled) = self.rest.next() {
-            if let Some((_, conn)) = self.find(polled.wc()) {
-                let _ = conn.sq.retire(polled.alone(), |_| {});
-            }
-        }
-    }
-}
-
-impl<'a, I: Iterator<Item = Polled<'a>>> Drop for SendPoolWalk<'a, I> {
-    #[cold]
-    fn drop(&mut self) {
-        self.settle_rest();
-        *self.unwound = true;
-    }
-}
-
-/// Where `poll_receives` is in the completions it took, and the slot lent
-/// while `on` runs. Dropped only by a panic in the caller's callback, it
-/// releases that slot and settles and releases the rest, so no slot of
-/// the shared queue is lost, and marks the poller unwound.
-struct RecvPoolWalk<'a, I: Iterator<Item = Polled<'a>>> {
-    ring: &'a mut SrqRing,
-    unwound: &'a mut bool,
-    rest: I,
-    lent: Option<SrqSlot>,
-}
-
-impl<'a, I: Iterator<Item = Polled<'a>>> Drop for RecvPoolWalk<'a, I> {
-    #[cold]
-    fn drop(&mut self) {
-        if let Some(slot) = self.lent.take() {
-            let _ = self.ring.release(slot);
-        }
-        for polled in self.rest.by_ref() {
-            if let Ok(slot) = self.ring.settle(polled) {
-                let _ = self.ring.release(slot);
-            }
-        }
-        *self.unwound = true;
-    }
-}
-
-/// A pooled connection, borrowed from its poller to post on.
-#[derive(Debug)]
-pub(crate) struct PooledConn<'p> {
-    conn: &'p mut Pooled,
-}
-
-impl std::fmt::Debug for Pooled {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pooled")
-            .field("qp", &self.ep.qp_num())
-            .field("sq", &self.sq)
-            .finish()
-    }
-}
-
-impl PooledConn<'_> {
-    /// SEND of `data` (inline when small, else through the send ring).
-    pub(crate) fn try_send(&mut self, data: &[u8]) -> Result<u64> {
-        self.post(Outbound::Send, data)
-    }
-
-    /// RDMA WRITE of `data` to `remote_offset` of the peer's target ring,
-    /// with an immediate if given.
-    pub(crate) fn try_write(
-        &mut self,
-        data: &[u8],
-        remote_offset: u64,
-        imm: Option<u32>,
-    ) -> Result<u64> {
-        let remote = self.conn.peer.sub(remote_offset, data.len() as u64)?;
-        self.post(Outbound::Write { remote, imm }, data)
-    }
-
-    /// RDMA READ of `len` bytes at `remote_offset` of the peer's target
-    /// ring; its data comes with its completion ([`Event::ReadCompleted`]).
-    pub(crate) fn try_read(&mut self, remote_offset: u64, len: usize) -> Result<u64> {
-        self.check_failure()?;
-        let remote = self.conn.peer.sub(remote_offset, len as u64)?;
-        let ticket = self.conn.sq.post_read(self.conn.ep.qp(), remote, len)?;
-        self.conn.stats.doorbells += 1;
-        Ok(ticket.seq)
-    }
-
-    /// This side's target ring, which the peer writes.
-    pub(crate) fn target(&self) -> &SharedRegion {
-        &self.conn.target
-    }
-
-    /// Requests posted and not yet retired.
-    pub(crate) fn outstanding(&self) -> u64 {
-        self.conn.sq.ledger().outstanding()
-    }
-
-    pub(crate) fn stats(&self) -> Stats {
-        self.conn.stats
-    }
-
-    fn post(&mut self, op: Outbound, data: &[u8]) -> Result<u64> {
-        self.check_failure()?;
-        let seq = self
-            .conn
-            .sq
-            .post_bytes(self.conn.ep.qp(), op, data, false)?;
-        self.conn.stats.doorbells += 1;
-        Ok(seq)
-    }
-
-    fn check_failure(&self) -> Result<()> {
-        match self.conn.failure {
-            Some(f) => Err(f.into()),
-            None => Ok(()),
-        }
+#[cold]
+fn full<T>(what: &'static str, slab: &Slab<T>) -> Error {
+    Error::PoolFull {
+        what,
+        limit: slab.capacity() as u64,
     }
 }
 

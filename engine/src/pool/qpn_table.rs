@@ -83,6 +83,13 @@ impl<V: Copy> QpnTable<V> {
         Ok(())
     }
 
+    /// Sets `qpn`'s value, if it is in the table; returns the old one.
+    pub(crate) fn replace(&mut self, qpn: u32, value: V) -> Option<V> {
+        let i = self.find(qpn)?;
+        let (_, old) = self.slots[i].replace((qpn, value))?;
+        Some(old)
+    }
+
     pub(crate) fn remove(&mut self, qpn: u32) -> Option<V> {
         let mut hole = self.find(qpn)?;
         let (_, value) = self.slots[hole].take()?;
