@@ -38,6 +38,7 @@ fn pool(max_connections: u32) -> PoolConfig {
         srq_depth: 32,
         srq_batch: 8,
         srq_grace: Duration::from_millis(200),
+        per_conn_budget: 8,
     }
 }
 
@@ -810,4 +811,177 @@ fn close_delivers_what_was_posted_then_ends() {
     let expected: Vec<Vec<u8>> = (0..MESSAGES).map(|i| message(0, i)).collect();
     assert_eq!(got, expected, "every message posted before close");
     assert_eq!((poller.len(), poller.endings(), poller.booked()), (0, 0, 0));
+}
+
+/// A peer that floods and a peer that sends one message: the flood is
+/// handed on `per_conn_budget` a turn, the rest waiting in order with
+/// their slots held, and the other's message comes in the first turn
+/// that took it, not after the flood (the CQ holds it after all of
+/// them). Every slot is free again at the end.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_flooding_peer_waits_its_turns_and_never_starves_the_other() {
+    const FLOOD: usize = 24;
+    const BUDGET: u32 = 4;
+    let cfg = config();
+    let device = guest("PINPOLL_DEVICE");
+    let pool = PoolConfig {
+        per_conn_budget: BUDGET,
+        ..pool(2)
+    };
+    let mut poller = Poller::new(Some(&device), &cfg, pool).expect("a poller");
+    let mut peers = join(&mut poller, &cfg, 2);
+    let (flood_id, quiet_id) = (peers[0].0, peers[1].0);
+    for i in 0..FLOOD {
+        peers[0]
+            .1
+            .try_send(&message(0, i))
+            .expect("the flood's SEND");
+        // Within the peer's send queue.
+        if i % 8 == 7 {
+            settle_peer(&mut peers[0].1);
+        }
+    }
+    peers[1]
+        .1
+        .try_send(&message(1, 0))
+        .expect("the quiet peer's SEND");
+    settle_peer(&mut peers[1].1);
+    // Every SEND completed at its peer: all 25 receives are in the CQ,
+    // the quiet one's last, before the first turn.
+    let mut order: Vec<(ConnId, Vec<u8>)> = Vec::new();
+    let mut per_turn: Vec<usize> = Vec::new();
+    let mut wait = BoundedWait::new(WAIT, "every message");
+    while order.len() < FLOOD + 1 {
+        let before = order.len();
+        poller
+            .poll(conn_events(|id, ev| match ev {
+                Event::Received { data } => order.push((id, data.to_vec())),
+                other => panic!("{id:?}: {other:?}"),
+            }))
+            .expect("the poller polls");
+        let handed = order[before..]
+            .iter()
+            .filter(|(id, _)| *id == flood_id)
+            .count();
+        if handed > 0 {
+            per_turn.push(handed);
+        }
+        wait.tick().expect("every message");
+    }
+    let quiet_at = order
+        .iter()
+        .position(|(id, _)| *id == quiet_id)
+        .expect("the quiet peer's message");
+    assert!(
+        quiet_at <= BUDGET as usize,
+        "the quiet peer's message came {quiet_at}th, behind the flood"
+    );
+    assert_eq!(order[quiet_at].1, message(1, 0));
+    assert!(
+        per_turn.iter().all(|n| *n <= BUDGET as usize),
+        "at most {BUDGET} of the flood a turn: {per_turn:?}"
+    );
+    let flood: Vec<Vec<u8>> = order
+        .into_iter()
+        .filter(|(id, _)| *id == flood_id)
+        .map(|(_, data)| data)
+        .collect();
+    let expected: Vec<Vec<u8>> = (0..FLOOD).map(|i| message(0, i)).collect();
+    assert_eq!(flood, expected, "the flood, in order, byte for byte");
+    poller
+        .poll(conn_events(|id, ev| panic!("{id:?}: {ev:?}")))
+        .expect("a last turn tops the queue up");
+    assert_eq!(
+        (
+            poller.receives_posted() + poller.free_slots(),
+            poller.free_slots() < 8
+        ),
+        (32, true),
+        "every slot free or posted again (fewer than a batch wait for the next)"
+    );
+}
+
+/// Two peers flood; after one turn (each handed its budget, the rest
+/// waiting with their slots held) one connection is closed and the other
+/// aborted. The closed one is handed every arrival it had, in order,
+/// before its end; the aborted one's are dropped, counted, and their
+/// slots come back.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn waiting_arrivals_are_handed_on_before_a_close_and_dropped_by_an_abort() {
+    const FLOOD: usize = 24;
+    const BUDGET: u32 = 4;
+    let cfg = config();
+    let device = guest("PINPOLL_DEVICE");
+    let pool = PoolConfig {
+        per_conn_budget: BUDGET,
+        srq_depth: 64,
+        ..pool(2)
+    };
+    let mut poller = Poller::new(Some(&device), &cfg, pool).expect("a poller");
+    let mut peers = join(&mut poller, &cfg, 2);
+    let (closed, aborted) = (peers[0].0, peers[1].0);
+    for (p, (_, conn)) in peers.iter_mut().enumerate() {
+        for i in 0..FLOOD {
+            conn.try_send(&message(p, i)).expect("the peer's SEND");
+            if i % 8 == 7 {
+                settle_peer(conn);
+            }
+        }
+    }
+    let mut got: HashMap<ConnId, Vec<Vec<u8>>> = HashMap::new();
+    poller
+        .poll(conn_events(|id, ev| match ev {
+            Event::Received { data } => got.entry(id).or_default().push(data.to_vec()),
+            other => panic!("{id:?}: {other:?}"),
+        }))
+        .expect("the first turn");
+    assert_eq!(
+        (got[&closed].len(), got[&aborted].len()),
+        (BUDGET as usize, BUDGET as usize),
+        "one budget each in the first turn"
+    );
+    poller.close(closed).expect("close");
+    poller.abort(aborted).expect("abort");
+    let mut ends: HashMap<ConnId, Vec<String>> = HashMap::new();
+    let mut wait = BoundedWait::new(WAIT, "both ends");
+    while ends
+        .values()
+        .filter(|e| e.last().map(String::as_str) == Some("closed"))
+        .count()
+        < 2
+    {
+        poller
+            .poll(|id, ev| match ev {
+                PoolEvent::Conn(Event::Received { data }) => {
+                    assert!(!ends.contains_key(&id), "{id:?}: an arrival after its end");
+                    got.entry(id).or_default().push(data.to_vec());
+                }
+                PoolEvent::Ended(cause) => ends.entry(id).or_default().push(format!("{cause:?}")),
+                PoolEvent::Closed { .. } => ends.entry(id).or_default().push("closed".into()),
+                other => panic!("{id:?}: {other:?}"),
+            })
+            .expect("the poller polls");
+        wait.tick().expect("both ends");
+    }
+    let expected: Vec<Vec<u8>> = (0..FLOOD).map(|i| message(0, i)).collect();
+    assert_eq!(got[&closed], expected, "the closed one got all, in order");
+    assert_eq!(ends[&closed], ["Closed", "closed"]);
+    assert_eq!(
+        got[&aborted].len(),
+        BUDGET as usize,
+        "nothing after the abort"
+    );
+    assert_eq!(ends[&aborted], ["closed"]);
+    assert_eq!(
+        poller.stats().dropped_at_end,
+        (FLOOD - BUDGET as usize) as u64,
+        "the aborted one's other arrivals, dropped and counted"
+    );
+    assert_eq!(
+        poller.receives_posted() + poller.free_slots(),
+        64,
+        "every slot free or posted again"
+    );
 }

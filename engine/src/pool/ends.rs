@@ -113,6 +113,13 @@ impl Poller {
     /// connection.
     pub(super) fn end_now(&mut self, id: ConnId, cause: EndCause, announce: bool) -> Option<()> {
         let mut conn = self.slab.remove(id)?;
+        // Arrivals still waiting (an abort's: the others were handed on
+        // first) go unread; the slot's next tenant starts afresh.
+        let (ring, stats) = (&mut self.ring, &mut self.stats);
+        self.fair.forget(id.index, |arrival| {
+            stats.dropped_at_end += 1;
+            let _ = ring.release(arrival.into_slot());
+        });
         conn.end = Some(cause);
         conn.closing = None;
         conn.sq.forget_leaked_batch();
@@ -154,6 +161,7 @@ impl Poller {
             let Some(cause) = self.slab.get(id).and_then(|conn| conn.end) else {
                 continue;
             };
+            self.hand_on_all(id, on);
             self.end_now(id, cause, true);
             self.tell(id, PoolEvent::Ended(cause), on);
         }
@@ -195,8 +203,17 @@ impl Poller {
                 continue;
             };
             self.closing.swap_remove(i);
+            self.hand_on_all(id, on);
             self.end_now(id, cause, true);
             self.tell(id, PoolEvent::Ended(cause), on);
+        }
+    }
+
+    /// Hands connection `id` every arrival it has waiting, whatever its
+    /// budget: it received them before it ended.
+    fn hand_on_all(&mut self, id: ConnId, on: &mut impl FnMut(ConnId, PoolEvent<'_>)) {
+        while let Some(arrival) = self.fair.take_of(id.index) {
+            self.hand_on(id.index, arrival, on);
         }
     }
 

@@ -89,6 +89,16 @@ impl<T> Fair<T> {
         Some((conn, item))
     }
 
+    /// The oldest waiting arrival of `conn`, whatever its budget: a
+    /// connection about to end is handed what it had received first.
+    pub(crate) fn take_of(&mut self, conn: u32) -> Option<T> {
+        let at = self.waiting.iter().position(|(c, _)| *c == conn)?;
+        let (_, item) = self.waiting.remove(at)?;
+        let account = self.account(conn);
+        account.waiting -= 1;
+        Some(item)
+    }
+
     /// `conn` is gone: its waiting arrivals go to `on` (their slots go
     /// back), in order; its account starts afresh for the slot's next
     /// tenant.
@@ -170,6 +180,11 @@ mod tests {
         let mut back = Vec::new();
         fair.forget(0, |item| back.push(item));
         assert_eq!(back, [2]);
+        assert_eq!(fair.take_of(0), None, "forgotten");
+        assert_eq!(fair.arrive(1, 7), Ok(None), "behind 4");
+        assert_eq!(fair.take_of(1), Some(4), "the oldest first");
+        assert_eq!(fair.take_of(1), Some(7));
+        assert_eq!(fair.arrive(1, 4), Ok(None), "no budget left this turn");
         assert_eq!(fair.waiting(), 1);
         fair.begin_turn();
         assert_eq!(fair.next_waiting(), Some((1, 4)));

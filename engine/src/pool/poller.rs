@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use super::budget::CqBudget;
 use super::ends::EndingConn;
 use super::event::PoolEvent;
+use super::fair::Fair;
 use super::pooled::{deliver, Pooled, PooledConn};
 use super::qpn_table::QpnTable;
 use super::slab::{ConnId, Slab};
@@ -38,7 +39,8 @@ use crate::connect::oob::{HandshakeFailed, Prepared};
 use crate::datapath::{Stats, Verdict};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Misuse, Result};
-use crate::sys::cq::{CompletionQueue, Reaper, POLL_BATCH};
+use crate::status::WcStatus;
+use crate::sys::cq::{CompletionQueue, Reaper, WorkCompletion, POLL_BATCH};
 use crate::sys::device::Context;
 use crate::sys::layout::SlotLayout;
 use crate::sys::mr::{Access, Registration, RemoteSlice};
@@ -47,7 +49,7 @@ use crate::sys::qp::Queues;
 use crate::sys::region::SharedRegion;
 use crate::sys::send_names::PooledIds;
 use crate::sys::send_queue::SendQueue;
-use crate::sys::srq_ring::SrqRing;
+use crate::sys::srq_ring::{SrqRing, SrqSlot};
 use crate::sys::wr_id::POOLED_INDEX_BITS;
 
 /// How many connections a poller takes, its shared receive queue, and
@@ -62,6 +64,10 @@ pub(crate) struct PoolConfig {
     pub srq_depth: u32,
     /// Receives posted with one doorbell when the queue is topped up.
     pub srq_batch: usize,
+    /// Arrivals (SENDs, WRITE_WITH_IMMs) handed on per connection a turn
+    /// (at least 1); the rest wait, in order, holding their slots of the
+    /// shared queue, so a peer that floods cannot starve the others.
+    pub per_conn_budget: u32,
     /// How long an ending connection's queue pair, its send queue proven
     /// empty, is kept in ERR before it is destroyed, where the device
     /// sends no `QP_LAST_WQE_REACHED` (rxe on Linux 6.1): a receive of
@@ -82,6 +88,10 @@ pub(crate) struct PoolStats {
     /// Joins that failed after their queue pair could receive: ended
     /// through ERR like a connection, never handed out.
     pub joins_ended: u64,
+    /// Arrivals dropped because their connection had ended: those still
+    /// waiting for their turn at an abort (a failure or a close hands
+    /// them on first), and those that completed after the end.
+    pub dropped_at_end: u64,
     /// Ended connections destroyed at their deadline without their send
     /// queue proven empty: their send-CQ entries stay booked for good.
     pub unproven_sends: u64,
@@ -113,7 +123,11 @@ pub(crate) struct Poller {
     /// as the send CQ's bookings allow, reserved up front.
     pub(super) endings: Vec<EndingConn>,
     pub(super) qpns: QpnTable<Where>,
-    ring: SrqRing,
+    pub(super) ring: SrqRing,
+    /// Arrivals past their connection's budget this turn, in order,
+    /// holding their slots (declared after the ring: a slot is a token,
+    /// not memory, and the ring outlives nothing by it).
+    pub(super) fair: Fair<Arrival>,
     send: Reaper,
     recv: Reaper,
     send_cq: Arc<CompletionQueue>,
@@ -185,6 +199,11 @@ impl Poller {
             endings: Vec::with_capacity(max),
             qpns: QpnTable::with_capacity(max),
             ring,
+            fair: Fair::new(
+                pool.max_connections,
+                pool.srq_depth as usize,
+                pool.per_conn_budget,
+            ),
             send: Reaper::new(send),
             recv: Reaper::new(recv),
             send_cq,
@@ -194,7 +213,10 @@ impl Poller {
             cfg: cfg.clone(),
             pool,
             stats: PoolStats::default(),
-            to_end: Vec::with_capacity(max),
+            // One entry per live connection, plus one per slot whose
+            // tenant ended in `finish_closing` after a waiting arrival
+            // marked it (popped, stale, by the next turn's `end_marked`).
+            to_end: Vec::with_capacity(2 * max),
             closing: Vec::with_capacity(max),
             unwound: false,
         };
@@ -525,7 +547,16 @@ impl Poller {
         Ok(reaped.wcs().len())
     }
 
+    /// Hands on the arrivals that waited for their turn, then takes the
+    /// receive CQ's completions: each slot is settled first, whoever it
+    /// is about; a live connection's arrival is handed on now, or waits
+    /// if the connection used its budget this turn (or has arrivals
+    /// waiting: its order holds).
     fn poll_receives(&mut self, on: &mut impl FnMut(ConnId, PoolEvent<'_>)) -> Result<usize> {
+        self.fair.begin_turn();
+        while let Some((index, arrival)) = self.fair.next_waiting() {
+            self.hand_on(index, arrival, on);
+        }
         let reaped = self.recv.reap(POLL_BATCH)?;
         let mut walk = RecvPoolWalk {
             ring: &mut self.ring,
@@ -534,22 +565,41 @@ impl Poller {
             lent: None,
         };
         for polled in walk.rest.by_ref() {
-            let wc = polled.wc();
-            // Settled first, whoever it is about: the slot is the CPU's.
+            let wc = *polled.wc();
             let Ok(slot) = walk.ring.settle(polled) else {
                 self.stats.stale += 1;
                 continue;
             };
-            let lent = walk.lent.insert(slot);
             match find(&self.qpns, &mut self.slab, &mut self.endings, wc.qp_num()) {
                 Some(Found::Live(id, conn)) => {
+                    let arrival = Arrival {
+                        slot,
+                        wc,
+                        gen: id.gen,
+                    };
+                    // Full only if more slots were lent than the ring has.
+                    let (Ok(Some(arrival)) | Err(arrival)) = self.fair.arrive(id.index, arrival)
+                    else {
+                        continue;
+                    };
+                    let lent = walk.lent.insert(arrival.slot);
                     let data = walk.ring.data(lent, wc.byte_len() as usize).unwrap_or(&[]);
-                    deliver(conn, wc, data, &mut |ev| on(id, PoolEvent::Conn(ev)));
+                    deliver(conn, &wc, data, &mut |ev| on(id, PoolEvent::Conn(ev)));
                     conn.end_if_failed(id, &mut self.to_end);
                 }
                 // Whatever an ended connection still receives is dropped.
-                Some(Found::Ending(conn)) => deliver(conn, wc, &[], &mut |_| {}),
-                None => self.stats.stale += 1,
+                Some(Found::Ending(conn)) => {
+                    walk.lent = Some(slot);
+                    if wc.status() == WcStatus::SUCCESS {
+                        self.stats.dropped_at_end += 1;
+                    } else {
+                        conn.stats.recv_flushed += 1;
+                    }
+                }
+                None => {
+                    walk.lent = Some(slot);
+                    self.stats.stale += 1;
+                }
             }
             if let Some(slot) = walk.lent.take() {
                 let _ = walk.ring.release(slot);
@@ -557,6 +607,53 @@ impl Poller {
         }
         std::mem::forget(walk);
         Ok(reaped.wcs().len())
+    }
+
+    /// Hands `arrival`, which waited, to its connection in slot `index`
+    /// (still the same tenant: a connection's waiting arrivals leave with
+    /// it), then frees its slot; a panic in `on` frees it too.
+    pub(super) fn hand_on(
+        &mut self,
+        index: u32,
+        arrival: Arrival,
+        on: &mut impl FnMut(ConnId, PoolEvent<'_>),
+    ) {
+        let Arrival { slot, wc, gen } = arrival;
+        let mut walk = RecvPoolWalk {
+            ring: &mut self.ring,
+            unwound: &mut self.unwound,
+            rest: std::iter::empty(),
+            lent: Some(slot),
+        };
+        if let Some((id, conn)) = self.slab.at_mut(index).filter(|(id, _)| id.gen == gen) {
+            if let Some(lent) = walk.lent.as_ref() {
+                let data = walk.ring.data(lent, wc.byte_len() as usize).unwrap_or(&[]);
+                deliver(conn, &wc, data, &mut |ev| on(id, PoolEvent::Conn(ev)));
+                conn.end_if_failed(id, &mut self.to_end);
+            }
+        }
+        if let Some(slot) = walk.lent.take() {
+            let _ = walk.ring.release(slot);
+        }
+        std::mem::forget(walk);
+    }
+}
+
+/// A receive's completion whose connection had used its budget for the
+/// turn: its slot stays lent (the NIC is done with it, and it is not
+/// posted again) until it is handed on.
+#[derive(Debug)]
+pub(crate) struct Arrival {
+    slot: SrqSlot,
+    wc: WorkCompletion,
+    /// Its connection's generation (the slot index is the FIFO's key).
+    gen: u32,
+}
+
+impl Arrival {
+    /// Its slot, to free unread (its connection was aborted).
+    pub(super) fn into_slot(self) -> SrqSlot {
+        self.slot
     }
 }
 
