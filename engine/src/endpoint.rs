@@ -199,6 +199,30 @@ impl Endpoint {
         Endpoint::on(pd, queues, None, cfg.port, port_attr, cfg)
     }
 
+    /// [`create_shared`](Self::create_shared) for the id of an rdma_cm
+    /// connect request (`pd` must be on the id's own context: librdmacm
+    /// makes the queue pair, and `rdma_accept` moves it to RTS).
+    pub(crate) fn create_shared_on_cm(
+        pd: &Arc<ProtectionDomain>,
+        queues: Queues<'_>,
+        cm_id: Arc<CmId>,
+        cfg: &QpConfig,
+    ) -> Result<Endpoint> {
+        cfg.validate()?;
+        let port = Some(cm_id.port_num())
+            .filter(|p| *p != 0)
+            .unwrap_or(cfg.port);
+        let port_attr = pd.context().query_port(port)?;
+        if !port_attr.is_active() {
+            return Err(Error::PortNotActive {
+                device: pd.context().name().to_owned(),
+                port,
+                state: port_attr.state_name(),
+            });
+        }
+        Endpoint::on(pd, queues, Some(cm_id), port, port_attr, cfg)
+    }
+
     fn on(
         pd: &Arc<ProtectionDomain>,
         queues: Queues<'_>,
@@ -697,6 +721,24 @@ fn waiting_for(receive: bool) -> &'static str {
 #[cold]
 fn pollers_taken() -> Error {
     Misuse::CompletionsTaken.into()
+}
+
+impl Endpoint {
+    /// Ends the connection without waiting for anything: rdma_cm's
+    /// disconnect (which tells the peer) if it has a CM id, and the queue
+    /// pair to ERR either way, so that every posted request flushes. What
+    /// a poller does, whose CM ids share one event channel: it takes
+    /// their events in its own turn ([`disconnect`](Self::disconnect)
+    /// waits on the channel for the id's DISCONNECTED, and would take the
+    /// others' events).
+    pub(crate) fn disconnect_now(&mut self) -> Result<()> {
+        let told = match (std::mem::take(&mut self.connected), &self.cm_id) {
+            (true, Some(id)) => id.disconnect(),
+            _ => Ok(()),
+        };
+        let err = self.qp.enter_error();
+        told.and(err)
+    }
 }
 
 impl Drop for Endpoint {

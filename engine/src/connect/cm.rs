@@ -91,21 +91,10 @@ impl Listener {
     /// request whose resources cannot be created is rejected.
     pub fn next_request(&self, cfg: &QpConfig, timeout: Duration) -> Result<Request> {
         let deadline = crate::wait::deadline_after(timeout);
-        // The request's own channel comes first: once its event is taken,
-        // a failure here (out of descriptors) would leave the request
-        // neither accepted nor rejected, and its id never destroyed.
-        let channel = EventChannel::new()?;
-        let ev = loop {
-            let ev = self
-                .id
-                .channel()
-                .next_event("a connect request", deadline)?;
-            if ev.kind == event::CONNECT_REQUEST {
-                break ev;
-            }
-            tracing::debug!(event = ev.name(), "ignoring listener event");
-        };
-        let id = CmId::from_request(&ev, &channel)?;
+        let (id, ev) = self.take_request(Some(deadline))?.ok_or(Error::Timeout {
+            what: "a connect request",
+            waited: timeout,
+        })?;
         let built = id
             .context()
             .ok_or(Error::Cm {
@@ -125,6 +114,85 @@ impl Listener {
                 Err(err)
             }
         }
+    }
+}
+
+impl Listener {
+    /// The next connect request, without an endpoint: its id on a channel
+    /// of its own, for a poller to accept onto queues it shares
+    /// (`pool::Poller::accept`). `None` if none came within `timeout`.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "issue 25's poller, crate-private, takes it")
+    )]
+    pub(crate) fn next_connect_request(&self, timeout: Duration) -> Result<Option<ConnectRequest>> {
+        let deadline = crate::wait::deadline_after(timeout);
+        Ok(self
+            .take_request(Some(deadline))?
+            .map(|(id, event)| ConnectRequest { id, event }))
+    }
+
+    /// The next connect request if one is queued; never waits.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "issue 25's poller, crate-private, takes it")
+    )]
+    pub(crate) fn try_connect_request(&self) -> Result<Option<ConnectRequest>> {
+        // Asked first: a request's channel is made only for a request.
+        if !self.id.channel().has_event()? {
+            return Ok(None);
+        }
+        Ok(self
+            .take_request(None)?
+            .map(|(id, event)| ConnectRequest { id, event }))
+    }
+
+    /// Takes the next CONNECT_REQUEST (by `deadline`, or only one already
+    /// queued) and moves its id to a channel of its own, so that its
+    /// events never mix with the listener's and only its owner takes
+    /// them. Other events of the listener are passed over.
+    fn take_request(&self, deadline: Option<Instant>) -> Result<Option<(Arc<CmId>, CmEvent)>> {
+        // The request's own channel comes first: once its event is taken,
+        // a failure here (out of descriptors) would leave the request
+        // neither accepted nor rejected, and its id never destroyed.
+        let channel = EventChannel::new()?;
+        let listener = self.id.channel();
+        let ev = loop {
+            let ev = match deadline {
+                Some(deadline) => match listener.next_event("a connect request", deadline) {
+                    Ok(ev) => ev,
+                    Err(Error::Timeout { .. }) => return Ok(None),
+                    Err(e) => return Err(e),
+                },
+                None => match listener.try_event()? {
+                    Some(ev) => ev,
+                    None => return Ok(None),
+                },
+            };
+            if ev.kind == event::CONNECT_REQUEST {
+                break ev;
+            }
+            tracing::debug!(event = ev.name(), "ignoring listener event");
+        };
+        let id = CmId::from_request(&ev, &channel)?;
+        Ok(Some((id, ev)))
+    }
+}
+
+/// A connect request taken off a [`Listener`] with no endpoint yet: a
+/// poller makes its queue pair on the queues it shares. Dropped, its id is
+/// destroyed and the client hears a reject.
+#[derive(Debug)]
+pub(crate) struct ConnectRequest {
+    id: Arc<CmId>,
+    event: CmEvent,
+}
+
+impl ConnectRequest {
+    /// The request's id, and its event (the client's private data and
+    /// READ depths).
+    pub(crate) fn into_parts(self) -> (Arc<CmId>, CmEvent) {
+        (self.id, self.event)
     }
 }
 

@@ -39,7 +39,7 @@ pub(crate) fn guest(var: &str) -> String {
     }
 }
 
-fn cm_addr() -> SocketAddr {
+pub(crate) fn cm_addr() -> SocketAddr {
     let host = guest("PINPOLL_ADDR4");
     parse_socket_addr(&host, 0).unwrap_or_else(|e| panic!("PINPOLL_ADDR4={host:?}: {e}"))
 }

@@ -123,7 +123,7 @@ impl Poller {
         conn.end = Some(cause);
         conn.closing = None;
         conn.sq.forget_leaked_batch();
-        if let Err(e) = conn.ep.disconnect() {
+        if let Err(e) = conn.ep.disconnect_now() {
             tracing::warn!(error = %e, "moving an ending connection's queue pair to ERR");
         }
         self.park(EndingConn::new(id, conn, self.new_ending(), announce));
@@ -273,7 +273,7 @@ impl Poller {
 
     /// Hands `event` to the caller; a panic in it leaves the poller
     /// refusing (`unwound`), its state settled before the call.
-    fn tell(
+    pub(super) fn tell(
         &mut self,
         id: ConnId,
         event: PoolEvent<'_>,

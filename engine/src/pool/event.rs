@@ -8,6 +8,9 @@ use crate::status::WcError;
 /// callback of [`Poller::poll`](super::poller::Poller::poll).
 #[derive(Debug)]
 pub(crate) enum PoolEvent<'a> {
+    /// An accepted rdma_cm connection is established (a join over TCP
+    /// returns established: it sends none).
+    Joined,
     /// What a [`Connection`](crate::Connection) reports, on this one.
     Conn(Event<'a>),
     /// The connection ended (the poller decided it: a failure, or a
@@ -44,4 +47,12 @@ pub(crate) enum EndCause {
     /// A post failed without naming the refused request (the queue pair
     /// was moved to ERR so that every request it holds flushes).
     PostIndeterminate,
+    /// rdma_cm says the peer disconnected (or the device went).
+    Disconnected,
+    /// An accepted connection's handshake failed (the client rejected
+    /// the reply, or it never came through).
+    HandshakeFailed,
+    /// An accepted connection was not established within the connect
+    /// timeout: a client that stalls its handshake holds nothing longer.
+    HandshakeTimedOut,
 }

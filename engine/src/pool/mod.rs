@@ -1,7 +1,8 @@
 //! Many connections on one poller (issue 25). See
 //! `docs/design/many-peers-per-core.md`.
 //!
-//! - `poller`: the poller, its joins and its turn;
+//! - `poller`: the poller, its joins over TCP and its turn;
+//! - `cm_joins`: rdma_cm connections accepted onto it, without waiting;
 //! - `pooled`, `walks`: one connection of it, and the walks over what a
 //!   poll took;
 //! - `ends`, `ending`: how one connection ends while the others run;
@@ -9,6 +10,7 @@
 //!   `fair`, `idle`.
 
 pub(crate) mod budget;
+mod cm_joins;
 #[cfg(test)]
 #[allow(clippy::arithmetic_side_effects)] // counts of the tests' own
 mod device_tests;

@@ -40,6 +40,7 @@ use crate::datapath::{Stats, Verdict};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Misuse, Result};
 use crate::status::WcStatus;
+use crate::sys::cm::EventChannel;
 use crate::sys::cq::{CompletionQueue, Reaper, WorkCompletion, POLL_BATCH};
 use crate::sys::device::Context;
 use crate::sys::layout::SlotLayout;
@@ -130,10 +131,10 @@ pub(crate) struct Poller {
     pub(super) fair: Fair<Arrival>,
     send: Reaper,
     recv: Reaper,
-    send_cq: Arc<CompletionQueue>,
-    recv_cq: Arc<CompletionQueue>,
+    pub(super) send_cq: Arc<CompletionQueue>,
+    pub(super) recv_cq: Arc<CompletionQueue>,
     pub(super) budget: CqBudget,
-    pd: Arc<ProtectionDomain>,
+    pub(super) pd: Arc<ProtectionDomain>,
     pub(super) cfg: EngineConfig,
     pub(super) pool: PoolConfig,
     pub(super) stats: PoolStats,
@@ -141,6 +142,15 @@ pub(crate) struct Poller {
     pub(super) to_end: Vec<ConnId>,
     /// Connections `close` was called on, until they end (reserved).
     pub(super) closing: Vec<ConnId>,
+    /// Accepted rdma_cm connections not yet established (reserved).
+    pub(super) handshaking: Vec<ConnId>,
+    /// The one event channel of every accepted connection's rdma_cm id
+    /// (`None`: the device was opened without rdma_cm, which then takes
+    /// only joins over TCP).
+    pub(super) cm: Option<Arc<EventChannel>>,
+    /// Turns until the channel is looked at again (a system call: not
+    /// every turn of a busy poller).
+    pub(super) cm_countdown: u32,
     /// A callback panicked while handed completions: the poller's events
     /// since are incomplete, so it hands on no more.
     pub(super) unwound: bool,
@@ -170,7 +180,16 @@ impl Poller {
     ) -> Result<Poller> {
         cfg.validate()?;
         check(pool)?;
-        let ctx = Context::open(device)?;
+        // librdmacm's own context of the device, so that rdma_cm joins
+        // can make their queue pairs in this PD; without rdma_cm (no
+        // `rdma_ucm` module), a context of our own, for joins over TCP.
+        let (ctx, cm) = match Context::open_of_rdma_cm(device) {
+            Ok(ctx) => (ctx, EventChannel::new().ok()),
+            Err(e) => {
+                tracing::debug!(error = %e, "no rdma_cm: the poller takes joins over TCP only");
+                (Context::open(device)?, None)
+            }
+        };
         let pd = ProtectionDomain::new(&ctx)?;
         let send_depth = pool
             .max_connections
@@ -218,6 +237,9 @@ impl Poller {
             // marked it (popped, stale, by the next turn's `end_marked`).
             to_end: Vec::with_capacity(2 * max),
             closing: Vec::with_capacity(max),
+            handshaking: Vec::with_capacity(max),
+            cm,
+            cm_countdown: 0,
             unwound: false,
         };
         while poller.ring.free() > 0 {
@@ -369,6 +391,17 @@ impl Poller {
             }
         };
         let conn = self.pooled(id, ep, (send, read, target, layout), peer);
+        self.admit(id, conn)
+    }
+
+    /// Puts joined connection `conn` into slot `id` (the slot `vacant`
+    /// named) and its queue pair number into the table; should either
+    /// refuse, the connection ends through ERR.
+    pub(super) fn admit(
+        &mut self,
+        id: ConnId,
+        conn: Pooled,
+    ) -> std::result::Result<ConnId, Joining> {
         let qpn = conn.ep.qp_num();
         // A live queue pair's number is unique, and the table holds as
         // many as the slab: neither refusal can come.
@@ -395,7 +428,7 @@ impl Poller {
 
     /// A connection of `ep` in slot `id`, on the rings `rings`, writing
     /// to `peer` (the peer's record had one: checked before RTR).
-    fn pooled(
+    pub(super) fn pooled(
         &self,
         id: ConnId,
         ep: Endpoint,
@@ -428,13 +461,14 @@ impl Poller {
             stats: Stats::default(),
             closing: None,
             end: None,
+            handshake: None,
         }
     }
 
     /// Ends a join that failed after its queue pair could receive: into
     /// ERR and the endings, unannounced.
-    fn end_join(&mut self, id: ConnId, mut conn: Pooled) {
-        if let Err(e) = conn.ep.qp().enter_error() {
+    pub(super) fn end_join(&mut self, id: ConnId, mut conn: Pooled) {
+        if let Err(e) = conn.ep.disconnect_now() {
             tracing::warn!(error = %e, "moving a failed join's queue pair to ERR");
         }
         let ending = self.new_ending();
@@ -475,9 +509,15 @@ impl Poller {
         }
         let sent = self.poll_sends(&mut on)?;
         let received = self.poll_receives(&mut on)?;
+        self.poll_cm(sent + received == 0, &mut on)?;
+        let timed =
+            !self.closing.is_empty() || !self.endings.is_empty() || !self.handshaking.is_empty();
+        let now = timed.then(Instant::now);
+        if let Some(now) = now {
+            self.expire_handshakes(now);
+        }
         self.end_marked(&mut on);
-        if !self.closing.is_empty() || !self.endings.is_empty() {
-            let now = Instant::now();
+        if let Some(now) = now {
             self.finish_closing(now, &mut on);
             self.advance_endings(now, &mut on);
         }
@@ -659,7 +699,7 @@ impl Arrival {
 
 /// How a join failed: with nothing left to end, or with its queue pair
 /// ending (it could receive).
-enum Joining {
+pub(super) enum Joining {
     Failed(Error),
     Ended(Error),
 }
@@ -671,7 +711,7 @@ impl From<Error> for Joining {
 }
 
 #[cold]
-fn full<T>(what: &'static str, slab: &Slab<T>) -> Error {
+pub(super) fn full<T>(what: &'static str, slab: &Slab<T>) -> Error {
     Error::PoolFull {
         what,
         limit: slab.capacity() as u64,

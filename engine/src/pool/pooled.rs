@@ -31,6 +31,9 @@ pub(super) struct Pooled {
     /// Why it is to end, once it is on the poller's list of connections
     /// to end (on it at most once).
     pub(super) end: Option<EndCause>,
+    /// An accepted rdma_cm connection not yet established: the deadline
+    /// of its handshake.
+    pub(super) handshake: Option<Instant>,
 }
 
 impl Pooled {

@@ -52,6 +52,10 @@ pub struct CmEvent {
     pub private_data: Vec<u8>,
     /// For CONNECT_REQUEST: the new id, which the receiver now owns.
     pub(crate) new_id: Option<*mut ffi::rdma_cm_id>,
+    /// The tag its owner set on the id the event is about
+    /// ([`CmId::set_tag`]; 0 if none): how a poller with one channel for
+    /// many ids tells whose event it is.
+    pub(crate) tag: u64,
     /// Responder resources / initiator depth the peer offered (connect events).
     pub responder_resources: u8,
     pub initiator_depth: u8,
@@ -118,6 +122,12 @@ impl EventChannel {
             return Ok(None);
         }
         self.take_event()
+    }
+
+    /// Whether an event is queued (the fd is readable); never blocks,
+    /// allocates nothing.
+    pub(crate) fn has_event(&self) -> Result<bool> {
+        fd_ready(self.fd(), 0).map_err(poll_error)
     }
 
     /// The next event, waiting at most until `deadline`.
@@ -194,11 +204,17 @@ unsafe fn copy_and_ack(raw: *mut ffi::rdma_cm_event) -> CmEvent {
         (data, (conn.responder_resources, conn.initiator_depth))
     };
     let is_request = ev.event == event::CONNECT_REQUEST;
+    // SAFETY: the event's id is live until the event is acked (an id is
+    // destroyed only after every event reported for it was acked, and
+    // events we take are acked here); `context` is the owner's field,
+    // which librdmacm never writes after creating the id.
+    let tag = unsafe { (*ev.id).context } as u64;
     let out = CmEvent {
         kind: ev.event,
         status: ev.status,
         private_data,
         new_id: is_request.then_some(ev.id),
+        tag,
         responder_resources: rr.0,
         initiator_depth: rr.1,
     };
@@ -276,6 +292,28 @@ impl CmId {
 
     pub(crate) fn as_ptr(&self) -> *mut ffi::rdma_cm_id {
         self.ptr
+    }
+
+    /// Moves the id's future events to `channel` (a poller's one channel
+    /// for all its ids). Events already taken were acked at once, which
+    /// `rdma_migrate_id` waits for.
+    pub(crate) fn migrate(&self, channel: &Arc<EventChannel>) -> Result<()> {
+        let mut held = self.channel.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: ptr and the channel are live; the old channel stays
+        // alive (held) until the call returns.
+        let rc = unsafe { ffi::rdma_migrate_id(self.ptr, channel.as_ptr()) };
+        self.check("rdma_migrate_id", rc)?;
+        *held = Arc::clone(channel);
+        Ok(())
+    }
+
+    /// Sets the tag every later event of this id carries
+    /// ([`CmEvent::tag`]).
+    pub(crate) fn set_tag(&self, tag: u64) {
+        // SAFETY: ptr is live; `context` is the owner's field, read only
+        // by `copy_and_ack` of this id's events, which the id's one owner
+        // (a poller, `Send` but not `Sync`) takes on the same thread.
+        unsafe { (*self.ptr).context = tag as usize as *mut std::ffi::c_void };
     }
 
     pub fn channel(&self) -> Arc<EventChannel> {
@@ -531,5 +569,56 @@ impl std::fmt::Debug for EventChannel {
         f.debug_struct("EventChannel")
             .field("fd", &self.fd())
             .finish()
+    }
+}
+
+/// librdmacm's own device contexts (`rdma_get_devices`), held so that
+/// none is removed while in use. A queue pair made on an `rdma_cm_id` must
+/// be in a PD of the id's own context (`rdma_create_qp_ex` in librdmacm's
+/// `cma.c` refuses another with EINVAL), so whatever takes rdma_cm joins
+/// onto queues it made first (a poller) makes them on one of these.
+pub(crate) struct CmDevices {
+    list: *mut *mut ffi::ibv_context,
+    len: usize,
+}
+
+// SAFETY: a list of context pointers, read only; librdmacm allows its
+// contexts to be used from any thread, and `rdma_free_devices` takes its
+// own lock.
+unsafe impl Send for CmDevices {}
+// SAFETY: as above (nothing is written through `&self`).
+unsafe impl Sync for CmDevices {}
+
+impl CmDevices {
+    pub(crate) fn get() -> Result<Arc<CmDevices>> {
+        let mut n = 0;
+        // SAFETY: n is a valid out-pointer; the list is ours until
+        // rdma_free_devices.
+        let list = unsafe { ffi::rdma_get_devices(&mut n) };
+        if list.is_null() {
+            return Err(Error::Cm {
+                op: "rdma_get_devices",
+                source: last_os_error(),
+            });
+        }
+        Ok(Arc::new(CmDevices {
+            list,
+            len: n.max(0) as usize,
+        }))
+    }
+
+    /// The contexts, each live while `self` is (librdmacm counts the
+    /// list's hold on each; it closes one only once its device is gone
+    /// and no list or id holds it).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = *mut ffi::ibv_context> + '_ {
+        // SAFETY: the list holds `len` context pointers while self lives.
+        (0..self.len).map(move |i| unsafe { *self.list.add(i) })
+    }
+}
+
+impl Drop for CmDevices {
+    fn drop(&mut self) {
+        // SAFETY: the list came from rdma_get_devices, freed exactly once.
+        unsafe { ffi::rdma_free_devices(self.list) };
     }
 }

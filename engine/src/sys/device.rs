@@ -141,6 +141,38 @@ impl Context {
         }
     }
 
+    /// [`Context::open`], but librdmacm's own context of the device: a
+    /// queue pair on an `rdma_cm_id` can only be made in a PD of it (a
+    /// poller that takes rdma_cm joins).
+    pub(crate) fn open_of_rdma_cm(name: Option<&str>) -> Result<Arc<Context>> {
+        let devices = super::cm::CmDevices::get()?;
+        let contexts: Vec<Arc<Context>> = devices
+            .iter()
+            .map(|ptr| Context::borrowed(ptr, Arc::clone(&devices) as Arc<dyn Send + Sync>))
+            .collect();
+        if contexts.is_empty() {
+            return Err(Error::NoDevice);
+        }
+        let found = match name {
+            Some(wanted) => contexts.iter().find(|c| c.name() == wanted),
+            None => contexts
+                .iter()
+                .find(|c| c.query_port(1).map(|p| p.is_active()).unwrap_or(false)),
+        };
+        match (found, name) {
+            (Some(ctx), _) => Ok(Arc::clone(ctx)),
+            (None, Some(wanted)) => Err(Error::DeviceNotFound {
+                name: wanted.to_owned(),
+                available: contexts
+                    .iter()
+                    .map(|c| c.name().to_owned())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+            (None, None) => Err(Error::NoActivePort),
+        }
+    }
+
     fn open_device(dev: *mut ffi::ibv_device) -> Result<Arc<Context>> {
         let name = device_name(dev);
         // SAFETY: dev is a live entry of the device list, which is still

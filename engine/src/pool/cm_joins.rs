@@ -1,0 +1,274 @@
+//! rdma_cm connections accepted onto a poller without waiting: the
+//! request's id moves to the poller's one event channel, its queue pair
+//! is made on the poller's queues, `rdma_accept` is sent, and the poller's
+//! turn takes the rest (ESTABLISHED, a disconnect, a handshake that never
+//! completes) from that channel, each event told apart by the tag its id
+//! carries. No peer can hold the poller: nothing here waits for one.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::event::{EndCause, PoolEvent};
+use super::poller::{full, Joining, Poller};
+use super::slab::ConnId;
+use crate::connect::cm::ConnectRequest;
+use crate::connect::RegionDescriptor;
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Result};
+use crate::sys::cm::{event, CmEvent, CmId, ConnParam, EventChannel};
+use crate::sys::layout::SlotLayout;
+use crate::sys::mr::{Access, RemoteSlice};
+use crate::sys::qp::Queues;
+use crate::sys::region::SharedRegion;
+
+/// CM events taken per turn at most: a burst of handshakes shares the
+/// turn with the data path.
+const CM_EVENTS_PER_TURN: usize = 16;
+/// Busy turns between looks at the CM channel (each a system call); an
+/// idle turn looks at once.
+const CM_EVERY: u32 = 64;
+
+/// The tag an accepted connection's id carries: bit 63 (0 is an id
+/// never tagged), its generation (32 bits), its slot (16 bits: a poller
+/// has at most 2^16).
+fn tag_of(id: ConnId) -> u64 {
+    debug_assert!(id.index <= 0xffff);
+    1 << 63 | u64::from(id.gen) << 16 | u64::from(id.index & 0xffff)
+}
+
+fn untag(tag: u64) -> Option<ConnId> {
+    (tag >> 63 == 1).then_some(ConnId {
+        index: (tag & 0xffff) as u32,
+        gen: (tag >> 16) as u32,
+    })
+}
+
+/// What a client hears when the server turns its request down for a
+/// reason of its own.
+const BUSY: &[u8] = b"server: cannot serve this connection now; try again later\0";
+
+impl Poller {
+    /// Accepts `request` onto this poller, its peer allowed
+    /// `remote_access` to the connection's target ring, and returns at
+    /// once: the connection is usable now (its queue pair is at RTS), and
+    /// [`PoolEvent::Joined`] follows once rdma_cm says it is established;
+    /// one not established within the QP configuration's
+    /// `connect_timeout` ends ([`EndCause::HandshakeTimedOut`]).
+    ///
+    /// The client's private data must start with its target ring's
+    /// descriptor (what [`ConnectionBuilder::connect`](crate::ConnectionBuilder)
+    /// sends); the reply carries this side's. Refused, and the client
+    /// rejected, before any verb: a request of another device, bad private
+    /// data, a full poller ([`Error::PoolFull`]).
+    pub(crate) fn accept(
+        &mut self,
+        request: ConnectRequest,
+        remote_access: Access,
+    ) -> Result<ConnId> {
+        let (cm_id, request) = request.into_parts();
+        let refuse = |why: &[u8], error: Error| {
+            let _ = cm_id.reject(why);
+            Err(error)
+        };
+        let Some(channel) = self.cm.clone() else {
+            return refuse(
+                BUSY,
+                Error::Cm {
+                    op: "accepting onto a poller whose device was opened without rdma_cm",
+                    source: std::io::Error::from_raw_os_error(libc::ENOSYS),
+                },
+            );
+        };
+        let peer = match RegionDescriptor::decode(&request.private_data) {
+            Ok(descriptor) => descriptor.0,
+            Err(e) => {
+                return refuse(
+                    b"client: the private data must start with a ring descriptor\0",
+                    e,
+                )
+            }
+        };
+        let ours = self.pd.context();
+        let theirs = cm_id.context();
+        if theirs.as_ref().map(|c| c.as_ptr()) != Some(ours.as_ptr()) {
+            let got = theirs.map_or_else(|| "none".to_owned(), |c| c.name().to_owned());
+            return refuse(
+                BUSY,
+                Error::WrongDevice {
+                    wanted: ours.name().to_owned(),
+                    got,
+                },
+            );
+        }
+        let Some(id) = self.slab.vacant() else {
+            self.stats.refused += 1;
+            return refuse(BUSY, full("connections", &self.slab));
+        };
+        let depth = self.cfg.qp.max_send_wr;
+        if let Err(over) = self.budget.book(depth) {
+            self.stats.refused += 1;
+            let limit = u64::from(over.left + self.budget.booked());
+            return refuse(
+                BUSY,
+                Error::PoolFull {
+                    what: "send completion queue entries",
+                    limit,
+                },
+            );
+        }
+        match self.accept_booked(id, cm_id, &channel, &request, peer, remote_access) {
+            Ok(id) => Ok(id),
+            Err(Joining::Ended(error)) => {
+                self.stats.joins_ended += 1;
+                Err(error)
+            }
+            Err(Joining::Failed(error)) => {
+                // Its id and queue pair, if made, are gone: the client
+                // hears a reject.
+                self.budget.release(depth);
+                Err(error)
+            }
+        }
+    }
+
+    fn accept_booked(
+        &mut self,
+        id: ConnId,
+        cm_id: Arc<CmId>,
+        channel: &Arc<EventChannel>,
+        request: &CmEvent,
+        peer: RemoteSlice,
+        remote_access: Access,
+    ) -> std::result::Result<ConnId, Joining> {
+        // Tagged while only this thread takes its events (its own channel),
+        // then moved to the poller's.
+        cm_id.set_tag(tag_of(id));
+        cm_id.migrate(channel)?;
+        let cfg = &self.cfg;
+        let layout = SlotLayout::new(cfg.slot_size as usize, cfg.slot_count as usize)?;
+        crate::sys::mem::check_memlock(3 * layout.bytes() as u64)?;
+        let queues = Queues {
+            send_cq: &self.send_cq,
+            recv_cq: &self.recv_cq,
+            srq: Some(self.ring.srq()),
+        };
+        let ep = Endpoint::create_shared_on_cm(&self.pd, queues, Arc::clone(&cm_id), &cfg.qp)?;
+        let send = ep.register_raw(layout.bytes(), cfg.pages, Access::LOCAL_READ)?;
+        let read = ep.register_raw(layout.bytes(), cfg.pages, Access::LOCAL_WRITE)?;
+        let target = SharedRegion::new(ep.register_raw(
+            layout.bytes(),
+            cfg.pages,
+            Access::LOCAL_WRITE | remote_access,
+        )?);
+        let reply = RegionDescriptor(target.remote(0..target.len())?).encode();
+        cm_id.set_ack_timeout(cfg.qp.timeout)?;
+        let depth = cfg.qp.max_rd_atomic;
+        let param = ConnParam {
+            private_data: &reply,
+            responder_resources: request.initiator_depth.min(depth),
+            initiator_depth: request.responder_resources.min(depth),
+            retry_count: cfg.qp.retry_count,
+            rnr_retry_count: cfg.qp.rnr_retry,
+        };
+        let deadline = Instant::now() + cfg.qp.connect_timeout;
+        let mut conn = self.pooled(id, ep, (send, read, target, layout), Some(peer));
+        // rdma_accept moves the queue pair to RTR and RTS before it sends
+        // the reply: from here on it may hold a receive of the shared queue.
+        if let Err(e) = cm_id.accept(&param) {
+            self.end_join(id, conn);
+            return Err(Joining::Ended(e));
+        }
+        conn.ep.mark_connected(Vec::new(), Some(peer));
+        conn.handshake = Some(deadline);
+        let id = self.admit(id, conn)?;
+        debug_assert!(self.handshaking.len() < self.handshaking.capacity());
+        self.handshaking.push(id);
+        Ok(id)
+    }
+
+    /// Takes what the CM channel holds (when the turn was idle, or every
+    /// [`CM_EVERY`] turns): an accepted connection established, or one
+    /// whose peer disconnected or whose handshake failed, marked to end.
+    pub(super) fn poll_cm(
+        &mut self,
+        idle: bool,
+        on: &mut impl FnMut(ConnId, PoolEvent<'_>),
+    ) -> Result<()> {
+        let Some(channel) = &self.cm else {
+            return Ok(());
+        };
+        self.cm_countdown = self.cm_countdown.saturating_sub(1);
+        if !idle && self.cm_countdown > 0 {
+            return Ok(());
+        }
+        self.cm_countdown = CM_EVERY;
+        let channel = Arc::clone(channel);
+        for _ in 0..CM_EVENTS_PER_TURN {
+            let Some(ev) = channel.try_event()? else {
+                break;
+            };
+            // Late events of a connection that ended name a stale id.
+            let Some(id) = untag(ev.tag) else {
+                continue;
+            };
+            let Some(conn) = self.slab.get_mut(id) else {
+                continue;
+            };
+            match ev.kind {
+                event::ESTABLISHED if conn.handshake.is_some() => {
+                    conn.handshake = None;
+                    self.tell(id, PoolEvent::Joined, on);
+                }
+                event::DISCONNECTED | event::DEVICE_REMOVAL => {
+                    conn.mark_end(id, EndCause::Disconnected, &mut self.to_end);
+                }
+                event::CONNECT_ERROR | event::UNREACHABLE | event::REJECTED => {
+                    conn.mark_end(id, EndCause::HandshakeFailed, &mut self.to_end);
+                }
+                _ => tracing::debug!(event = ev.name(), "a pooled connection's CM event"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks the accepted connections whose handshake passed its deadline
+    /// to end, and forgets those established or ended.
+    pub(super) fn expire_handshakes(&mut self, now: Instant) {
+        let mut i = 0;
+        while i < self.handshaking.len() {
+            let id = self.handshaking[i];
+            match self.slab.get_mut(id) {
+                Some(conn) if conn.end.is_none() => match conn.handshake {
+                    Some(deadline) if now < deadline => {
+                        i += 1;
+                        continue;
+                    }
+                    Some(_) => conn.mark_end(id, EndCause::HandshakeTimedOut, &mut self.to_end),
+                    None => {}
+                },
+                _ => {}
+            }
+            self.handshaking.swap_remove(i);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tag_names_its_slot_and_generation_and_an_untagged_id_nothing() {
+        for id in [
+            ConnId { index: 0, gen: 0 },
+            ConnId {
+                index: 65_535,
+                gen: u32::MAX,
+            },
+            ConnId { index: 7, gen: 3 },
+        ] {
+            assert_eq!(untag(tag_of(id)), Some(id));
+        }
+        assert_eq!(untag(0), None, "an id never tagged");
+    }
+}
