@@ -24,3 +24,6 @@ mod pooled;
 pub(crate) mod qpn_table;
 pub(crate) mod slab;
 mod walks;
+#[cfg(test)]
+#[allow(clippy::arithmetic_side_effects)] // counts of the test's own
+mod zero_alloc_device_tests;
