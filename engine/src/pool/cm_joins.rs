@@ -9,17 +9,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::event::{EndCause, PoolEvent};
-use super::poller::{full, Joining, Poller};
+use super::poller::{Joining, Poller};
 use super::slab::ConnId;
 use crate::connect::cm::ConnectRequest;
 use crate::connect::RegionDescriptor;
-use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::sys::cm::{event, CmEvent, CmId, ConnParam, EventChannel};
-use crate::sys::layout::SlotLayout;
 use crate::sys::mr::{Access, RemoteSlice};
-use crate::sys::qp::Queues;
-use crate::sys::region::SharedRegion;
 
 /// CM events taken per turn at most: a burst of handshakes shares the
 /// turn with the data path.
@@ -100,35 +96,14 @@ impl Poller {
                 },
             );
         }
-        let Some(id) = self.slab.vacant() else {
-            self.stats.refused += 1;
-            return refuse(BUSY, full("connections", &self.slab));
+        let id = match self.reserve() {
+            Ok(id) => id,
+            Err(full) => return refuse(BUSY, full),
         };
-        let depth = self.cfg.qp.max_send_wr;
-        if let Err(over) = self.budget.book(depth) {
-            self.stats.refused += 1;
-            let limit = u64::from(over.left + self.budget.booked());
-            return refuse(
-                BUSY,
-                Error::PoolFull {
-                    what: "send completion queue entries",
-                    limit,
-                },
-            );
-        }
-        match self.accept_booked(id, cm_id, &channel, &request, peer, remote_access) {
-            Ok(id) => Ok(id),
-            Err(Joining::Ended(error)) => {
-                self.stats.joins_ended += 1;
-                Err(error)
-            }
-            Err(Joining::Failed(error)) => {
-                // Its id and queue pair, if made, are gone: the client
-                // hears a reject.
-                self.budget.release(depth);
-                Err(error)
-            }
-        }
+        // Failed, its id and queue pair are gone: the client hears a
+        // reject.
+        let accepted = self.accept_booked(id, cm_id, &channel, &request, peer, remote_access);
+        self.settle_join(accepted)
     }
 
     fn accept_booked(
@@ -144,23 +119,9 @@ impl Poller {
         // then moved to the poller's.
         cm_id.set_tag(tag_of(id));
         cm_id.migrate(channel)?;
+        let (ep, rings) = self.endpoint_and_rings(Some(Arc::clone(&cm_id)), remote_access)?;
+        let reply = RegionDescriptor(rings.2.remote(0..rings.2.len())?).encode();
         let cfg = &self.cfg;
-        let layout = SlotLayout::new(cfg.slot_size as usize, cfg.slot_count as usize)?;
-        crate::sys::mem::check_memlock(3 * layout.bytes() as u64)?;
-        let queues = Queues {
-            send_cq: &self.send_cq,
-            recv_cq: &self.recv_cq,
-            srq: Some(self.ring.srq()),
-        };
-        let ep = Endpoint::create_shared_on_cm(&self.pd, queues, Arc::clone(&cm_id), &cfg.qp)?;
-        let send = ep.register_raw(layout.bytes(), cfg.pages, Access::LOCAL_READ)?;
-        let read = ep.register_raw(layout.bytes(), cfg.pages, Access::LOCAL_WRITE)?;
-        let target = SharedRegion::new(ep.register_raw(
-            layout.bytes(),
-            cfg.pages,
-            Access::LOCAL_WRITE | remote_access,
-        )?);
-        let reply = RegionDescriptor(target.remote(0..target.len())?).encode();
         cm_id.set_ack_timeout(cfg.qp.timeout)?;
         let depth = cfg.qp.max_rd_atomic;
         let param = ConnParam {
@@ -170,8 +131,9 @@ impl Poller {
             retry_count: cfg.qp.retry_count,
             rnr_retry_count: cfg.qp.rnr_retry,
         };
-        let deadline = Instant::now() + cfg.qp.connect_timeout;
-        let mut conn = self.pooled(id, ep, (send, read, target, layout), Some(peer));
+        // Too far to represent: no deadline.
+        let deadline = Instant::now().checked_add(cfg.qp.connect_timeout);
+        let mut conn = self.pooled(id, ep, rings, Some(peer));
         // rdma_accept moves the queue pair to RTR and RTS before it sends
         // the reply: from here on it may hold a receive of the shared queue.
         if let Err(e) = cm_id.accept(&param) {
@@ -179,7 +141,8 @@ impl Poller {
             return Err(Joining::Ended(e));
         }
         conn.ep.mark_connected(Vec::new(), Some(peer));
-        conn.handshake = Some(deadline);
+        conn.handshaking = true;
+        conn.handshake = deadline;
         let id = self.admit(id, conn)?;
         debug_assert!(self.handshaking.len() < self.handshaking.capacity());
         self.handshaking.push(id);
@@ -215,7 +178,8 @@ impl Poller {
                 continue;
             };
             match ev.kind {
-                event::ESTABLISHED if conn.handshake.is_some() => {
+                event::ESTABLISHED if conn.handshaking => {
+                    conn.handshaking = false;
                     conn.handshake = None;
                     self.tell(id, PoolEvent::Joined, on);
                 }
@@ -238,14 +202,14 @@ impl Poller {
         while i < self.handshaking.len() {
             let id = self.handshaking[i];
             match self.slab.get_mut(id) {
-                Some(conn) if conn.end.is_none() => match conn.handshake {
-                    Some(deadline) if now < deadline => {
+                Some(conn) if conn.end.is_none() && conn.handshaking => {
+                    if conn.handshake.is_some_and(|deadline| now >= deadline) {
+                        conn.mark_end(id, EndCause::HandshakeTimedOut, &mut self.to_end);
+                    } else {
                         i += 1;
                         continue;
                     }
-                    Some(_) => conn.mark_end(id, EndCause::HandshakeTimedOut, &mut self.to_end),
-                    None => {}
-                },
+                }
                 _ => {}
             }
             self.handshaking.swap_remove(i);

@@ -1250,3 +1250,51 @@ fn a_stalled_handshake_never_holds_the_poller() {
     assert_eq!(poller.booked(), cfg.qp.max_send_wr);
     drop(stalled);
 }
+
+/// An aborted connection with more receive completions waiting than one
+/// turn takes: its queue pair is destroyed only at a turn that emptied the
+/// receive CQ, however short the grace, so every one of them is still
+/// known as its own (dropped, counted) and none comes stale after.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn an_ending_waits_for_its_receive_completions_before_its_destroy() {
+    const SENT: usize = 40;
+    let cfg = config();
+    let device = guest("PINPOLL_DEVICE");
+    let pool = PoolConfig {
+        srq_depth: 64,
+        srq_grace: Duration::ZERO,
+        ..pool(2)
+    };
+    let mut poller = Poller::new(Some(&device), &cfg, pool).expect("a poller");
+    let (id, mut peer) = join(&mut poller, &cfg, 1).remove(0);
+    for i in 0..SENT {
+        peer.try_send(&message(0, i)).expect("the peer's SEND");
+        if i % 8 == 7 {
+            settle_peer(&mut peer);
+        }
+    }
+    // All 40 completed at the peer: their receives are in the poller's
+    // receive CQ, more than one turn takes (32).
+    poller.abort(id).expect("abort");
+    let mut closed = false;
+    let mut wait = BoundedWait::new(WAIT, "the end");
+    while !closed {
+        poller
+            .poll(|got, ev| match ev {
+                PoolEvent::Closed { .. } if got == id => closed = true,
+                other => panic!("{got:?}: {other:?}"),
+            })
+            .expect("the poller polls");
+        wait.tick().expect("the end");
+    }
+    // A turn more: nothing of it may come after its destroy.
+    poller
+        .poll(|got, ev| panic!("{got:?}: {ev:?}"))
+        .expect("the poller polls");
+    assert_eq!(
+        (poller.stats().dropped_at_end, poller.stats().stale),
+        (SENT as u64, 0),
+        "every receive known as the aborted connection's"
+    );
+}

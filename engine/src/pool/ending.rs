@@ -5,12 +5,16 @@
 //!
 //! The queue pair goes to ERR; a last signaled request (the marker) is
 //! posted as soon as the send queue has room (flushes make room), and its
-//! completion proves the send queue empty. The receive side is proven by
-//! `QP_LAST_WQE_REACHED` (ConnectX; rxe 6.1 never sends it), else after a
-//! grace; only then is the queue pair destroyed. A deadline bounds it all:
+//! completion proves the send queue empty. The receive side would be
+//! proven by `QP_LAST_WQE_REACHED` (ConnectX; rxe 6.1 never sends it, and
+//! the poller does not read the device's async events yet: S5's
+//! mailbox), so today it gets a grace, and the queue pair is destroyed
+//! only at a turn that emptied the receive CQ after it (a backlog of
+//! completions is not outrun by the clock). A deadline bounds it all:
 //! past it the queue pair is destroyed anyway, and what was not proven is
 //! reported (a receive slot of the shared queue it held mid-message stays
-//! the NIC's for ever: sound, merely lost).
+//! the NIC's for ever: sound, merely lost). Times too far to represent
+//! (a `Duration::MAX` setting) mean never, not a panic.
 
 use std::time::{Duration, Instant};
 
@@ -53,8 +57,8 @@ enum Phase {
     /// The marker is posted.
     Marked,
     /// The send queue is proven empty; waiting for the receive side's
-    /// proof until `until`.
-    Receives { until: Instant },
+    /// proof until `until` (`None`: never).
+    Receives { until: Option<Instant> },
     /// Told to destroy: nothing more.
     Done,
 }
@@ -63,7 +67,8 @@ enum Phase {
 #[derive(Debug)]
 pub(crate) struct Ending {
     phase: Phase,
-    deadline: Instant,
+    /// `None`: the limit is too far to represent (never).
+    deadline: Option<Instant>,
     grace: Duration,
     last_wqe: bool,
     marker_done: bool,
@@ -77,7 +82,7 @@ impl Ending {
     pub(crate) fn new(now: Instant, limit: Duration, grace: Duration) -> Ending {
         Ending {
             phase: Phase::WantRoom,
-            deadline: now + limit,
+            deadline: now.checked_add(limit),
             grace,
             last_wqe: false,
             marker_done: false,
@@ -90,7 +95,16 @@ impl Ending {
     }
 
     /// Feeds what the poller saw at `now`; returns the step to take, if any.
+    #[cfg(test)]
     pub(crate) fn on(&mut self, seen: Seen, now: Instant) -> Option<Step> {
+        self.on_turn(seen, now, true)
+    }
+
+    /// [`on`](Self::on) in a turn of the poller's, `drained` if that turn
+    /// emptied the receive CQ: a destroy the grace allows waits for such
+    /// a turn (the deadline's does not), so that no receive completion of
+    /// the queue pair is still unpolled when it goes.
+    pub(crate) fn on_turn(&mut self, seen: Seen, now: Instant, drained: bool) -> Option<Step> {
         match (seen, self.phase) {
             (_, Phase::Done) => return None,
             (Seen::Room, Phase::WantRoom) => {
@@ -100,15 +114,17 @@ impl Ending {
             (Seen::MarkerDone, Phase::Marked) => {
                 self.marker_done = true;
                 self.phase = Phase::Receives {
-                    until: now + self.grace,
+                    until: now.checked_add(self.grace),
                 };
             }
             (Seen::LastWqe, _) => self.last_wqe = true,
             _ => {}
         }
         let proven = self.marker_done && self.last_wqe;
-        let grace_over = matches!(self.phase, Phase::Receives { until } if now >= until);
-        if proven || grace_over || now >= self.deadline {
+        let grace_over =
+            matches!(self.phase, Phase::Receives { until: Some(until) } if now >= until);
+        let past_deadline = self.deadline.is_some_and(|deadline| now >= deadline);
+        if past_deadline || ((proven || grace_over) && drained) {
             self.phase = Phase::Done;
             return Some(Step::Destroy(Proof {
                 send: self.marker_done,
@@ -186,6 +202,52 @@ mod tests {
         assert_eq!(end.on(Seen::MarkerDone, at(t0, 6)), None, "no marker yet");
         assert_eq!(end.on(Seen::Room, at(t0, 7)), Some(Step::PostMarker));
         assert_eq!(end.on(Seen::Room, at(t0, 8)), None, "posted twice");
+    }
+
+    /// Settings too far to represent mean never: no panic, and only the
+    /// proofs end it.
+    #[test]
+    fn durations_too_long_to_add_never_panic() {
+        let t0 = Instant::now();
+        let mut end = Ending::new(t0, Duration::MAX, Duration::MAX);
+        assert_eq!(end.on(Seen::Room, t0), Some(Step::PostMarker));
+        assert_eq!(end.on(Seen::MarkerDone, at(t0, 1)), None);
+        assert_eq!(end.on(Seen::Tick, at(t0, 1_000_000)), None);
+        assert_eq!(
+            end.on(Seen::LastWqe, at(t0, 1_000_001)),
+            Some(Step::Destroy(Proof {
+                send: true,
+                receive: true
+            }))
+        );
+    }
+
+    /// Past the grace, the destroy waits for a turn that emptied the
+    /// receive CQ; past the deadline it does not.
+    #[test]
+    fn the_grace_s_destroy_waits_for_a_drained_receive_cq() {
+        let t0 = Instant::now();
+        let mut end = Ending::new(t0, LIMIT, GRACE);
+        assert_eq!(end.on(Seen::Room, t0), Some(Step::PostMarker));
+        assert_eq!(end.on_turn(Seen::MarkerDone, at(t0, 1), false), None);
+        assert_eq!(
+            end.on_turn(Seen::Tick, at(t0, 600), false),
+            None,
+            "a backlog"
+        );
+        let destroy = Some(Step::Destroy(Proof {
+            send: true,
+            receive: false,
+        }));
+        assert_eq!(end.on_turn(Seen::Tick, at(t0, 601), true), destroy);
+        let mut flooded = Ending::new(t0, LIMIT, GRACE);
+        flooded.on(Seen::Room, t0);
+        flooded.on_turn(Seen::MarkerDone, at(t0, 1), false);
+        assert_eq!(
+            flooded.on_turn(Seen::Tick, at(t0, 10_000), false),
+            destroy,
+            "the deadline does not wait"
+        );
     }
 
     /// A device that never completes the marker, or never gives room,

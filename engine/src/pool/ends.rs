@@ -59,8 +59,9 @@ impl EndingConn {
     }
 
     /// Posts the marker that proves the send queue empty, unless nothing
-    /// is outstanding (then there is nothing to prove). A post that fails
-    /// proves nothing: the deadline ends it.
+    /// is outstanding (then there is nothing to prove). A post refused
+    /// before the NIC saw it leaves the proof to the requests' own
+    /// completions, or to the deadline.
     fn post_marker(&mut self) {
         self.marker_posted = true;
         if self.conn.sq.ledger().outstanding() == 0 {
@@ -86,10 +87,13 @@ impl Poller {
     /// ([`PoolEvent::Ended`] with [`EndCause::Closed`] or
     /// [`EndCause::CloseTimedOut`]). Calling it again changes nothing.
     pub(crate) fn close(&mut self, id: ConnId) -> Result<()> {
-        let deadline = Instant::now() + self.cfg.completion_timeout;
+        self.check_not_unwound()?;
+        // Too far to represent: no deadline (a `Duration::MAX` setting).
+        let deadline = Instant::now().checked_add(self.cfg.completion_timeout);
         let conn = self.slab.get_mut(id).ok_or(Misuse::StaleConnection)?;
-        if conn.closing.is_none() && conn.end.is_none() {
-            conn.closing = Some(deadline);
+        if !conn.is_closing && conn.end.is_none() {
+            conn.is_closing = true;
+            conn.closing = deadline;
             debug_assert!(self.closing.len() < self.closing.capacity());
             self.closing.push(id);
         }
@@ -102,6 +106,7 @@ impl Poller {
     /// rings stay until a poll turn has proven the NIC done with them
     /// ([`PoolEvent::Closed`]).
     pub(crate) fn abort(&mut self, id: ConnId) -> Result<()> {
+        self.check_not_unwound()?;
         if self.end_now(id, EndCause::Aborted, true).is_none() {
             return Err(Misuse::StaleConnection.into());
         }
@@ -112,6 +117,9 @@ impl Poller {
     /// and into the endings; `None` for an id that names no live
     /// connection.
     pub(super) fn end_now(&mut self, id: ConnId, cause: EndCause, announce: bool) -> Option<()> {
+        // Made before the connection leaves the slab: nothing after can
+        // fail half way.
+        let ending = self.new_ending();
         let mut conn = self.slab.remove(id)?;
         // Arrivals still waiting (an abort's: the others were handed on
         // first) go unread; the slot's next tenant starts afresh.
@@ -122,11 +130,12 @@ impl Poller {
         });
         conn.end = Some(cause);
         conn.closing = None;
+        conn.is_closing = false;
         conn.sq.forget_leaked_batch();
         if let Err(e) = conn.ep.disconnect_now() {
             tracing::warn!(error = %e, "moving an ending connection's queue pair to ERR");
         }
-        self.park(EndingConn::new(id, conn, self.new_ending(), announce));
+        self.park(EndingConn::new(id, conn, ending, announce));
         Some(())
     }
 
@@ -191,12 +200,14 @@ impl Poller {
             } else {
                 if !ledger.tail_signaled() && ledger.room() > 0 {
                     let peer = conn.peer;
-                    if conn
-                        .sq
-                        .post_marker(conn.ep.qp(), peer, RequestKind::Marker)
-                        .is_ok()
-                    {
-                        conn.stats.doorbells += 1;
+                    match conn.sq.post_marker(conn.ep.qp(), peer, RequestKind::Marker) {
+                        Ok(_) => conn.stats.doorbells += 1,
+                        // The queue pair is in ERR: what it held flushes,
+                        // and the end says why (next turn).
+                        Err(_) if conn.sq.broken().is_some() => {
+                            conn.mark_end(id, EndCause::PostIndeterminate, &mut self.to_end)
+                        }
+                        Err(e) => tracing::warn!(error = %e, "a closing connection's marker"),
                     }
                 }
                 i += 1;
@@ -223,15 +234,16 @@ impl Poller {
     pub(super) fn advance_endings(
         &mut self,
         now: Instant,
+        drained: bool,
         on: &mut impl FnMut(ConnId, PoolEvent<'_>),
     ) {
         let mut i = 0;
         while i < self.endings.len() {
             let ending = &mut self.endings[i];
-            let mut step = ending.ending.on(ending.seen(), now);
+            let mut step = ending.ending.on_turn(ending.seen(), now, drained);
             if step == Some(Step::PostMarker) {
                 ending.post_marker();
-                step = ending.ending.on(ending.seen(), now);
+                step = ending.ending.on_turn(ending.seen(), now, drained);
             }
             match step {
                 Some(Step::Destroy(proof)) => self.destroy(i, proof, on),

@@ -40,7 +40,7 @@ use crate::datapath::{Stats, Verdict};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Misuse, Result};
 use crate::status::WcStatus;
-use crate::sys::cm::EventChannel;
+use crate::sys::cm::{CmId, EventChannel};
 use crate::sys::cq::{CompletionQueue, Reaper, WorkCompletion, POLL_BATCH};
 use crate::sys::device::Context;
 use crate::sys::layout::SlotLayout;
@@ -70,10 +70,13 @@ pub(crate) struct PoolConfig {
     /// shared queue, so a peer that floods cannot starve the others.
     pub per_conn_budget: u32,
     /// How long an ending connection's queue pair, its send queue proven
-    /// empty, is kept in ERR before it is destroyed, where the device
-    /// sends no `QP_LAST_WQE_REACHED` (rxe on Linux 6.1): a receive of
-    /// the shared queue it held mid-message then completes (flushed)
-    /// while its owner can still be told.
+    /// empty, is kept in ERR before it is destroyed (at the first turn
+    /// after it that empties the receive CQ): a receive of the shared
+    /// queue it held mid-message then completes (flushed) while its owner
+    /// can still be told. Every device takes it for now: rxe on Linux 6.1
+    /// sends no `QP_LAST_WQE_REACHED`, and the poller does not read the
+    /// device's async events yet (S5), where ConnectX's would end it
+    /// sooner.
     pub srq_grace: Duration,
 }
 
@@ -101,6 +104,10 @@ pub(crate) struct PoolStats {
     /// shared queue one held mid-message stays the NIC's (sound, lost).
     pub unproven_receives: u64,
 }
+
+/// A joining connection's send ring, READ ring, target ring, and their
+/// slots' layout.
+pub(super) type Rings = (Registration, Registration, SharedRegion, SlotLayout);
 
 /// Where a queue pair number's connection is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -309,44 +316,59 @@ impl Poller {
         stream: &mut TcpStream,
         remote_access: Access,
     ) -> Result<ConnId> {
+        let id = self.reserve()?;
+        let joined = self.join(id, stream, remote_access);
+        self.settle_join(joined)
+    }
+
+    /// The slot the next join takes, its send-CQ entries booked; refused,
+    /// nothing booked, when the poller is full (its slots, or its send CQ
+    /// while connections are ending: each keeps its booking until its
+    /// queue pair is destroyed).
+    pub(super) fn reserve(&mut self) -> Result<ConnId> {
+        self.check_not_unwound()?;
         let Some(id) = self.slab.vacant() else {
             self.stats.refused += 1;
-            return Err(Error::PoolFull {
-                what: "connections",
-                limit: self.slab.capacity() as u64,
-            });
+            return Err(full("connections", &self.slab));
         };
-        let depth = self.cfg.qp.max_send_wr;
-        // Reached while connections are ending: each keeps its booking
-        // until its queue pair is destroyed.
-        if let Err(over) = self.budget.book(depth) {
+        if let Err(over) = self.budget.book(self.cfg.qp.max_send_wr) {
             self.stats.refused += 1;
             return Err(Error::PoolFull {
                 what: "send completion queue entries",
                 limit: u64::from(over.left + self.budget.booked()),
             });
         }
-        match self.join(id, stream, remote_access) {
-            Ok(joined) => Ok(joined),
+        Ok(id)
+    }
+
+    /// Accounts for how a join on a [`reserve`](Self::reserve)d slot
+    /// went: an ended one keeps its booking until its destroy, a failed
+    /// one (its queue pair, if made, destroyed already) gives it back.
+    pub(super) fn settle_join(
+        &mut self,
+        joined: std::result::Result<ConnId, Joining>,
+    ) -> Result<ConnId> {
+        match joined {
+            Ok(id) => Ok(id),
             Err(Joining::Ended(error)) => {
-                // The ending holds the booking until its destroy.
                 self.stats.joins_ended += 1;
                 Err(error)
             }
             Err(Joining::Failed(error)) => {
-                // Its queue pair, if it was made, is destroyed already.
-                self.budget.release(depth);
+                self.budget.release(self.cfg.qp.max_send_wr);
                 Err(error)
             }
         }
     }
 
-    fn join(
-        &mut self,
-        id: ConnId,
-        stream: &mut TcpStream,
+    /// The queue pair of a join on the shared queues (on rdma_cm id
+    /// `cm_id`, if given), and its rings: send, READ, and the target ring
+    /// the peer is allowed `remote_access` to.
+    pub(super) fn endpoint_and_rings(
+        &self,
+        cm_id: Option<Arc<CmId>>,
         remote_access: Access,
-    ) -> std::result::Result<ConnId, Joining> {
+    ) -> Result<(Endpoint, Rings)> {
         let cfg = &self.cfg;
         let layout = SlotLayout::new(cfg.slot_size as usize, cfg.slot_count as usize)?;
         crate::sys::mem::check_memlock(3 * layout.bytes() as u64)?;
@@ -355,7 +377,10 @@ impl Poller {
             recv_cq: &self.recv_cq,
             srq: Some(self.ring.srq()),
         };
-        let ep = Endpoint::create_shared(&self.pd, queues, &cfg.qp)?;
+        let ep = match cm_id {
+            Some(id) => Endpoint::create_shared_on_cm(&self.pd, queues, id, &cfg.qp)?,
+            None => Endpoint::create_shared(&self.pd, queues, &cfg.qp)?,
+        };
         let send = ep.register_raw(layout.bytes(), cfg.pages, Access::LOCAL_READ)?;
         let read = ep.register_raw(layout.bytes(), cfg.pages, Access::LOCAL_WRITE)?;
         let target = SharedRegion::new(ep.register_raw(
@@ -363,7 +388,18 @@ impl Poller {
             cfg.pages,
             Access::LOCAL_WRITE | remote_access,
         )?);
-        let descriptor = target.remote(0..target.len())?;
+        Ok((ep, (send, read, target, layout)))
+    }
+
+    fn join(
+        &mut self,
+        id: ConnId,
+        stream: &mut TcpStream,
+        remote_access: Access,
+    ) -> std::result::Result<ConnId, Joining> {
+        let (ep, rings) = self.endpoint_and_rings(None, remote_access)?;
+        let descriptor = rings.2.remote(0..rings.2.len())?;
+        let cfg = &self.cfg;
         // Checked before the queue pair can receive: a record the poller
         // cannot use ends the join with nothing to drain.
         let handshake = Prepared::with_endpoint(ep, &cfg.qp, remote_access)?.handshake_keeping(
@@ -385,12 +421,12 @@ impl Poller {
                     return Err(Joining::Failed(error));
                 };
                 let (ep, peer) = *kept;
-                let conn = self.pooled(id, ep, (send, read, target, layout), peer);
+                let conn = self.pooled(id, ep, rings, peer);
                 self.end_join(id, conn);
                 return Err(Joining::Ended(error));
             }
         };
-        let conn = self.pooled(id, ep, (send, read, target, layout), peer);
+        let conn = self.pooled(id, ep, rings, peer);
         self.admit(id, conn)
     }
 
@@ -404,7 +440,9 @@ impl Poller {
     ) -> std::result::Result<ConnId, Joining> {
         let qpn = conn.ep.qp_num();
         // A live queue pair's number is unique, and the table holds as
-        // many as the slab: neither refusal can come.
+        // many as live and ending connections, whose bookings of the send
+        // CQ (max_connections of them) bound them: neither refusal can
+        // come.
         if self.qpns.insert(qpn, Where::Live(id.index)).is_err() {
             self.end_join(id, conn);
             return Err(Joining::Ended(full("queue pair numbers", &self.slab)));
@@ -432,7 +470,7 @@ impl Poller {
         &self,
         id: ConnId,
         ep: Endpoint,
-        rings: (Registration, Registration, SharedRegion, SlotLayout),
+        rings: Rings,
         peer: Option<RemoteSlice>,
     ) -> Pooled {
         let cfg = &self.cfg;
@@ -459,8 +497,10 @@ impl Poller {
             failure: None,
             send_failed: false,
             stats: Stats::default(),
+            is_closing: false,
             closing: None,
             end: None,
+            handshaking: false,
             handshake: None,
         }
     }
@@ -468,6 +508,9 @@ impl Poller {
     /// Ends a join that failed after its queue pair could receive: into
     /// ERR and the endings, unannounced.
     pub(super) fn end_join(&mut self, id: ConnId, mut conn: Pooled) {
+        // The slot's id names no later tenant (none of this one's
+        // requests was posted, but the generation argument holds anyway).
+        self.slab.burn(id);
         if let Err(e) = conn.ep.disconnect_now() {
             tracing::warn!(error = %e, "moving a failed join's queue pair to ERR");
         }
@@ -479,11 +522,7 @@ impl Poller {
     /// ([`Misuse::StaleConnection`]), never routed to a later tenant of
     /// its slot.
     pub(crate) fn conn(&mut self, id: ConnId) -> Result<PooledConn<'_>> {
-        // The turn a callback panicked in retired other connections'
-        // requests unseen: a failure among them was never recorded.
-        if self.unwound {
-            return Err(Error::CallbackPanicked);
-        }
+        self.check_not_unwound()?;
         match self.slab.get_mut(id) {
             Some(conn) => Ok(PooledConn {
                 id,
@@ -492,6 +531,16 @@ impl Poller {
             }),
             None => Err(Misuse::StaleConnection.into()),
         }
+    }
+
+    /// Refuses everything once a callback panicked: the turn it panicked
+    /// in retired other connections' requests unseen (a failure among
+    /// them was never recorded), so nothing more is taken or handed out.
+    pub(super) fn check_not_unwound(&self) -> Result<()> {
+        if self.unwound {
+            return Err(Error::CallbackPanicked);
+        }
+        Ok(())
     }
 
     /// One turn: polls the send CQ and the receive CQ once each, hands
@@ -509,6 +558,8 @@ impl Poller {
         }
         let sent = self.poll_sends(&mut on)?;
         let received = self.poll_receives(&mut on)?;
+        // Fewer than a batch: the receive CQ was emptied this turn.
+        let drained = received < POLL_BATCH;
         self.poll_cm(sent + received == 0, &mut on)?;
         let timed =
             !self.closing.is_empty() || !self.endings.is_empty() || !self.handshaking.is_empty();
@@ -519,7 +570,7 @@ impl Poller {
         self.end_marked(&mut on);
         if let Some(now) = now {
             self.finish_closing(now, &mut on);
-            self.advance_endings(now, &mut on);
+            self.advance_endings(now, drained, &mut on);
         }
         self.top_up()?;
         Ok(sent + received)

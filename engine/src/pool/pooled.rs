@@ -26,13 +26,16 @@ pub(super) struct Pooled {
     pub(super) send_failed: bool,
     pub(super) stats: Stats,
     /// `close` was called: nothing more is posted, and the connection
-    /// ends once its requests have retired, or at this deadline.
+    /// ends once its requests have retired, or at `closing` (`None`: a
+    /// timeout too far to represent, never).
+    pub(super) is_closing: bool,
     pub(super) closing: Option<Instant>,
     /// Why it is to end, once it is on the poller's list of connections
     /// to end (on it at most once).
     pub(super) end: Option<EndCause>,
-    /// An accepted rdma_cm connection not yet established: the deadline
-    /// of its handshake.
+    /// An accepted rdma_cm connection not yet established, and the
+    /// deadline of its handshake (`None`: never).
+    pub(super) handshaking: bool,
     pub(super) handshake: Option<Instant>,
 }
 
@@ -180,7 +183,7 @@ impl PooledConn<'_> {
         if let Some(f) = self.conn.failure {
             return Err(f.into());
         }
-        if self.conn.closing.is_some() || self.conn.end.is_some() {
+        if self.conn.is_closing || self.conn.end.is_some() {
             return Err(Misuse::ConnectionClosing.into());
         }
         Ok(())

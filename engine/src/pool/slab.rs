@@ -103,6 +103,16 @@ impl<T> Slab<T> {
         slot.entry.as_mut().map(|entry| (id, entry))
     }
 
+    /// Makes every id of vacant slot `id.index` stale (its generation
+    /// moves on): the slot named a join that failed before it was filled.
+    pub(crate) fn burn(&mut self, id: ConnId) {
+        if let Some(slot) = self.slots.get_mut(id.index as usize) {
+            if slot.entry.is_none() && slot.gen == id.gen {
+                slot.gen = slot.gen.wrapping_add(1);
+            }
+        }
+    }
+
     /// Takes out the entry `id` names; every id of that slot is stale from
     /// now on, and the slot is the next one [`insert`](Self::insert) uses.
     pub(crate) fn remove(&mut self, id: ConnId) -> Option<T> {
@@ -215,5 +225,23 @@ mod tests {
         }
         assert_eq!(slab.free.capacity(), free_capacity);
         assert_eq!(slab.len(), 0);
+    }
+
+    /// A slot named for a join that failed is never named so again;
+    /// burning a filled slot, or with a stale id, changes nothing.
+    #[test]
+    fn a_burnt_vacant_slot_names_its_next_tenant_anew() {
+        let mut slab: Slab<u8> = Slab::with_capacity(2);
+        let named = slab.vacant().unwrap();
+        slab.burn(named);
+        let next = slab.vacant().unwrap();
+        assert_eq!(next.index, named.index);
+        assert_ne!(next.gen, named.gen);
+        slab.burn(named);
+        assert_eq!(slab.vacant(), Some(next), "a stale id burns nothing");
+        let id = slab.insert(1).unwrap();
+        assert_eq!(id, next);
+        slab.burn(id);
+        assert_eq!(slab.get(id), Some(&1), "a filled slot is not burnt");
     }
 }
