@@ -39,6 +39,17 @@ fn untag(tag: u64) -> Option<ConnId> {
     })
 }
 
+/// How far a turn read the CM channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CmRead {
+    /// Not looked at this turn (a busy turn), or this poller has none.
+    Skipped,
+    /// Looked at; more than a turn's share was there.
+    Partly,
+    /// Looked at and read to the end.
+    Emptied,
+}
+
 /// What a client hears when the server turns its request down for a
 /// reason of its own.
 const BUSY: &[u8] = b"server: cannot serve this connection now; try again later\0";
@@ -61,7 +72,7 @@ impl Poller {
         request: ConnectRequest,
         remote_access: Access,
     ) -> Result<ConnId> {
-        let (cm_id, request) = request.into_parts();
+        let (mut cm_id, request) = request.into_parts();
         let refuse = |why: &[u8], error: Error| {
             let _ = cm_id.reject(why);
             Err(error)
@@ -85,9 +96,11 @@ impl Poller {
             }
         };
         let ours = self.pd.context();
-        let theirs = cm_id.context();
-        if theirs.as_ref().map(|c| c.as_ptr()) != Some(ours.as_ptr()) {
-            let got = theirs.map_or_else(|| "none".to_owned(), |c| c.name().to_owned());
+        // The id's context holds the id (its keepalive): dropped at once,
+        // so the id's handle is unique again for its tag below.
+        let theirs = cm_id.context().map(|c| (c.as_ptr(), c.name().to_owned()));
+        if theirs.as_ref().map(|(ptr, _)| *ptr) != Some(ours.as_ptr()) {
+            let got = theirs.map_or_else(|| "none".to_owned(), |(_, name)| name);
             return refuse(
                 BUSY,
                 Error::WrongDevice {
@@ -102,6 +115,15 @@ impl Poller {
         };
         // Failed, its id and queue pair are gone: the client hears a
         // reject.
+        // Tagged while only this request's owner holds its id (and its
+        // own channel), before any event of it can be taken elsewhere.
+        if !CmId::set_tag(&mut cm_id, tag_of(id)) {
+            let shared = Error::Cm {
+                op: "tagging a connect request's id held elsewhere too",
+                source: std::io::Error::from_raw_os_error(libc::EBUSY),
+            };
+            return self.settle_join(Err(Joining::Failed(shared)));
+        }
         let accepted = self.accept_booked(id, cm_id, &channel, &request, peer, remote_access);
         self.settle_join(accepted)
     }
@@ -115,9 +137,6 @@ impl Poller {
         peer: RemoteSlice,
         remote_access: Access,
     ) -> std::result::Result<ConnId, Joining> {
-        // Tagged while only this thread takes its events (its own channel),
-        // then moved to the poller's.
-        cm_id.set_tag(tag_of(id));
         cm_id.migrate(channel)?;
         let (ep, rings) = self.endpoint_and_rings(Some(Arc::clone(&cm_id)), remote_access)?;
         let reply = RegionDescriptor(rings.2.remote(0..rings.2.len())?).encode();
@@ -156,19 +175,19 @@ impl Poller {
         &mut self,
         idle: bool,
         on: &mut impl FnMut(ConnId, PoolEvent<'_>),
-    ) -> Result<()> {
+    ) -> Result<CmRead> {
         let Some(channel) = &self.cm else {
-            return Ok(());
+            return Ok(CmRead::Skipped);
         };
         self.cm_countdown = self.cm_countdown.saturating_sub(1);
         if !idle && self.cm_countdown > 0 {
-            return Ok(());
+            return Ok(CmRead::Skipped);
         }
         self.cm_countdown = CM_EVERY;
         let channel = Arc::clone(channel);
         for _ in 0..CM_EVENTS_PER_TURN {
             let Some(ev) = channel.try_event()? else {
-                break;
+                return Ok(CmRead::Emptied);
             };
             // Late events of a connection that ended name a stale id.
             let Some(id) = untag(ev.tag) else {
@@ -192,7 +211,9 @@ impl Poller {
                 _ => tracing::debug!(event = ev.name(), "a pooled connection's CM event"),
             }
         }
-        Ok(())
+        // Look again next turn: more may be waiting.
+        self.cm_countdown = 0;
+        Ok(CmRead::Partly)
     }
 
     /// Marks the accepted connections whose handshake passed its deadline

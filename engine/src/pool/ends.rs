@@ -121,6 +121,14 @@ impl Poller {
         // fail half way.
         let ending = self.new_ending();
         let mut conn = self.slab.remove(id)?;
+        // Off the lists of connections being closed or accepted: a later
+        // tenant of the slot may join them, and each holds one entry per
+        // slot at most (their capacity).
+        for list in [&mut self.closing, &mut self.handshaking] {
+            if let Some(at) = list.iter().position(|listed| *listed == id) {
+                list.swap_remove(at);
+            }
+        }
         // Arrivals still waiting (an abort's: the others were handed on
         // first) go unread; the slot's next tenant starts afresh.
         let (ring, stats) = (&mut self.ring, &mut self.stats);

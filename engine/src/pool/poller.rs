@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::budget::CqBudget;
+use super::cm_joins::CmRead;
 use super::ends::EndingConn;
 use super::event::PoolEvent;
 use super::fair::Fair;
@@ -546,7 +547,9 @@ impl Poller {
     /// One turn: polls the send CQ and the receive CQ once each, hands
     /// every event to `on` with its connection, ends the connections that
     /// failed or finished closing, moves every ending one step, and tops
-    /// the shared queue up. Returns how many completions were taken.
+    /// the shared queue up. Returns how many send completions were taken
+    /// and arrivals handed on (those waiting from an earlier turn
+    /// included): 0 means there was nothing to do.
     ///
     /// Should `on` panic, every completion the turn took is still settled
     /// (each send request retired, each receive's slot freed), and the
@@ -557,14 +560,19 @@ impl Poller {
             return Err(Error::CallbackPanicked);
         }
         let sent = self.poll_sends(&mut on)?;
-        let received = self.poll_receives(&mut on)?;
+        let (handed, received) = self.poll_receives(&mut on)?;
         // Fewer than a batch: the receive CQ was emptied this turn.
         let drained = received < POLL_BATCH;
-        self.poll_cm(sent + received == 0, &mut on)?;
+        // An error reading the CM channel is returned once the turn is
+        // done: the endings still advance and the shared queue is refilled.
+        let cm = self.poll_cm(sent + received == 0, &mut on);
         let timed =
             !self.closing.is_empty() || !self.endings.is_empty() || !self.handshaking.is_empty();
         let now = timed.then(Instant::now);
-        if let Some(now) = now {
+        if let (Some(now), Ok(CmRead::Emptied)) = (now, &cm) {
+            // Only once every ESTABLISHED that came is taken: a busy
+            // poller reads the channel seldom, and a client established in
+            // time must not be taken for one that stalled.
             self.expire_handshakes(now);
         }
         self.end_marked(&mut on);
@@ -573,7 +581,8 @@ impl Poller {
             self.advance_endings(now, drained, &mut on);
         }
         self.top_up()?;
-        Ok(sent + received)
+        cm?;
+        Ok(sent + handed)
     }
 
     /// Posts the shared queue's free slots again, a batch at a time.
@@ -643,10 +652,17 @@ impl Poller {
     /// is about; a live connection's arrival is handed on now, or waits
     /// if the connection used its budget this turn (or has arrivals
     /// waiting: its order holds).
-    fn poll_receives(&mut self, on: &mut impl FnMut(ConnId, PoolEvent<'_>)) -> Result<usize> {
+    /// Returns the arrivals handed on (waiting ones included) and the
+    /// completions taken.
+    fn poll_receives(
+        &mut self,
+        on: &mut impl FnMut(ConnId, PoolEvent<'_>),
+    ) -> Result<(usize, usize)> {
         self.fair.begin_turn();
+        let mut handed = 0;
         while let Some((index, arrival)) = self.fair.next_waiting() {
             self.hand_on(index, arrival, on);
+            handed += 1;
         }
         let reaped = self.recv.reap(POLL_BATCH)?;
         let mut walk = RecvPoolWalk {
@@ -677,6 +693,7 @@ impl Poller {
                     let data = walk.ring.data(lent, wc.byte_len() as usize).unwrap_or(&[]);
                     deliver(conn, &wc, data, &mut |ev| on(id, PoolEvent::Conn(ev)));
                     conn.end_if_failed(id, &mut self.to_end);
+                    handed += 1;
                 }
                 // Whatever an ended connection still receives is dropped.
                 Some(Found::Ending(conn)) => {
@@ -697,7 +714,7 @@ impl Poller {
             }
         }
         std::mem::forget(walk);
-        Ok(reaped.wcs().len())
+        Ok((handed, reaped.wcs().len()))
     }
 
     /// Hands `arrival`, which waited, to its connection in slot `index`

@@ -308,12 +308,20 @@ impl CmId {
     }
 
     /// Sets the tag every later event of this id carries
-    /// ([`CmEvent::tag`]).
-    pub(crate) fn set_tag(&self, tag: u64) {
-        // SAFETY: ptr is live; `context` is the owner's field, read only
-        // by `copy_and_ack` of this id's events, which the id's one owner
-        // (a poller, `Send` but not `Sync`) takes on the same thread.
-        unsafe { (*self.ptr).context = tag as usize as *mut std::ffi::c_void };
+    /// ([`CmEvent::tag`]), if `id` is the only handle of the id; `false`,
+    /// and nothing set, otherwise.
+    pub(crate) fn set_tag(id: &mut Arc<CmId>, tag: u64) -> bool {
+        let Some(only) = Arc::get_mut(id) else {
+            return false;
+        };
+        // SAFETY: ptr is live; `context` is the owner's field, which
+        // librdmacm never writes after creating the id, and which
+        // `copy_and_ack` reads when it takes one of the id's events. The
+        // handle is unique (`&mut` to the one `Arc`), so no other thread
+        // holds this id to migrate it or take its events meanwhile (a
+        // request's id is on a channel of its own, `Listener::take_request`).
+        unsafe { (*only.ptr).context = tag as usize as *mut std::ffi::c_void };
+        true
     }
 
     pub fn channel(&self) -> Arc<EventChannel> {
