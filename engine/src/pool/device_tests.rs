@@ -257,17 +257,8 @@ fn poller_to_peers(poller: &mut Poller, peers: &mut [(ConnId, Connection)]) {
             pattern(READ_LEN, 200 + p as u8),
             "peer {p}'s bytes"
         );
-        let mut received = None;
-        let mut wait = BoundedWait::new(WAIT, "the poller's SEND at the peer");
-        while received.is_none() {
-            conn.poll(|ev| match ev {
-                Event::Received { data } => received = Some(data.to_vec()),
-                other => panic!("peer {p}: {other:?}"),
-            })
-            .expect("the peer polls");
-            wait.tick().expect("the poller's SEND");
-        }
-        assert_eq!(received, Some(message(p, 20)), "peer {p} got its own SEND");
+        let received = receive_one(conn, "the poller's SEND at the peer");
+        assert_eq!(received, message(p, 20), "peer {p} got its own SEND");
         let written = message(p, 21);
         let mut landed = vec![0u8; written.len()];
         conn.target()
@@ -599,17 +590,8 @@ fn a_connection_failing_while_15_others_run() {
     for (p, (id, conn)) in peers.iter_mut().enumerate() {
         let expected: Vec<Vec<u8>> = (0..MESSAGES).map(|i| message(p, i)).collect();
         assert_eq!(got[id], expected, "peer {p}'s SENDs on its own connection");
-        let mut received = None;
-        let mut wait = BoundedWait::new(WAIT, "the poller's SEND at the peer");
-        while received.is_none() {
-            conn.poll(|ev| match ev {
-                Event::Received { data } => received = Some(data.to_vec()),
-                other => panic!("peer {p}: {other:?}"),
-            })
-            .expect("the peer polls");
-            wait.tick().expect("the poller's SEND");
-        }
-        assert_eq!(received, Some(message(p, 20)), "peer {p} got its own SEND");
+        let received = receive_one(conn, "the poller's SEND at the peer");
+        assert_eq!(received, message(p, 20), "peer {p} got its own SEND");
     }
     assert_eq!(poller.stats().stale, 0, "no completion went astray");
 }
@@ -697,18 +679,8 @@ fn a_closed_slot_reused_while_its_old_completions_are_still_arriving() {
         "every WRITE of the old connection flushed, counted on it: {stats:?}"
     );
     assert!(proof.send, "{proof:?}");
-    let mut received = None;
-    let mut wait = BoundedWait::new(WAIT, "the successor's SEND at its peer");
-    while received.is_none() {
-        new_peer
-            .poll(|ev| match ev {
-                Event::Received { data } => received = Some(data.to_vec()),
-                other => panic!("the new peer: {other:?}"),
-            })
-            .expect("the new peer polls");
-        wait.tick().expect("the successor's SEND");
-    }
-    assert_eq!(received, Some(message(7, 0)));
+    let received = receive_one(&mut new_peer, "the successor's SEND at its peer");
+    assert_eq!(received, message(7, 0));
     assert_eq!(poller.stats().stale, 0, "no completion went astray");
     assert_eq!(poller.booked(), 2 * cfg.qp.max_send_wr);
 }
@@ -1153,22 +1125,8 @@ fn cm_clients_join_one_poller_and_one_disconnect_ends_only_its_connection() {
             message(p, 31),
             "client {p}'s SEND on its own connection"
         );
-        let mut received = None;
-        let mut wait = BoundedWait::new(WAIT, "the poller's SEND at the client");
-        while received.is_none() {
-            conn.poll(|ev| match ev {
-                Event::Received { data } => received = Some(data.to_vec()),
-                Event::Completed { .. } => {}
-                other => panic!("client {p}: {other:?}"),
-            })
-            .expect("the client polls");
-            wait.tick().expect("the poller's SEND");
-        }
-        assert_eq!(
-            received,
-            Some(message(p, 30)),
-            "client {p} got its own SEND"
-        );
+        let received = receive_one(conn, "the poller's SEND at the client");
+        assert_eq!(received, message(p, 30), "client {p} got its own SEND");
     }
     assert_eq!((poller.len(), poller.endings()), (3, 0));
     assert_eq!(poller.booked(), 3 * cfg.qp.max_send_wr);
@@ -1370,4 +1328,21 @@ fn a_slot_closed_mid_handshake_is_accepted_into_again_at_once() {
         wait.tick().expect("the deadline");
     }
     assert_eq!(end.ended, Some(EndCause::HandshakeTimedOut));
+}
+
+/// Polls `conn` until a SEND arrives (completions of its own requests
+/// pass), within [`WAIT`]; any other event fails the test.
+fn receive_one(conn: &mut Connection, what: &'static str) -> Vec<u8> {
+    let mut received = None;
+    let mut wait = BoundedWait::new(WAIT, what);
+    while received.is_none() {
+        conn.poll(|ev| match ev {
+            Event::Received { data } => received = Some(data.to_vec()),
+            Event::Completed { .. } => {}
+            other => panic!("{what}: {other:?}"),
+        })
+        .expect("the peer polls");
+        wait.tick().expect(what);
+    }
+    received.expect("received")
 }
